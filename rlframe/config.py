@@ -1,0 +1,287 @@
+"""The config schema: typed dataclasses, the one source of config truth.
+
+Recipes in ``recipes/`` and command-line overrides only change values of this schema.
+Hydra/OmegaConf enforce key names and types while composing; ``build_config`` then turns
+the composed tree into these plain dataclasses and runs the value and cross-field checks in
+``__post_init__``. Every check raises :class:`ConfigError` naming the full key and what is
+allowed, so a bad run stops before Ray starts. Workers receive these dataclasses, never a
+DictConfig.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+if not OmegaConf.has_resolver("now"):
+    # Hydra registers ``now`` too; register it here so the schema resolves outside Hydra.
+    from datetime import datetime
+
+    OmegaConf.register_new_resolver("now", lambda pattern: datetime.now().strftime(pattern))
+
+
+class ConfigError(ValueError):
+    """A config value or combination is invalid. ``key`` is the full dotted key."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}")
+
+
+class Device(str, Enum):
+    """Where workers run. ``auto`` picks cuda when Ray reports GPUs, else cpu."""
+
+    auto = "auto"
+    cuda = "cuda"
+    cpu = "cpu"
+
+
+class RolloutEngineName(str, Enum):
+    """Which rollout engine a hybrid worker builds."""
+
+    vllm = "vllm"
+    hf = "hf"
+
+
+def require(ok: bool, key: str, message: str) -> None:
+    """Raise ConfigError for ``key`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(key, message)
+
+
+def require_positive(value: float, key: str) -> None:
+    require(value > 0, key, f"must be > 0, got {value}")
+
+
+@dataclass
+class ModelConfig:
+    path: str = MISSING
+    """HF model id or local directory loaded with ``from_pretrained`` by the workers."""
+    dtype: str = "auto"
+    """Training parameter dtype: auto (bf16 on cuda, fp32 on cpu), float32 or bfloat16."""
+    trust_remote_code: bool = False
+    """Passed to transformers when loading the model and tokenizer."""
+
+    def __post_init__(self) -> None:
+        allowed = ("auto", "float32", "bfloat16")
+        require(self.dtype in allowed, "model.dtype", f"must be one of {allowed}, got {self.dtype!r}")
+
+
+@dataclass
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)
+    """Prompt files (parquet or jsonl). Empty means the synthetic task in ``data.task``."""
+    task: str = "arithmetic"
+    """Synthetic verifiable task used when ``data.train_files`` is empty."""
+    batch_size: int = 8
+    """Prompts per training step. Each prompt yields ``rollout.n`` responses."""
+    max_prompt_length: int = 256
+    """Prompts longer than this many tokens are dropped from the data set."""
+
+    def __post_init__(self) -> None:
+        require_positive(self.batch_size, "data.batch_size")
+        require_positive(self.max_prompt_length, "data.max_prompt_length")
+
+
+@dataclass
+class RolloutConfig:
+    engine: RolloutEngineName = RolloutEngineName.vllm
+    """Rollout engine: vllm (default) or hf (transformers generate, for debugging)."""
+    n: int = 4
+    """Responses sampled per prompt (the group size for GRPO-style advantages)."""
+    max_tokens: int = 256
+    """Generation stops at EOS or after this many response tokens."""
+    temperature: float = 1.0
+    """Sampling temperature; 1.0 keeps rollout log-probs comparable with the trainer's."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may claim for weights and KV cache (cuda only)."""
+
+    def __post_init__(self) -> None:
+        require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
+        require_positive(self.max_tokens, "rollout.max_tokens")
+        require(self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}")
+        require(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
+        require(
+            0 < self.gpu_memory_utilization < 1,
+            "rollout.gpu_memory_utilization",
+            f"must be in (0, 1), got {self.gpu_memory_utilization}",
+        )
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-6
+    """AdamW learning rate."""
+    mini_batch_size: int = 32
+    """Responses per optimizer step, across all ranks. Must divide the step's responses."""
+    micro_batch_size: int = 4
+    """Responses per forward/backward on one rank (gradient accumulation unit)."""
+    epochs: int = 1
+    """Passes over each step's responses (PPO epochs)."""
+    grad_clip: float = 1.0
+    """Max global gradient norm; <= 0 turns clipping off."""
+
+    def __post_init__(self) -> None:
+        require_positive(self.lr, "actor.lr")
+        require_positive(self.mini_batch_size, "actor.mini_batch_size")
+        require_positive(self.micro_batch_size, "actor.micro_batch_size")
+        require(self.epochs >= 1, "actor.epochs", f"must be >= 1, got {self.epochs}")
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"
+    """Advantage estimator: a registered name or ``pkg.module:function`` / ``file.py:function``."""
+    norm_by_std: bool = True
+    """GRPO: divide by the group's reward std. False gives Dr.GRPO."""
+    clip_low: float = 0.2
+    """PPO-clip lower range: the ratio is clipped at 1 - clip_low."""
+    clip_high: float = 0.2
+    """PPO-clip upper range: the ratio is clipped at 1 + clip_high (DAPO's clip-higher: 0.28)."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL loss against the reference policy; 0 turns the reference off."""
+    kl_estimator: str = "k3"
+    """KL estimator for the loss: k1, k2 or k3."""
+    entropy_coef: float = 0.0
+    """Coefficient of the entropy bonus."""
+
+    def __post_init__(self) -> None:
+        require(self.clip_low >= 0, "algorithm.clip_low", f"must be >= 0, got {self.clip_low}")
+        require(self.clip_high >= 0, "algorithm.clip_high", f"must be >= 0, got {self.clip_high}")
+        require(self.kl_coef >= 0, "algorithm.kl_coef", f"must be >= 0, got {self.kl_coef}")
+
+
+@dataclass
+class RewardConfig:
+    fn: str = "auto"
+    """Reward function: ``auto`` (the synthetic task's rule), a registered name, or
+    ``pkg.module:function`` / ``path/to/file.py:function``."""
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 100
+    """Training steps to run."""
+    output_dir: str = "outputs/${now:%Y-%m-%d_%H-%M-%S}"
+    """Run directory: resolved config, metrics.jsonl, sample rollouts, checkpoints."""
+    seed: int = 0
+    """Seed for data order, sampling and model initialisation."""
+    nnodes: int = 1
+    """Nodes to place workers on."""
+    procs_per_node: int = 1
+    """Worker processes per node: one per GPU on GPU nodes, one per bundle of CPUs on CPU nodes."""
+    cpus_per_proc: int = 1
+    """CPUs reserved per worker process (the size of a CPU bundle)."""
+    device: Device = Device.auto
+    """auto, cuda or cpu. auto picks cuda when the Ray cluster has GPUs."""
+
+    def __post_init__(self) -> None:
+        require(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
+        require(self.nnodes >= 1, "trainer.nnodes", f"must be >= 1, got {self.nnodes}")
+        require(
+            self.procs_per_node >= 1,
+            "trainer.procs_per_node",
+            f"must be >= 1, got {self.procs_per_node}",
+        )
+        require(self.cpus_per_proc >= 1, "trainer.cpus_per_proc", f"must be >= 1, got {self.cpus_per_proc}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.procs_per_node
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None
+    """Cluster to join: null starts a local Ray (or joins RAY_ADDRESS if set); ``auto`` joins a
+    running cluster; ``ray://host:10001`` connects a client."""
+    num_cpus: int | None = None
+    """CPUs the local Ray advertises when it is started here (null: all of this machine's)."""
+    include_dashboard: bool = False
+    """Start the dashboard with a local Ray. It listens on 127.0.0.1 only."""
+    call_timeout_s: float = 3600.0
+    """Longest wait for one worker call before it is reported as hung."""
+
+    def __post_init__(self) -> None:
+        require_positive(self.call_timeout_s, "ray.call_timeout_s")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self) -> None:
+        check_batch_sizes(self)
+
+
+def check_batch_sizes(cfg: Config) -> None:
+    """Mini- and micro-batches must tile a step's responses exactly on every rank.
+
+    Padding is fine for generation but not for updates: a padded response would be trained
+    on twice. So the step's responses split into whole mini-batches, each mini-batch splits
+    evenly across ranks, and each rank's share splits into whole micro-batches.
+    """
+    responses = cfg.data.batch_size * cfg.rollout.n
+    world = cfg.trainer.world_size
+    mini, micro = cfg.actor.mini_batch_size, cfg.actor.micro_batch_size
+    require(
+        responses % mini == 0,
+        "actor.mini_batch_size",
+        f"{mini} must divide the responses per step, data.batch_size * rollout.n = "
+        f"{cfg.data.batch_size} * {cfg.rollout.n} = {responses}",
+    )
+    require(
+        mini % world == 0,
+        "actor.mini_batch_size",
+        f"{mini} must be a multiple of the number of ranks, trainer.nnodes * "
+        f"trainer.procs_per_node = {world}",
+    )
+    require(
+        (mini // world) % micro == 0,
+        "actor.micro_batch_size",
+        f"{micro} must divide each rank's share of a mini-batch, actor.mini_batch_size / ranks "
+        f"= {mini} / {world} = {mini // world}",
+    )
+
+
+def build_config(tree: DictConfig | dict[str, Any]) -> Config:
+    """Turn a composed config tree into a validated :class:`Config`.
+
+    Raises:
+        ConfigError: for an unknown key, a wrong type, a missing value or an invalid value,
+            with the full key in the message.
+    """
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), tree)
+        cfg = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as e:
+        cause = e.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        key = getattr(e, "full_key", None) or "config"
+        if isinstance(e, MissingMandatoryValue):
+            raise ConfigError(key, "has no value: set it with key=value or pick a recipe (+recipe=NAME)") from None
+        raise ConfigError(key, first_line(e)) from None
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+def first_line(error: BaseException) -> str:
+    """OmegaConf errors append a multi-line context block; keep the sentence."""
+    return str(error).strip().splitlines()[0]

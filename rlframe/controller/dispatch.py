@@ -1,0 +1,121 @@
+"""How one driver call fans out to the ranks of a worker group and how results come back.
+
+A worker method declares its mode once with ``@dispatch(Dispatch.X)``; the worker group
+then exposes it on the driver as a plain function. Three modes are enough:
+
+- ``ONE_TO_ALL``: every rank gets the same arguments; the result is the list of the ranks'
+  results (rank order).
+- ``DP_SPLIT``: every :class:`Batch` argument is padded to a multiple of the world size and
+  chunked, one chunk per rank; other arguments go to every rank as they are. A Batch result
+  must have one row per input row; the ranks' results are concatenated and the padding
+  rows stripped. Other results come back as a list.
+- ``RANK_ZERO``: only rank 0 runs the method; its result is returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, TypeVar
+
+from rlframe.protocol import Batch
+
+DISPATCH_ATTR = "__rlframe_dispatch__"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Dispatch(Enum):
+    ONE_TO_ALL = "one_to_all"
+    DP_SPLIT = "dp_split"
+    RANK_ZERO = "rank_zero"
+
+
+def dispatch(mode: Dispatch) -> Callable[[F], F]:
+    """Mark a worker method as callable from the driver with the given dispatch mode."""
+
+    def mark(fn: F) -> F:
+        setattr(fn, DISPATCH_ATTR, mode)
+        return fn
+
+    return mark
+
+
+def find_dispatch_methods(worker_cls: type) -> dict[str, Dispatch]:
+    """Names and modes of every ``@dispatch``-marked method of a worker class."""
+    methods = {}
+    for name in dir(worker_cls):
+        mode = getattr(getattr(worker_cls, name, None), DISPATCH_ATTR, None)
+        if mode is not None:
+            methods[name] = mode
+    return methods
+
+
+@dataclass
+class RankCall:
+    """The arguments for one rank's call."""
+
+    rank: int
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class FanOut:
+    """Per-rank calls plus what the collect step needs to undo the split."""
+
+    calls: list[RankCall]
+    padding: int = 0
+    chunk_rows: int = 0
+
+
+def split_call(mode: Dispatch, world_size: int, args: tuple, kwargs: dict) -> FanOut:
+    """Turn one driver call into per-rank calls according to ``mode``."""
+    if mode is Dispatch.RANK_ZERO:
+        return FanOut([RankCall(0, args, kwargs)])
+    if mode is Dispatch.ONE_TO_ALL:
+        return FanOut([RankCall(r, args, kwargs) for r in range(world_size)])
+
+    batches = [a for a in (*args, *kwargs.values()) if isinstance(a, Batch)]
+    if not batches:
+        raise TypeError("a DP_SPLIT method needs at least one Batch argument")
+    sizes = {len(b) for b in batches}
+    if len(sizes) > 1:
+        raise ValueError(f"DP_SPLIT Batch arguments have different lengths: {sorted(sizes)}")
+    rows = sizes.pop()
+    padding = (-rows) % world_size
+
+    def chunks(value: Any) -> list[Any]:
+        if isinstance(value, Batch):
+            padded, _ = value.pad_to_multiple(world_size)
+            return padded.chunk(world_size)
+        return [value] * world_size
+
+    split_args = [chunks(a) for a in args]
+    split_kwargs = {k: chunks(v) for k, v in kwargs.items()}
+    calls = [
+        RankCall(r, tuple(a[r] for a in split_args), {k: v[r] for k, v in split_kwargs.items()})
+        for r in range(world_size)
+    ]
+    return FanOut(calls, padding, (rows + padding) // world_size)
+
+
+def collect_results(mode: Dispatch, fan_out: FanOut, results: list[Any]) -> Any:
+    """Combine the ranks' results (in rank order) into what the driver call returns."""
+    if mode is Dispatch.RANK_ZERO:
+        return results[0]
+    if mode is Dispatch.ONE_TO_ALL:
+        return results
+    if not all(isinstance(r, Batch) for r in results):
+        return results
+    for rank, result in enumerate(results):
+        if len(result) != fan_out.chunk_rows:
+            raise ValueError(
+                f"rank {rank} returned {len(result)} rows for {fan_out.chunk_rows} input rows; "
+                "a DP_SPLIT method must return one row per input row"
+            )
+    merged = Batch.concat(results)
+    if fan_out.padding:
+        merged = merged.rows(slice(0, len(merged) - fan_out.padding))
+    return merged

@@ -1,0 +1,54 @@
+"""The base class of every worker that a WorkerGroup starts.
+
+A worker learns its place from the environment the group set (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``), so the same class runs under Ray, under torchrun or in a
+plain process for debugging.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from rlframe.controller.dispatch import Dispatch, dispatch
+
+
+class Worker:
+    """Rank bookkeeping and the process group; roles subclass it and add ``@dispatch`` methods."""
+
+    def __init__(self) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.role = os.environ.get("RLFRAME_ROLE", type(self).__name__)
+
+    def init_process_group(self, device: str, timeout_s: float = 1800.0) -> None:
+        """Join the group's default process group: nccl on cuda, gloo on cpu."""
+        if dist.is_initialized():
+            return
+        backend = "nccl" if device == "cuda" else "gloo"
+        if device == "cuda":
+            torch.cuda.set_device(self.local_rank)
+        dist.init_process_group(
+            backend, init_method="env://", rank=self.rank, world_size=self.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def describe(self) -> dict[str, object]:
+        """Where this rank runs: rank, pid, node and placement (for logs and tests)."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            "role": self.role,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "pid": os.getpid(),
+            "node_id": context.get_node_id(),
+            "placement_group_id": context.get_placement_group_id(),
+            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
+        }

@@ -1,0 +1,169 @@
+"""Worker groups: one Ray actor per bundle of a pool, driven as one object from the driver.
+
+``WorkerGroup(pool, cls, role=..., ...)`` starts ``pool.world_size`` actors of ``cls`` with
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT`` in their
+environment, and binds every ``@dispatch``-marked method of ``cls`` as a driver-side
+function: ``group.generate(batch)`` splits, calls all ranks and collects as the method's
+mode says.
+
+Waiting never hangs: each call has a deadline, and the first rank that fails (raises or
+dies) ends the wait with a :class:`WorkerError` naming the role, the rank and the method,
+even while other ranks are still blocked in a collective with the dead one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from rlframe.controller.dispatch import Dispatch, collect_results, find_dispatch_methods, split_call
+from rlframe.controller.placement import ResourcePool
+
+
+class WorkerError(RuntimeError):
+    """A worker call failed: the worker raised, died or did not answer in time."""
+
+    def __init__(self, role: str, rank: int | None, method: str, detail: str) -> None:
+        self.role, self.rank, self.method, self.detail = role, rank, method, detail
+        who = f"rank {rank}" if rank is not None else "ranks"
+        super().__init__(f"{role} worker {who} failed in {method}(): {detail}")
+
+
+class WorkerGroup:
+    """The actors of one role, one per bundle of ``pool``, in rank order.
+
+    Args:
+        pool: a created :class:`ResourcePool`.
+        worker_cls: the worker class (a subclass of ``rlframe.controller.worker.Worker``).
+        role: name used in errors and actor names (``actor``, ``critic``...).
+        init_args: positional arguments for ``worker_cls(...)`` on every rank.
+        call_timeout_s: the longest wait for one call.
+        start_timeout_s: the longest wait for the actors to start (imports, model loading).
+        env: extra environment variables for every worker process.
+    """
+
+    def __init__(
+        self,
+        pool: ResourcePool,
+        worker_cls: type,
+        *,
+        role: str,
+        init_args: tuple[Any, ...] = (),
+        call_timeout_s: float = 3600.0,
+        start_timeout_s: float = 900.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.role = role
+        self.world_size = pool.world_size
+        self.call_timeout_s = call_timeout_s
+        self.methods = find_dispatch_methods(worker_cls)
+        self.actors = self.start_actors(pool, worker_cls, init_args, env or {})
+        for name in self.methods:
+            setattr(self, name, partial(self.call, name))
+        # Constructor errors surface here, named as such, not at the first real call.
+        ready = {a.__ray_ready__.remote(): r for r, a in enumerate(self.actors)}
+        self.wait_all("__init__", ready, timeout_s=start_timeout_s)
+
+    def start_actors(
+        self, pool: ResourcePool, worker_cls: type, init_args: tuple[Any, ...], env: dict[str, str]
+    ) -> list[Any]:
+        master_addr, master_port = pool.find_master_address()
+        remote_cls = ray.remote(worker_cls)
+        actors = []
+        for rank in range(self.world_size):
+            rank_env = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(self.world_size),
+                # Ray narrows CUDA_VISIBLE_DEVICES to the actor's GPU, so it is always device 0.
+                "LOCAL_RANK": "0" if pool.device == "cuda" else str(rank % pool.procs_per_node),
+                "LOCAL_WORLD_SIZE": str(pool.procs_per_node),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                "RLFRAME_ROLE": self.role,
+                **env,
+            }
+            actor = remote_cls.options(
+                name=None,
+                max_restarts=0,
+                scheduling_strategy=pool.scheduling(rank),
+                runtime_env={"env_vars": rank_env},
+                **pool.actor_resources(),
+            ).remote(*init_args)
+            actors.append(actor)
+        return actors
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``method`` on the ranks its dispatch mode names and collect the results."""
+        mode = self.methods.get(method)
+        if mode is None:
+            raise AttributeError(f"{self.role} workers have no @dispatch method {method!r}; they have {sorted(self.methods)}")
+        fan_out = split_call(mode, self.world_size, args, kwargs)
+        if mode is Dispatch.ONE_TO_ALL and self.world_size > 1:
+            # Serialise shared arguments once rather than once per rank; Ray resolves
+            # top-level ObjectRef arguments back to values in the worker.
+            shared_args = tuple(ray.put(a) for a in args)
+            shared_kwargs = {k: ray.put(v) for k, v in kwargs.items()}
+            for c in fan_out.calls:
+                c.args, c.kwargs = shared_args, shared_kwargs
+        refs = {getattr(self.actors[c.rank], method).remote(*c.args, **c.kwargs): c.rank for c in fan_out.calls}
+        return collect_results(mode, fan_out, self.wait_all(method, refs))
+
+    def wait_all(self, method: str, refs: dict[Any, int], timeout_s: float | None = None) -> list[Any]:
+        """Results of ``refs`` (ref -> rank) in rank order; the first failure raises at once."""
+        timeout_s = timeout_s or self.call_timeout_s
+        deadline = time.monotonic() + timeout_s
+        results: dict[int, Any] = {}
+        pending = list(refs)
+        while pending:
+            remaining = deadline - time.monotonic()
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(remaining, 0))
+            if not ready:
+                ranks = sorted(refs[r] for r in pending)
+                raise WorkerError(
+                    self.role, None, method,
+                    f"ranks {ranks} did not answer within {timeout_s:.0f} s; a rank may be "
+                    "stuck in a collective with a dead peer (ray.call_timeout_s sets the limit)",
+                )
+            for ref in ready:
+                results[refs[ref]] = self.fetch(ref, refs[ref], method, timeout_s)
+        return [results[rank] for rank in sorted(results)]
+
+    def fetch(self, ref: Any, rank: int, method: str, timeout_s: float) -> Any:
+        try:
+            return ray.get(ref, timeout=timeout_s)
+        except RayTaskError as e:
+            raise WorkerError(self.role, rank, method, describe_task_error(e)) from None
+        except RayActorError as e:
+            # The full text carries the creation task's traceback when a constructor raised.
+            raise WorkerError(self.role, rank, method, f"the worker process died: {str(e).strip()}") from None
+        except GetTimeoutError:
+            raise WorkerError(self.role, rank, method, "result could not be fetched in time") from None
+
+    def shutdown(self) -> None:
+        """Kill every actor of the group (stuck collectives included)."""
+        for actor in self.actors:
+            ray.kill(actor, no_restart=True)
+        self.actors = []
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        # Only reached for names that are not bound dispatch methods: say what exists.
+        if name.startswith("__") or name in ("methods", "role", "actors"):
+            raise AttributeError(name)
+        raise AttributeError(f"{self.role} workers have no @dispatch method {name!r}; they have {sorted(self.methods)}")
+
+
+def describe_task_error(error: RayTaskError) -> str:
+    """The worker's exception type and message, then its remote traceback."""
+    cause = getattr(error, "cause", None)
+    headline = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else first_line(error)
+    return f"{headline}\n--- remote traceback ---\n{str(error).rstrip()}"
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

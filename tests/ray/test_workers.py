@@ -1,0 +1,78 @@
+"""Small worker classes that the Ray tests drive through real worker groups."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+from rlframe.controller.dispatch import Dispatch, dispatch
+from rlframe.controller.worker import Worker
+from rlframe.protocol import Batch
+
+
+class EchoWorker(Worker):
+    """Scales its batch chunk and reports who it is; joins a gloo group on demand."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def scale_rows(self, batch: Batch, offset: float = 0.0) -> Batch:
+        out = batch.tensors["x"] * self.scale + offset
+        ranks = torch.full((len(batch),), self.rank, dtype=torch.long)
+        return Batch({"y": out, "rank": ranks}, {"tag": batch.columns["tag"]})
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def count_rows(self, batch: Batch) -> int:
+        return len(batch)
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def env(self) -> dict[str, str]:
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RLFRAME_ROLE")
+        return {k: os.environ.get(k, "") for k in keys}
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def all_reduce_ranks(self) -> float:
+        """Sum of all ranks over a real gloo process group."""
+        self.init_process_group("cpu", timeout_s=60)
+        t = torch.tensor([float(self.rank)])
+        dist.all_reduce(t)
+        return t.item()
+
+    @dispatch(Dispatch.RANK_ZERO)
+    def whoami(self) -> int:
+        return self.rank
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def fail_on(self, rank: int) -> int:
+        if self.rank == rank:
+            raise ValueError(f"bad input on rank {rank}")
+        return self.rank
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def die_on(self, rank: int) -> int:
+        """Rank ``rank`` dies mid-call; the others block as if in a collective with it."""
+        if self.rank == rank:
+            time.sleep(0.5)
+            os._exit(1)
+        time.sleep(600)
+        return self.rank
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def sleep(self, seconds: float) -> int:
+        time.sleep(seconds)
+        return self.rank
+
+
+class BrokenWorker(Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        raise RuntimeError("cannot load the model")
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def ping(self) -> int:
+        return self.rank
