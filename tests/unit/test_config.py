@@ -1,0 +1,115 @@
+"""The CLI: composition, help and config errors, each exiting before Ray starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlframe.config import Config, ConfigError, build_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    # A config error must never reach Ray: make any Ray start fail loudly if one happens.
+    full_env["RAY_ADDRESS"] = "ray-must-not-start:1"
+    return subprocess.run(
+        [sys.executable, "-m", "rlframe.main", *args],
+        capture_output=True, text=True, timeout=60, env=full_env, cwd=REPO,
+    )
+
+
+@pytest.mark.parametrize(
+    "override,key,allowed",
+    [
+        ("trainer.total_steps=abc", "trainer.total_steps", "could not be converted to Integer"),
+        ("trainer.total_steps=-3", "trainer.total_steps", "must be >= 1"),
+        ("rollout.n=0", "rollout.n", "must be >= 1"),
+        ("actor.micro_batch_size=7", "actor.micro_batch_size", "must divide each rank's share"),
+        ("actor.mini_batch_size=48", "actor.mini_batch_size", "must divide the responses per step"),
+        ("trainer.stepz=3", "trainer.stepz", "keys allowed in trainer: cpus_per_proc"),
+        ("trainer.device=gpu", "trainer.device", "expected one of [auto, cuda, cpu]"),
+        ("rollout.engine=sglang", "rollout.engine", "expected one of [vllm, hf]"),
+    ],
+)
+def test_config_errors_exit_nonzero_and_name_the_key(override: str, key: str, allowed: str) -> None:
+    result = run_cli("+recipe=grpo_qwen", override)
+    assert result.returncode != 0
+    assert key in result.stderr and allowed in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "ray-must-not-start" not in result.stderr
+
+
+def test_missing_model_path_points_at_recipes() -> None:
+    result = run_cli()
+    assert result.returncode == 2
+    assert "model.path: has no value" in result.stderr and "+recipe=NAME" in result.stderr
+
+
+def test_unknown_recipe_lists_available_ones() -> None:
+    result = run_cli("+recipe=nope")
+    assert result.returncode != 0
+    assert "grpo_qwen" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cfg_job_prints_composed_recipe() -> None:
+    result = run_cli("+recipe=grpo_qwen", "rollout.n=16", "--cfg", "job")
+    assert result.returncode == 0, result.stderr
+    assert "path: Qwen/Qwen2.5-1.5B-Instruct" in result.stdout
+    assert "'n': 16" in result.stdout
+
+
+def test_help_lists_recipes() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    assert "recipe: " in result.stdout and "grpo_qwen" in result.stdout
+
+
+def test_user_recipe_folder(tmp_path: Path) -> None:
+    (tmp_path / "mine.yaml").write_text("model:\n  path: /models/mine\ntrainer:\n  total_steps: 7\n")
+    result = run_cli("+recipe=mine", "--cfg", "job", env={"RLFRAME_RECIPE_DIRS": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert "path: /models/mine" in result.stdout and "total_steps: 7" in result.stdout
+    bad = run_cli("--help", env={"RLFRAME_RECIPE_DIRS": str(tmp_path / "missing")})
+    assert bad.returncode == 2 and "RLFRAME_RECIPE_DIRS" in bad.stderr
+
+
+def compose(recipe: str, *overrides: str) -> Config:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    from rlframe.main import register_configs
+
+    register_configs()
+    with initialize_config_module(config_module="rlframe", version_base=None):
+        tree = hydra_compose("rlframe", [f"+recipe={recipe}", *overrides])
+    return build_config(tree)
+
+
+def test_grpo_qwen_recipe_composes_and_validates() -> None:
+    cfg = compose("grpo_qwen")
+    assert cfg.trainer.device.value == "cuda" and cfg.trainer.procs_per_node == 8
+    assert cfg.model.path.startswith("Qwen/Qwen2.5")
+    assert cfg.data.batch_size * cfg.rollout.n % cfg.actor.mini_batch_size == 0
+
+
+def test_build_config_reports_all_cross_field_rules() -> None:
+    with pytest.raises(ConfigError) as info:
+        build_config({"model": {"path": "x"}, "trainer": {"procs_per_node": 3}, "actor": {"mini_batch_size": 32}})
+    assert info.value.key == "actor.mini_batch_size"
+    assert "multiple of the number of ranks" in str(info.value)
+
+
+def test_importing_the_driver_imports_no_vllm_and_no_cuda() -> None:
+    code = (
+        "import sys, rlframe, rlframe.main, rlframe.config, rlframe.protocol\n"
+        "import rlframe.controller.worker_group, rlframe.controller.placement\n"
+        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'\n"
+        "import torch; assert not torch.cuda.is_initialized(), 'cuda initialised'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=REPO)
