@@ -149,8 +149,31 @@ class AlgorithmConfig:
     """KL estimator for the loss: k1, k2 or k3."""
     entropy_coef: float = 0.0
     """Coefficient of the entropy bonus."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss: a registered name or ``pkg.module:function`` / ``file.py:function``."""
+    loss_agg: str = "token-mean"
+    """Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum."""
 
     def __post_init__(self) -> None:
+        from rlframe.algorithms.advantages import ADVANTAGES
+        from rlframe.algorithms.losses import AGGREGATIONS, POLICY_LOSSES
+
+        require(
+            self.advantage in ADVANTAGES,
+            "algorithm.advantage",
+            f"unknown {self.advantage!r}; registered: {sorted(ADVANTAGES.entries)} or 'pkg.module:function'",
+        )
+        require(
+            self.policy_loss in POLICY_LOSSES,
+            "algorithm.policy_loss",
+            f"unknown {self.policy_loss!r}; registered: {sorted(POLICY_LOSSES.entries)} or 'pkg.module:function'",
+        )
+        require(self.loss_agg in AGGREGATIONS, "algorithm.loss_agg", f"must be one of {AGGREGATIONS}, got {self.loss_agg!r}")
+        require(
+            self.kl_estimator in ("k1", "k2", "k3"),
+            "algorithm.kl_estimator",
+            f"must be one of k1, k2, k3, got {self.kl_estimator!r}",
+        )
         require(self.clip_low >= 0, "algorithm.clip_low", f"must be >= 0, got {self.clip_low}")
         require(self.clip_high >= 0, "algorithm.clip_high", f"must be >= 0, got {self.clip_high}")
         require(self.kl_coef >= 0, "algorithm.kl_coef", f"must be >= 0, got {self.kl_coef}")

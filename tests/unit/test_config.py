@@ -35,6 +35,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("trainer.stepz=3", "trainer.stepz", "keys allowed in trainer: cpus_per_proc"),
         ("trainer.device=gpu", "trainer.device", "expected one of [auto, cuda, cpu]"),
         ("rollout.engine=sglang", "rollout.engine", "expected one of [vllm, hf]"),
+        ("algorithm.advantage=gea", "algorithm.advantage", "registered: ['grpo']"),
+        ("algorithm.loss_agg=mean", "algorithm.loss_agg", "must be one of"),
     ],
 )
 def test_config_errors_exit_nonzero_and_name_the_key(override: str, key: str, allowed: str) -> None:

@@ -1,0 +1,70 @@
+"""Name -> function registries with a dotted-path escape hatch for users' own functions.
+
+A config value that names a registered entry picks it; a value of the form
+``pkg.module:function`` or ``path/to/file.py:function`` loads the user's function instead,
+so a new advantage estimator or loss never needs an edit to rlframe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Registry(Generic[F]):
+    """Functions of one kind (``advantage``, ``policy loss``...) by name."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.entries: dict[str, F] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        """Decorator adding a function under ``name``; a second use of a name is an error."""
+
+        def add(fn: F) -> F:
+            if name in self.entries:
+                raise ValueError(f"{self.kind} {name!r} is already registered ({self.entries[name].__qualname__})")
+            self.entries[name] = fn
+            return fn
+
+        return add
+
+    def get(self, name: str) -> F:
+        """The function registered as ``name``, or the one a ``module:function`` path names."""
+        if ":" in name:
+            return load_function(name)  # type: ignore[return-value]
+        if name not in self.entries:
+            raise KeyError(
+                f"unknown {self.kind} {name!r}; registered: {sorted(self.entries)}, or give "
+                "'pkg.module:function' / 'path/to/file.py:function'"
+            )
+        return self.entries[name]
+
+    def __contains__(self, name: str) -> bool:
+        return ":" in name or name in self.entries
+
+
+def load_function(spec: str) -> Callable[..., Any]:
+    """Import ``pkg.module:function`` or ``path/to/file.py:function``."""
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise ValueError(f"{spec!r} is not of the form 'pkg.module:function' or 'file.py:function'")
+    if target.endswith(".py"):
+        path = Path(target).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"{spec!r}: no file {path}")
+        module_spec = importlib.util.spec_from_file_location(f"rlframe_plugin_{path.stem}", path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise AttributeError(f"{spec!r}: {target} has no function {attr!r}")
+    return fn

@@ -1,0 +1,1 @@
+"""Prompt data: synthetic verifiable tasks, file loaders and the tiny offline model."""

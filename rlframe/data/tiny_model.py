@@ -1,0 +1,119 @@
+"""A tiny random-initialised Qwen2-architecture model with a character-level tokenizer.
+
+Nothing can be downloaded on CI or offline machines, so the quickstart and the tests build
+their model here, from a seed, with ``save_pretrained``: the result loads in transformers
+and in vLLM like any checkpoint. ``model.path: tiny:<seed>`` in a recipe builds (once, then
+caches) and uses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+TINY_PREFIX = "tiny:"
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
+# Everything the synthetic tasks print, one token per character.
+CHARACTERS = "0123456789abcdefghijklmnopqrstuvwxyz +-*=?:,.()'\n"
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    num_layers: int = 2
+    """Decoder layers."""
+    num_heads: int = 2
+    """Attention heads; head_dim = hidden_size / num_heads must be >= 32 for vLLM's CPU kernels."""
+    num_kv_heads: int = 1
+    """Key/value heads (grouped-query attention as in Qwen2)."""
+    intermediate_size: int = 256
+    """MLP width."""
+    max_positions: int = 512
+    """Longest prompt + response."""
+    seed: int = 0
+    """Seed of the random initialisation."""
+
+
+def is_tiny_model(path: str) -> bool:
+    return path.startswith(TINY_PREFIX)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("RLFRAME_CACHE", Path.home() / ".cache" / "rlframe"))
+
+
+def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
+    """A loadable model directory: ``tiny:<seed>`` is built on first use, anything else is kept."""
+    if not is_tiny_model(path):
+        return path
+    seed_text = path[len(TINY_PREFIX) :] or "0"
+    if not seed_text.isdigit():
+        raise ValueError(f"model.path {path!r}: use 'tiny:<integer seed>', e.g. 'tiny:0'")
+    spec = TinyModelSpec(seed=int(seed_text))
+    key = hashlib.sha1(json.dumps([asdict(spec), CHARACTERS]).encode()).hexdigest()[:12]
+    target = (cache_dir or default_cache_dir()) / f"tiny-qwen2-{key}"
+    if not (target / "config.json").exists():
+        build_tiny_model(spec, target)
+    return str(target)
+
+
+def build_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+    """Character-level tokenizer: every character in CHARACTERS is one token."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([*SPECIAL_TOKENS, *CHARACTERS])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def build_tiny_model(spec: TinyModelSpec, target: Path) -> None:
+    """Write a random-initialised Qwen2 model and its tokenizer to ``target``.
+
+    Written to a temporary folder first and renamed, so concurrent builders (several
+    workers, several tests) never see a half-written model.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+        # Another process finished first; its copy is identical.
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,53 @@
+"""Synthetic tasks are reproducible and their rule rewards score as documented."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlframe.data.tasks import TASKS, generate_examples
+from rlframe.rewards import REWARDS, RewardError, compute_rewards, score_char_match, score_exact_match
+
+
+def test_examples_are_fixed_by_seed_and_correct() -> None:
+    a = generate_examples("mixed", 40, seed=3)
+    assert a == generate_examples("mixed", 40, seed=3)
+    assert a != generate_examples("mixed", 40, seed=4)
+    assert {e.task for e in a} == set(TASKS)
+    for e in a:
+        body = e.prompt[:-1]
+        if e.task == "arithmetic":
+            x, y = body.split("+")
+            assert int(e.ground_truth) == int(x) + int(y)
+        elif e.task == "copy":
+            assert e.ground_truth == body.split()[1]
+        elif e.task == "reverse":
+            assert e.ground_truth == body.split()[1][::-1]
+        else:
+            assert int(e.ground_truth) == body.split()[2].count("a")
+    with pytest.raises(ValueError, match="unknown synthetic task"):
+        generate_examples("sudoku", 1, 0)
+
+
+def test_rule_rewards() -> None:
+    assert score_exact_match("19\nmore", "19", {}) == 1.0
+    assert score_exact_match("18", "19", {}) == 0.0
+    assert score_char_match("19", "19", {}) == 1.0
+    assert score_char_match("18", "19", {}) == 0.5
+    assert score_char_match("1", "19", {}) == 0.5
+    assert score_char_match("", "7", {}) == 0.0
+
+
+def test_reward_errors_name_function_and_sample(tmp_path: Path) -> None:
+    plugin = tmp_path / "my_reward.py"
+    plugin.write_text(
+        "def reward(response, ground_truth, sample):\n"
+        "    return 1.0 / len(response)\n"
+    )
+    fn = REWARDS.get(f"{plugin}:reward")
+    assert compute_rewards(fn, "mine", ["ab"], ["x"], [{"prompt": "p"}]) == [0.5]
+    with pytest.raises(RewardError, match=r"reward function mine raised ZeroDivisionError.* on sample 1 \(prompt 'q'"):
+        compute_rewards(fn, "mine", ["ab", ""], ["x", "y"], [{"prompt": "p"}, {"prompt": "q"}])
+    with pytest.raises(RewardError, match="returned nan"):
+        compute_rewards(lambda r, g, s: float("nan"), "nan_fn", ["a"], ["b"], [{}])
