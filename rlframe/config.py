@@ -64,6 +64,8 @@ class ModelConfig:
     """Training parameter dtype: auto (bf16 on cuda, fp32 on cpu), float32 or bfloat16."""
     trust_remote_code: bool = False
     """Passed to transformers when loading the model and tokenizer."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, about a third more compute."""
 
     def __post_init__(self) -> None:
         allowed = ("auto", "float32", "bfloat16")
@@ -100,12 +102,22 @@ class RolloutConfig:
     """Nucleus sampling mass in (0, 1]."""
     gpu_memory_utilization: float = 0.5
     """Fraction of GPU memory vLLM may claim for weights and KV cache (cuda only)."""
+    cpu_kv_cache_gb: int = 1
+    """KV-cache size of each vLLM engine on CPU machines, in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    sleep_level: int = 1
+    """vLLM sleep during training on cuda: 1 frees the KV cache and offloads weights to CPU RAM,
+    2 frees both (weights are re-sent by the sync). No-op on CPU."""
+    weight_sync_bucket_mb: int = 512
+    """Largest bucket of gathered full tensors held at once during the weight sync."""
 
     def __post_init__(self) -> None:
         require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
         require_positive(self.max_tokens, "rollout.max_tokens")
         require(self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}")
         require(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
+        require(self.sleep_level in (1, 2), "rollout.sleep_level", f"must be 1 or 2, got {self.sleep_level}")
+        require_positive(self.weight_sync_bucket_mb, "rollout.weight_sync_bucket_mb")
+        require_positive(self.cpu_kv_cache_gb, "rollout.cpu_kv_cache_gb")
         require(
             0 < self.gpu_memory_utilization < 1,
             "rollout.gpu_memory_utilization",
@@ -115,6 +127,8 @@ class RolloutConfig:
 
 @dataclass
 class ActorConfig:
+    worker_cls: str = "workers.hybrid.HybridWorker"
+    """Dotted path of the actor/rollout/reference worker class (swap in your own subclass)."""
     lr: float = 1e-6
     """AdamW learning rate."""
     mini_batch_size: int = 32
@@ -125,9 +139,19 @@ class ActorConfig:
     """Passes over each step's responses (PPO epochs)."""
     grad_clip: float = 1.0
     """Max global gradient norm; <= 0 turns clipping off."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear learning-rate warm-up."""
+    lr_schedule: str = "constant"
+    """After warm-up: constant, or cosine decay to 10% over the run's optimizer steps."""
+    offload: bool = False
+    """cuda only: move FSDP parameters and optimizer state to CPU RAM while vLLM generates."""
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "actor.lr")
+        require(self.lr_schedule in ("constant", "cosine"), "actor.lr_schedule", f"must be constant or cosine, got {self.lr_schedule!r}")
+        require(self.warmup_steps >= 0, "actor.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         require_positive(self.mini_batch_size, "actor.mini_batch_size")
         require_positive(self.micro_batch_size, "actor.micro_batch_size")
         require(self.epochs >= 1, "actor.epochs", f"must be >= 1, got {self.epochs}")
@@ -202,6 +226,14 @@ class TrainerConfig:
     """CPUs reserved per worker process (the size of a CPU bundle)."""
     device: Device = Device.auto
     """auto, cuda or cpu. auto picks cuda when the Ray cluster has GPUs."""
+    loggers: list[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """Metric sinks: console (one line per step), jsonl (metrics.jsonl), wandb."""
+    project: str = "rlframe"
+    """Project name for wandb."""
+    experiment: str = "run"
+    """Run name for wandb."""
+    rollouts_to_log: int = 4
+    """Sample rollouts written to rollouts.jsonl each step."""
 
     def __post_init__(self) -> None:
         require(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
@@ -212,6 +244,9 @@ class TrainerConfig:
             f"must be >= 1, got {self.procs_per_node}",
         )
         require(self.cpus_per_proc >= 1, "trainer.cpus_per_proc", f"must be >= 1, got {self.cpus_per_proc}")
+        sinks = ("console", "jsonl", "wandb")
+        unknown = [x for x in self.loggers if x not in sinks]
+        require(not unknown, "trainer.loggers", f"unknown {unknown}; choose from {sinks}")
 
     @property
     def world_size(self) -> int:

@@ -110,10 +110,20 @@ def schema_type(owner: type, name: str) -> Any:
 
 
 def run(cfg: Config) -> None:
-    """Start or join Ray and run the training loop. Heavy imports happen here, after validation."""
+    """Start or join Ray and run the training loop. Heavy imports happen here, after validation.
+
+    A worker or reward failure ends the run with its own message (role, rank, method and
+    the worker's traceback), not with a driver traceback around it.
+    """
+    from rlframe.controller.worker_group import WorkerError
+    from rlframe.rewards import RewardError
     from rlframe.trainer import run_training
 
-    run_training(cfg)
+    try:
+        run_training(cfg)
+    except (WorkerError, RewardError) as e:
+        print(f"rlframe: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 @hydra.main(version_base=None, config_name="rlframe")

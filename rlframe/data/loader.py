@@ -1,0 +1,57 @@
+"""The prompt loader: shuffled batches of prompts, turned into the Batch a step starts from."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from rlframe.data.prompts import PromptRecord
+from rlframe.protocol import Batch
+
+
+class PromptLoader:
+    """Endless shuffled batches over the records; each pass over the data reshuffles.
+
+    It keeps its own ``random.Random``: vLLM reseeds the global generators in the workers,
+    and the driver's data order must not depend on anything else.
+    """
+
+    def __init__(self, records: list[PromptRecord], batch_size: int, seed: int) -> None:
+        if len(records) < batch_size:
+            raise ValueError(f"data.batch_size={batch_size} exceeds the {len(records)} prompts available")
+        self.records, self.batch_size = records, batch_size
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+        self.epoch = 0
+        self.prompts_served = 0
+
+    def next_records(self) -> list[PromptRecord]:
+        if len(self.order) < self.batch_size:
+            order = list(range(len(self.records)))
+            self.rng.shuffle(order)
+            self.order, self.epoch = order, self.epoch + 1
+        picked, self.order = self.order[: self.batch_size], self.order[self.batch_size :]
+        return [self.records[i] for i in picked]
+
+
+def build_prompt_batch(records: list[PromptRecord], n: int, first_group: int, pad_token_id: int, seed: int) -> Batch:
+    """``n`` interleaved copies of each prompt, left-padded, with group ids and sample seeds.
+
+    Row ``i`` gets seed ``(seed, group, copy)`` mixed into 31 bits, so sampling does not
+    depend on how rows are split over ranks.
+    """
+    width = max(len(r.prompt_ids) for r in records)
+    ids = torch.full((len(records), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(records), width, dtype=torch.long)
+    for i, r in enumerate(records):
+        ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+        mask[i, width - len(r.prompt_ids) :] = 1
+    groups = torch.arange(first_group, first_group + len(records))
+    batch = Batch(
+        {"prompt_ids": ids, "prompt_mask": mask, "group": groups},
+        {"prompt": [r.prompt for r in records], "ground_truth": [r.ground_truth for r in records], "extra": [r.extra for r in records]},
+    ).repeat(n)
+    copies = torch.arange(len(batch)) % n
+    seeds = [hash((seed, int(g), int(c))) & 0x7FFFFFFF for g, c in zip(batch["group"], copies)]
+    return Batch(batch.tensors, batch.columns | {"seed": seeds}, batch.meta)

@@ -1,0 +1,79 @@
+"""Metric sinks (console, metrics.jsonl, wandb), stage timers and the rollout log."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+CONSOLE_KEYS = (
+    ("reward/mean", "reward"),
+    ("response_length/mean", "len"),
+    ("actor/pg_loss", "pg_loss"),
+    ("actor/entropy", "entropy"),
+    ("actor/kl", "kl"),
+    ("actor/grad_norm", "grad"),
+    ("rollout/logprob_diff", "lp_diff"),
+    ("timing_s/step", "s/step"),
+)
+
+
+class StageTimer:
+    """Wall-clock seconds per named stage of a step, as ``timing_s/<stage>`` metrics."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing_s/{k}": v for k, v in self.seconds.items()}
+
+
+class Tracker:
+    """Sends each step's metrics to the configured sinks and keeps sample rollouts."""
+
+    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int, run_config: Any, project: str, experiment: str):
+        self.output_dir, self.loggers, self.total_steps = output_dir, loggers, total_steps
+        self.metrics_path = output_dir / "metrics.jsonl"
+        self.rollouts_path = output_dir / "rollouts.jsonl"
+        self.wandb_run = None
+        if "wandb" in loggers:
+            import wandb
+
+            config = asdict(run_config) if is_dataclass(run_config) else run_config
+            self.wandb_run = wandb.init(project=project, name=experiment, config=config, dir=str(output_dir))
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if "jsonl" in self.loggers:
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if "console" in self.loggers:
+            print(format_console_line(step, self.total_steps, metrics), flush=True)
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+
+    def log_rollouts(self, step: int, rows: list[dict[str, Any]]) -> None:
+        with self.rollouts_path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}) + "\n")
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def format_console_line(step: int, total: int, metrics: dict[str, float]) -> str:
+    parts = [f"step {step}/{total}"]
+    parts += [f"{label} {metrics[key]:.4g}" for key, label in CONSOLE_KEYS if key in metrics]
+    return " | ".join(parts)

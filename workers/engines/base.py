@@ -1,0 +1,44 @@
+"""The rollout-engine protocol: token ids in, token ids and their log-probs out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stop_token_ids: tuple[int, ...]
+    """Generation ends after any of these tokens (the EOS), which is kept in the response."""
+
+
+@dataclass
+class RolloutSample:
+    response_ids: list[int]
+    logprobs: list[float]
+    """Log-prob of each response token under the sampling distribution (after temperature)."""
+    finish_reason: str
+    """``stop`` (a stop token) or ``length`` (max_tokens reached)."""
+
+
+class RolloutEngine(Protocol):
+    def generate(self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec) -> list[RolloutSample]:
+        """One response per prompt; ``seeds[i]`` fixes prompt i's sampling."""
+        ...
+
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Replace the weights in place from (HF name, full tensor) pairs."""
+        ...
+
+    def sleep(self) -> None:
+        """Free device memory for training (no-op where unsupported)."""
+        ...
+
+    def wake_up(self) -> None:
+        ...

@@ -1,0 +1,65 @@
+"""transformers ``generate`` as a rollout engine: slow, but runs any HF model; for debugging."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from workers.engines.base import RolloutSample, SamplingSpec
+
+
+class HFRollout:
+    def __init__(self, path: str, device: str, dtype: torch.dtype, trust_remote_code: bool = False):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        self.model.to(device).eval()
+        self.device = device
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec) -> list[RolloutSample]:
+        return [self.generate_one(p, s, spec) for p, s in zip(prompts, seeds, strict=True)]
+
+    def generate_one(self, prompt: list[int], seed: int, spec: SamplingSpec) -> RolloutSample:
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        ids = torch.tensor([prompt], device=self.device)
+        response: list[int] = []
+        logprobs: list[float] = []
+        past = None
+        for _ in range(spec.max_tokens):
+            out = self.model(input_ids=ids if past is None else ids[:, -1:], past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[0, -1].float()
+            logp = torch.log_softmax(logits / spec.temperature if spec.temperature > 0 else logits, -1)
+            token = sample_token(logp, spec, generator)
+            response.append(token)
+            logprobs.append(float(logp[token]))
+            ids = torch.cat([ids, torch.tensor([[token]], device=self.device)], dim=1)
+            if token in spec.stop_token_ids:
+                return RolloutSample(response, logprobs, "stop")
+        return RolloutSample(response, logprobs, "length")
+
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        params = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in weights:
+                params[name].copy_(tensor)
+
+    def sleep(self) -> None:
+        pass
+
+    def wake_up(self) -> None:
+        pass
+
+
+def sample_token(logp: torch.Tensor, spec: SamplingSpec, generator: torch.Generator) -> int:
+    """Greedy at temperature 0, else nucleus sampling from ``logp``."""
+    if spec.temperature == 0:
+        return int(logp.argmax())
+    probs = logp.exp()
+    if spec.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        keep = sorted_probs.cumsum(0) - sorted_probs < spec.top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))

