@@ -111,6 +111,8 @@ class RolloutConfig:
     """Largest bucket of gathered full tensors held at once during the weight sync."""
 
     def __post_init__(self) -> None:
+        # Dataclasses built in Python (tests, user code) may pass plain strings.
+        self.engine = RolloutEngineName(self.engine)
         require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
         require_positive(self.max_tokens, "rollout.max_tokens")
         require(self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}")
@@ -236,6 +238,7 @@ class TrainerConfig:
     """Sample rollouts written to rollouts.jsonl each step."""
 
     def __post_init__(self) -> None:
+        self.device = Device(self.device)
         require(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
         require(self.nnodes >= 1, "trainer.nnodes", f"must be >= 1, got {self.nnodes}")
         require(

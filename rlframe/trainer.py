@@ -87,7 +87,12 @@ class Trainer:
         )
 
     def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> str:
-        return self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
+        """The response text without its closing EOS. Other special tokens stay visible, so
+        a policy cannot hide junk from the reward behind tokens that decode to nothing."""
+        tokens = ids[mask.bool()].tolist()
+        if tokens and tokens[-1] == self.tokenizer.eos_token_id:
+            tokens = tokens[:-1]
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
     def compute_advantages(self, batch: Batch) -> Batch:
         out = self.advantage_fn(
