@@ -208,8 +208,18 @@ class AlgorithmConfig:
 @dataclass
 class RewardConfig:
     fn: str = "auto"
-    """Reward function: ``auto`` (the synthetic task's rule), a registered name, or
-    ``pkg.module:function`` / ``path/to/file.py:function``."""
+    """Reward function: a registered name (char_match, exact_match, math_answer), your own as
+    ``pkg.module:function`` / ``path/to/file.py:function``, or ``auto``: char_match for the
+    synthetic tasks, exact_match for prompt files."""
+
+    def __post_init__(self) -> None:
+        from rlframe.rewards import REWARDS
+
+        require(
+            self.fn == "auto" or self.fn in REWARDS,
+            "reward.fn",
+            f"unknown {self.fn!r}; registered: {sorted(REWARDS.entries)}, 'auto', or 'pkg.module:function'",
+        )
 
 
 @dataclass

@@ -22,8 +22,6 @@ from rlframe.protocol import Batch
 from rlframe.rewards import REWARDS, compute_rewards
 from rlframe.tracking import StageTimer, Tracker
 
-AUTO_REWARD = "char_match"
-
 
 class Trainer:
     """Drives one worker group of hybrid actor/rollout/reference workers."""
@@ -31,7 +29,7 @@ class Trainer:
     def __init__(self, cfg: Config, actor: Any, tokenizer: Any, loader: PromptLoader, tracker: Tracker) -> None:
         self.cfg, self.actor, self.tokenizer, self.loader, self.tracker = cfg, actor, tokenizer, loader, tracker
         self.advantage_fn = ADVANTAGES.get(cfg.algorithm.advantage)
-        self.reward_name = AUTO_REWARD if cfg.reward.fn == "auto" else cfg.reward.fn
+        self.reward_name = resolve_reward_name(cfg)
         self.reward_fn = REWARDS.get(self.reward_name)
         self.use_ref = cfg.algorithm.kl_coef > 0
         self.step_count = 0
@@ -113,6 +111,13 @@ class Trainer:
             for i in range(keep)
         ]
         self.tracker.log_rollouts(self.step_count, rows)
+
+
+def resolve_reward_name(cfg: Config) -> str:
+    """``auto``: partial-credit char_match for the synthetic tasks, exact_match for files."""
+    if cfg.reward.fn != "auto":
+        return cfg.reward.fn
+    return "exact_match" if cfg.data.train_files else "char_match"
 
 
 def collect_step_metrics(batch: Batch, update_metrics: list[dict[str, float]], timer: StageTimer) -> dict[str, float]:

@@ -208,9 +208,19 @@ class HybridWorker(Worker):
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> int:
-        """Stream the trained weights into the rollout engine; returns the new version."""
-        self.enter_rollout_mode()
+        """Stream the trained weights into the rollout engine; returns the new version.
+
+        Order matters on a GPU: wake the engine's weights only, load them from the (still
+        resident) FSDP shards, offload FSDP, and only then re-allocate the KV cache, so
+        old weights, new weights and the KV cache never share the device at once.
+        """
+        self.enter_train_mode()
+        self.rollout.wake_up(tags=["weights"])
         bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
         self.rollout.load_weights(self.actor.iter_full_weights(bucket_bytes))
+        if self.cfg.actor.offload:
+            self.actor.offload()
+        self.rollout.wake_up(tags=["kv_cache"])
+        self.mode = "rollout"
         self.weights_version += 1
         return self.weights_version

@@ -10,6 +10,7 @@ A reward function scores one response:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,6 +47,32 @@ def score_char_match(response: str, ground_truth: str, sample: dict[str, Any]) -
     if longest == 0:
         return 1.0
     return sum(a == b for a, b in zip(answer, ground_truth)) / longest
+
+
+NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_final_number(text: str) -> str | None:
+    """The answer a math response commits to: after '####', else in \\boxed{}, else the last number."""
+    for pattern in (r"####\s*([^\n]+)", r"\\boxed\{([^}]*)\}"):
+        found = re.findall(pattern, text)
+        if found:
+            text = found[-1]
+            break
+    numbers = NUMBER.findall(text)
+    return numbers[-1].replace(",", "").rstrip(".") if numbers else None
+
+
+@REWARDS.register("math_answer")
+def score_math_answer(response: str, ground_truth: str, sample: dict[str, Any]) -> float:
+    """1 if the response's final number equals the ground truth's (GSM8K-style), else 0."""
+    answer, truth = extract_final_number(response), extract_final_number(ground_truth)
+    if answer is None or truth is None:
+        return 0.0
+    try:
+        return float(abs(float(answer) - float(truth)) < 1e-6)
+    except ValueError:
+        return 0.0
 
 
 def compute_rewards(

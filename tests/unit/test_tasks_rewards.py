@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from rlframe.data.tasks import TASKS, generate_examples
-from rlframe.rewards import REWARDS, RewardError, compute_rewards, score_char_match, score_exact_match
+from rlframe.rewards import (
+    REWARDS,
+    RewardError,
+    compute_rewards,
+    score_char_match,
+    score_exact_match,
+    score_math_answer,
+)
 
 
 def test_examples_are_fixed_by_seed_and_correct() -> None:
@@ -51,3 +58,18 @@ def test_reward_errors_name_function_and_sample(tmp_path: Path) -> None:
         compute_rewards(fn, "mine", ["ab", ""], ["x", "y"], [{"prompt": "p"}, {"prompt": "q"}])
     with pytest.raises(RewardError, match="returned nan"):
         compute_rewards(lambda r, g, s: float("nan"), "nan_fn", ["a"], ["b"], [{}])
+
+
+@pytest.mark.parametrize(
+    "response,truth,score",
+    [
+        ("so she has 3 + 4 = 7 apples.\n#### 7", "7", 1.0),
+        ("The answer is \\boxed{1,234}.", "#### 1234", 1.0),
+        ("we get 12 then 15", "15", 1.0),
+        ("we get 15 then 12", "15", 0.0),
+        ("no idea", "3", 0.0),
+        ("#### 2.50", "2.5", 1.0),
+    ],
+)
+def test_math_answer(response: str, truth: str, score: float) -> None:
+    assert score_math_answer(response, truth, {}) == score

@@ -40,5 +40,6 @@ class RolloutEngine(Protocol):
         """Free device memory for training (no-op where unsupported)."""
         ...
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore what ``sleep`` freed: ``["weights"]``, ``["kv_cache"]`` or (None) both."""
         ...

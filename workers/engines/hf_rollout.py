@@ -49,7 +49,7 @@ class HFRollout:
     def sleep(self) -> None:
         pass
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> None:
         pass
 
 

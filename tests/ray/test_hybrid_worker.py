@@ -1,0 +1,93 @@
+"""The hybrid worker on a real Ray cluster: vLLM rollout + FSDP2 training on each rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlframe.config import ActorConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+from rlframe.controller.placement import ResourcePool
+from rlframe.controller.worker_group import WorkerGroup
+from rlframe.data.loader import build_prompt_batch
+from rlframe.data.prompts import load_prompt_records
+from rlframe.data.tiny_model import build_tiny_tokenizer, resolve_model_path
+from rlframe.trainer import worker_env
+
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
+
+MAX_TOKENS = 6
+
+
+def make_config(engine: str, world: int) -> Config:
+    return Config(
+        model=ModelConfig(path="tiny:0"),
+        data=DataConfig(batch_size=4, max_prompt_length=16),
+        rollout=RolloutConfig(engine=engine, n=4, max_tokens=MAX_TOKENS, cpu_kv_cache_gb=1),
+        actor=ActorConfig(lr=1e-2, mini_batch_size=16, micro_batch_size=16 // world),
+        algorithm=AlgorithmConfig(kl_coef=0.01),
+        trainer=TrainerConfig(total_steps=1, procs_per_node=world, device="cpu"),
+    )
+
+
+def prompts_for(step: int) -> "Batch":  # noqa: F821
+    tok = build_tiny_tokenizer()
+    records = load_prompt_records([], "arithmetic", tok, 16, seed=step, synthetic_size=4)
+    batch = build_prompt_batch(records, n=4, first_group=0, pad_token_id=tok.pad_token_id, seed=step)
+    batch.meta |= {"stop_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
+    return batch
+
+
+def check_rollout(batch, eos: int) -> None:
+    lengths = batch["response_mask"].sum(1).long()
+    assert (lengths >= 1).all() and (lengths <= MAX_TOKENS).all()
+    for ids, n, reason in zip(batch["response_ids"], lengths, batch["finish_reason"]):
+        # Generation ends at EOS (kept as the last token) or at max_tokens.
+        assert (reason == "stop") == (int(ids[n - 1]) == eos)
+        assert reason == "stop" or n == MAX_TOKENS
+
+
+def logprob_gap(batch, trainer_logprobs: torch.Tensor) -> float:
+    mask = batch["response_mask"]
+    return float(((batch["rollout_logprobs"] - trainer_logprobs).abs() * mask).max())
+
+
+@pytest.mark.parametrize("engine,world", [("vllm", 2), ("hf", 1)])
+def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(tmp_path: Path, engine: str, world: int) -> None:
+    cfg = make_config(engine, world)
+    model_path = resolve_model_path("tiny:0", cache_dir=tmp_path)
+    pool = ResourcePool(nnodes=1, procs_per_node=world, device="cpu", cpus_per_proc=1)
+    pool.create(timeout_s=60)
+    group = WorkerGroup(pool, __import__("workers.hybrid", fromlist=["HybridWorker"]).HybridWorker,
+                        role="actor", init_args=(cfg, model_path, "cpu"), call_timeout_s=600,
+                        env=worker_env(cfg, "cpu"))
+    try:
+        eos = build_tiny_tokenizer().eos_token_id
+        prompts = prompts_for(1)
+        batch = prompts.union(group.generate(prompts))
+        check_rollout(batch, eos)
+        before = group.compute_logprobs(batch)["old_logprobs"]
+        gap_before = logprob_gap(batch, before)
+
+        # One update with a strong signal moves the weights; the sync must carry the move.
+        mask = batch["response_mask"]
+        train = batch.with_tensors(
+            old_logprobs=before, advantages=torch.linspace(-1, 1, len(batch))[:, None] * mask
+        ).union(group.compute_ref_logprobs(batch))
+        metrics = group.update(train)
+        assert len(metrics) == world and all(m["actor/grad_norm"] > 0 for m in metrics)
+        assert group.sync_weights() == [1] * world
+
+        after_update = group.compute_logprobs(batch)["old_logprobs"]
+        assert float(((after_update - before).abs() * mask).max()) > 1e-3, "the update did not change the policy"
+
+        prompts2 = prompts_for(2)
+        batch2 = prompts2.union(group.generate(prompts2))
+        assert batch2.meta["weights_version"] == 1
+        gap_after = logprob_gap(batch2, group.compute_logprobs(batch2)["old_logprobs"])
+        print(f"{engine} x{world}: max |rollout - trainer| log-prob gap before sync {gap_before:.2e}, after {gap_after:.2e}")
+        assert gap_before < 1e-4 and gap_after < 1e-4
+    finally:
+        group.shutdown()
+        pool.remove()
