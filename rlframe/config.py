@@ -160,15 +160,62 @@ class ActorConfig:
 
 
 @dataclass
+class CriticConfig:
+    enable: bool | None = None
+    """Train a value model. null: on exactly when the advantage estimator needs values (gae)."""
+    worker_cls: str = "workers.critic.CriticWorker"
+    """Dotted path of the critic worker class."""
+    lr: float = 1e-5
+    """AdamW learning rate of the critic."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of the critic."""
+    grad_clip: float = 1.0
+    """Max global gradient norm of the critic; <= 0 turns clipping off."""
+    lr_warmup_steps: int = 0
+    """Optimizer steps of linear learning-rate warm-up for the critic."""
+    warmup_steps: int = 0
+    """Training steps at the start in which only the critic learns (the actor waits)."""
+    cliprange_value: float = 0.5
+    """Clipped value loss: new values may move this far from the old ones before the loss stops rewarding it."""
+
+    def __post_init__(self) -> None:
+        require_positive(self.lr, "critic.lr")
+        require(self.warmup_steps >= 0, "critic.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        require_positive(self.cliprange_value, "critic.cliprange_value")
+
+
+@dataclass
 class AlgorithmConfig:
     advantage: str = "grpo"
     """Advantage estimator: a registered name or ``pkg.module:function`` / ``file.py:function``."""
     norm_by_std: bool = True
     """GRPO: divide by the group's reward std. False gives Dr.GRPO."""
+    gamma: float = 1.0
+    """Discount over response tokens (GAE, REINFORCE++)."""
+    lam: float = 1.0
+    """GAE's lambda: 1 is Monte-Carlo returns minus values, 0 is one-step TD."""
     clip_low: float = 0.2
     """PPO-clip lower range: the ratio is clipped at 1 - clip_low."""
     clip_high: float = 0.2
     """PPO-clip upper range: the ratio is clipped at 1 + clip_high (DAPO's clip-higher: 0.28)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (loss <= -A * c); <= 1 turns it off."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling against the rollout engine's log-probs, weights capped
+    at this value (e.g. 2.0); 0 turns the correction off."""
+    kl_reward_coef: float = 0.0
+    """Coefficient of the KL penalty in the reward (k1 per token); 0 turns it off."""
+    kl_reward_ctrl: str = "fixed"
+    """fixed, or adaptive: the in-reward KL coefficient follows ``kl_target``."""
+    kl_target: float = 0.1
+    """Adaptive controller: target KL per response."""
+    kl_horizon: int = 10000
+    """Adaptive controller: responses over which the coefficient moves by at most 20%."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more prompts until the batch
+    is full of groups that carry a signal."""
+    max_sampling_rounds: int = 4
+    """DAPO: most generation rounds per step; a step that still lacks groups trains on what it has."""
     kl_coef: float = 0.0
     """Coefficient of the KL loss against the reference policy; 0 turns the reference off."""
     kl_estimator: str = "k3"
@@ -182,7 +229,7 @@ class AlgorithmConfig:
 
     def __post_init__(self) -> None:
         from rlframe.algorithms.advantages import ADVANTAGES
-        from rlframe.algorithms.losses import AGGREGATIONS, POLICY_LOSSES
+        from rlframe.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
         require(
             self.advantage in ADVANTAGES,
@@ -196,10 +243,25 @@ class AlgorithmConfig:
         )
         require(self.loss_agg in AGGREGATIONS, "algorithm.loss_agg", f"must be one of {AGGREGATIONS}, got {self.loss_agg!r}")
         require(
-            self.kl_estimator in ("k1", "k2", "k3"),
+            self.kl_estimator in KL_ESTIMATORS,
             "algorithm.kl_estimator",
-            f"must be one of k1, k2, k3, got {self.kl_estimator!r}",
+            f"must be one of {KL_ESTIMATORS}, got {self.kl_estimator!r}",
         )
+        require(self.kl_reward_coef >= 0, "algorithm.kl_reward_coef", f"must be >= 0, got {self.kl_reward_coef}")
+        require(
+            self.kl_reward_ctrl in ("fixed", "adaptive"),
+            "algorithm.kl_reward_ctrl",
+            f"must be fixed or adaptive, got {self.kl_reward_ctrl!r}",
+        )
+        require(self.tis_cap == 0 or self.tis_cap >= 1, "algorithm.tis_cap", f"must be 0 (off) or >= 1, got {self.tis_cap}")
+        require(self.max_sampling_rounds >= 1, "algorithm.max_sampling_rounds", f"must be >= 1, got {self.max_sampling_rounds}")
+        require(0 <= self.lam <= 1, "algorithm.lam", f"must be in [0, 1], got {self.lam}")
+        require(0 < self.gamma <= 1, "algorithm.gamma", f"must be in (0, 1], got {self.gamma}")
+
+    @property
+    def uses_reference(self) -> bool:
+        """A reference policy is needed for a KL term in the loss or in the reward."""
+        return self.kl_coef > 0 or self.kl_reward_coef > 0
         require(self.clip_low >= 0, "algorithm.clip_low", f"must be >= 0, got {self.clip_low}")
         require(self.clip_high >= 0, "algorithm.clip_high", f"must be >= 0, got {self.clip_high}")
         require(self.kl_coef >= 0, "algorithm.kl_coef", f"must be >= 0, got {self.kl_coef}")
@@ -207,6 +269,11 @@ class AlgorithmConfig:
 
 @dataclass
 class RewardConfig:
+    overlong_buffer: int = 0
+    """DAPO overlong shaping: responses longer than rollout.max_tokens - overlong_buffer lose
+    up to ``overlong_penalty``, linearly over the buffer; 0 turns it off."""
+    overlong_penalty: float = 1.0
+    """Penalty at rollout.max_tokens (overlong shaping)."""
     fn: str = "auto"
     """Reward function: a registered name (char_match, exact_match, math_answer), your own as
     ``pkg.module:function`` / ``path/to/file.py:function``, or ``auto``: char_match for the
@@ -290,11 +357,21 @@ class Config:
     actor: ActorConfig = field(default_factory=ActorConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
         check_batch_sizes(self)
+        from rlframe.algorithms.advantages import NEEDS_CRITIC
+
+        if self.critic.enable is None:
+            self.critic.enable = self.algorithm.advantage in NEEDS_CRITIC
+        require(
+            self.critic.enable or self.algorithm.advantage not in NEEDS_CRITIC,
+            "critic.enable",
+            f"algorithm.advantage={self.algorithm.advantage} needs a critic; set critic.enable=true (or null)",
+        )
 
 
 def check_batch_sizes(cfg: Config) -> None:

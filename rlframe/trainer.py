@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs
-from rlframe.config import Config
+from rlframe.algorithms.advantages import ADVANTAGES, NEEDS_GREEDY_BASELINE, AdvantageInputs, place_on_last_token
+from rlframe.algorithms.losses import KLController, apply_kl_penalty
+from rlframe.config import Config, RewardConfig
 from rlframe.controller.cluster import init_ray, resolve_device
 from rlframe.data.loader import PromptLoader, build_prompt_batch
 from rlframe.protocol import Batch
@@ -24,15 +25,22 @@ from rlframe.tracking import StageTimer, Tracker
 
 
 class Trainer:
-    """Drives one worker group of hybrid actor/rollout/reference workers."""
+    """Drives the actor group (hybrid actor/rollout/reference workers) and, for PPO, the critic."""
 
-    def __init__(self, cfg: Config, actor: Any, tokenizer: Any, loader: PromptLoader, tracker: Tracker) -> None:
-        self.cfg, self.actor, self.tokenizer, self.loader, self.tracker = cfg, actor, tokenizer, loader, tracker
+    def __init__(
+        self, cfg: Config, actor: Any, critic: Any | None, tokenizer: Any, loader: PromptLoader, tracker: Tracker
+    ) -> None:
+        self.cfg, self.actor, self.critic = cfg, actor, critic
+        self.tokenizer, self.loader, self.tracker = tokenizer, loader, tracker
         self.advantage_fn = ADVANTAGES.get(cfg.algorithm.advantage)
         self.reward_name = resolve_reward_name(cfg)
         self.reward_fn = REWARDS.get(self.reward_name)
-        self.use_ref = cfg.algorithm.kl_coef > 0
+        self.use_ref = cfg.algorithm.uses_reference
+        self.use_baseline = cfg.algorithm.advantage in NEEDS_GREEDY_BASELINE
+        a = cfg.algorithm
+        self.kl_ctrl = KLController(a.kl_reward_coef, a.kl_reward_ctrl, a.kl_target, a.kl_horizon)
         self.step_count = 0
+        self.groups_served = 0
 
     def fit(self) -> list[dict[str, float]]:
         history = []
@@ -45,41 +53,78 @@ class Trainer:
 
     def step(self) -> dict[str, float]:
         timer = StageTimer()
+        metrics: dict[str, float] = {}
         with timer("step"):
-            prompts = self.next_prompts()
-            with timer("gen"):
-                batch = prompts.union(self.actor.generate(prompts))
-            with timer("reward"):
-                batch = self.compute_rewards(batch)
+            batch = self.generate_and_score(timer, metrics)
             with timer("old_logprob"):
                 batch = batch.union(self.actor.compute_logprobs(batch))
             if self.use_ref:
                 with timer("ref"):
                     batch = batch.union(self.actor.compute_ref_logprobs(batch))
+            if self.critic is not None:
+                with timer("values"):
+                    batch = batch.union(self.critic.compute_values(batch))
+            if self.use_baseline:
+                with timer("baseline"):
+                    batch = self.add_greedy_baseline(batch)
             with timer("adv"):
-                batch = self.compute_advantages(batch)
-            with timer("update"):
-                update_metrics = self.actor.update(batch)
-            with timer("sync"):
-                self.actor.sync_weights()
+                batch = self.compute_advantages(batch, metrics)
+            if self.critic is not None:
+                with timer("update_critic"):
+                    metrics |= average(self.critic.update(batch))
+            if self.step_count > self.cfg.critic.warmup_steps or self.critic is None:
+                with timer("update"):
+                    metrics |= average(self.actor.update(batch))
+                with timer("sync"):
+                    self.actor.sync_weights()
         self.log_rollouts(batch)
-        return collect_step_metrics(batch, update_metrics, timer)
+        return metrics | collect_step_metrics(batch, timer)
+
+    def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> Batch:
+        """Generate and reward one batch; with DAPO's dynamic sampling, keep only groups whose
+        rewards differ and draw more prompts until ``data.batch_size`` such groups are in."""
+        wanted, n = self.cfg.data.batch_size, self.cfg.rollout.n
+        kept: list[Batch] = []
+        dropped: list[Batch] = []
+        rounds = 0
+        while rounds < self.cfg.algorithm.max_sampling_rounds:
+            rounds += 1
+            prompts = self.next_prompts()
+            with timer("gen"):
+                batch = prompts.union(self.actor.generate(prompts))
+            with timer("reward"):
+                batch = self.compute_rewards(batch)
+            if not self.cfg.algorithm.dynamic_sampling:
+                return batch
+            informative, uniform = split_uniform_groups(batch, n)
+            kept += informative
+            dropped += uniform
+            if len(kept) >= wanted:
+                break
+        metrics["rollout/sampling_rounds"] = float(rounds)
+        metrics["rollout/kept_group_frac"] = len(kept) / max(1, len(kept) + len(dropped))
+        # Still short after the last round: fill up with uniform groups, which carry no
+        # GRPO-style signal but keep the batch the size the update expects.
+        return Batch.concat((kept + dropped)[:wanted])
 
     def next_prompts(self) -> Batch:
         records = self.loader.next_records()
-        first_group = (self.step_count - 1) * self.cfg.data.batch_size
         batch = build_prompt_batch(
-            records, self.cfg.rollout.n, first_group, self.tokenizer.pad_token_id, self.cfg.trainer.seed
+            records, self.cfg.rollout.n, self.groups_served, self.tokenizer.pad_token_id, self.cfg.trainer.seed
         )
+        self.groups_served += len(records)
         batch.meta |= {"stop_token_ids": [self.tokenizer.eos_token_id], "pad_token_id": self.tokenizer.pad_token_id}
         return batch
 
     def compute_rewards(self, batch: Batch) -> Batch:
         texts = [self.decode(ids, mask) for ids, mask in zip(batch["response_ids"], batch["response_mask"])]
         samples = [{"prompt": p, **extra} for p, extra in zip(batch["prompt"], batch["extra"])]
-        scores = compute_rewards(self.reward_fn, self.reward_name, texts, list(batch["ground_truth"]), samples)
+        scores = torch.tensor(
+            compute_rewards(self.reward_fn, self.reward_name, texts, list(batch["ground_truth"]), samples)
+        )
+        penalty = compute_overlong_penalty(batch["response_mask"].sum(1), self.cfg.rollout.max_tokens, self.cfg.reward)
         return Batch(
-            batch.tensors | {"reward": torch.tensor(scores, dtype=torch.float32)},
+            batch.tensors | {"score": scores, "reward": scores + penalty},
             batch.columns | {"response": texts},
             batch.meta,
         )
@@ -92,10 +137,36 @@ class Trainer:
             tokens = tokens[:-1]
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
-    def compute_advantages(self, batch: Batch) -> Batch:
+    def add_greedy_baseline(self, batch: Batch) -> Batch:
+        """ReMax: the reward of one greedy response per prompt, shared by its group."""
+        n = self.cfg.rollout.n
+        prompts = batch.select(["prompt_ids", "prompt_mask", "group", "prompt", "ground_truth", "extra", "seed"])
+        prompts = prompts.rows(list(range(0, len(batch), n)))
+        prompts.meta |= {"greedy": True}
+        greedy = self.compute_rewards(prompts.union(self.actor.generate(prompts)))
+        return batch.with_tensors(baseline=greedy["reward"].repeat_interleave(n))
+
+    def compute_advantages(self, batch: Batch, metrics: dict[str, float]) -> Batch:
+        mask = batch["response_mask"]
+        token_rewards = place_on_last_token(batch["reward"], mask)
+        if self.kl_ctrl.value > 0:
+            token_rewards, kl = apply_kl_penalty(
+                token_rewards, batch["old_logprobs"], batch["ref_logprobs"], mask, self.kl_ctrl.value
+            )
+            metrics |= {"actor/reward_kl": kl, "actor/kl_reward_coef": self.kl_ctrl.value}
+            self.kl_ctrl.update(kl, len(batch))
         out = self.advantage_fn(
-            AdvantageInputs(batch["reward"], batch["response_mask"], batch["group"], self.cfg.algorithm)
+            AdvantageInputs(
+                rewards=token_rewards.sum(-1),
+                response_mask=mask,
+                group_index=batch["group"],
+                config=self.cfg.algorithm,
+                token_rewards=token_rewards,
+                values=batch.tensors.get("values"),
+                baseline=batch.tensors.get("baseline"),
+            )
         )
+        metrics |= {f"adv/{k}": v for k, v in out.metrics.items()}
         return batch.with_tensors(advantages=out.advantages, returns=out.returns)
 
     def log_rollouts(self, batch: Batch) -> None:
@@ -113,6 +184,28 @@ class Trainer:
         self.tracker.log_rollouts(self.step_count, rows)
 
 
+def split_uniform_groups(batch: Batch, n: int) -> tuple[list[Batch], list[Batch]]:
+    """The batch's groups (n consecutive rows each), split by whether their rewards differ."""
+    informative, uniform = [], []
+    for group in batch.split(n):
+        (informative if bool((group["reward"] != group["reward"][0]).any()) else uniform).append(group)
+    return informative, uniform
+
+
+def compute_overlong_penalty(lengths: torch.Tensor, max_tokens: int, cfg: RewardConfig) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to max_tokens - buffer, then falling linearly to
+    -penalty at max_tokens."""
+    if cfg.overlong_buffer <= 0:
+        return torch.zeros(lengths.shape)
+    excess = (lengths.float() - (max_tokens - cfg.overlong_buffer)).clamp(min=0)
+    return -cfg.overlong_penalty * (excess / cfg.overlong_buffer).clamp(max=1)
+
+
+def average(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Mean of each metric over the ranks."""
+    return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in per_rank[0]}
+
+
 def resolve_reward_name(cfg: Config) -> str:
     """``auto``: partial-credit char_match for the synthetic tasks, exact_match for files."""
     if cfg.reward.fn != "auto":
@@ -120,8 +213,8 @@ def resolve_reward_name(cfg: Config) -> str:
     return "exact_match" if cfg.data.train_files else "char_match"
 
 
-def collect_step_metrics(batch: Batch, update_metrics: list[dict[str, float]], timer: StageTimer) -> dict[str, float]:
-    """The step's metrics: rewards, lengths, rollout/trainer agreement, update, timings."""
+def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
+    """The step's metrics: rewards, lengths, rollout/trainer agreement, timings."""
     mask = batch["response_mask"]
     lengths = mask.sum(1)
     rewards = batch["reward"]
@@ -131,14 +224,13 @@ def collect_step_metrics(batch: Batch, update_metrics: list[dict[str, float]], t
         "reward/mean": float(rewards.mean()),
         "reward/max": float(rewards.max()),
         "reward/min": float(rewards.min()),
+        "reward/score_mean": float(batch["score"].mean()),
         "response_length/mean": float(lengths.float().mean()),
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": float(sum(r == "length" for r in batch["finish_reason"]) / len(batch)),
         "rollout/logprob_diff": float(diff),
         "rollout/weights_version": float(batch.meta.get("weights_version", 0)),
     }
-    for key in update_metrics[0]:
-        metrics[key] = sum(m[key] for m in update_metrics) / len(update_metrics)
     metrics |= timer.metrics()
     tokens = float(mask.sum() + batch["prompt_mask"].sum())
     metrics["perf/tokens_per_s"] = tokens / metrics["timing_s/step"]
@@ -190,7 +282,7 @@ def run_training(cfg: Config) -> list[dict[str, float]]:
     from rlframe.data.prompts import load_prompt_records
     from rlframe.data.tiny_model import resolve_model_path
 
-    pool, actor, tracker = None, None, None
+    pool, tracker, groups = None, None, []
     try:
         device = resolve_device(cfg.trainer.device)
         # Resolved (and a tiny model built) here, once, so workers never race to build it.
@@ -200,26 +292,35 @@ def run_training(cfg: Config) -> list[dict[str, float]]:
             cfg.data.train_files, cfg.data.task, tokenizer, cfg.data.max_prompt_length, cfg.trainer.seed
         )
         out = prepare_output_dir(cfg)
+        # The critic, when there is one, shares the actor's bundles (half of each).
         pool = ResourcePool(
             nnodes=cfg.trainer.nnodes,
             procs_per_node=cfg.trainer.procs_per_node,
             device=device,
             cpus_per_proc=cfg.trainer.cpus_per_proc,
+            max_colocate=2 if cfg.critic.enable else 1,
             name="actor_rollout",
         )
         pool.create()
-        actor = WorkerGroup(
-            pool, import_class(cfg.actor.worker_cls), role="actor", init_args=(cfg, model_path, device),
-            call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device),
-        )
+
+        def start(role: str, worker_cls: str) -> WorkerGroup:
+            group = WorkerGroup(
+                pool, import_class(worker_cls), role=role, init_args=(cfg, model_path, device),
+                call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device),
+            )
+            groups.append(group)
+            return group
+
+        actor = start("actor", cfg.actor.worker_cls)
+        critic = start("critic", cfg.critic.worker_cls) if cfg.critic.enable else None
         tracker = Tracker(out, cfg.trainer.loggers, cfg.trainer.total_steps, cfg, cfg.trainer.project, cfg.trainer.experiment)
         loader = PromptLoader(records, cfg.data.batch_size, cfg.trainer.seed)
-        return Trainer(cfg, actor, tokenizer, loader, tracker).fit()
+        return Trainer(cfg, actor, critic, tokenizer, loader, tracker).fit()
     finally:
         if tracker is not None:
             tracker.close()
-        if actor is not None:
-            actor.shutdown()
+        for group in groups:
+            group.shutdown()
         if pool is not None:
             pool.remove()
         if started:

@@ -9,29 +9,41 @@ asleep) around each stage, so the device never holds both working sets at once.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from rlframe.algorithms.losses import (
     POLICY_LOSSES,
     LossScale,
     PolicyLossInputs,
     aggregate_loss,
+    apply_truncated_is,
     compute_entropy,
     compute_kl,
     masked_mean,
 )
-from rlframe.config import Config, RolloutEngineName
+from rlframe.config import ActorConfig, Config, RolloutEngineName
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
 from workers.engines.base import RolloutEngine, SamplingSpec
 from workers.engines.fsdp import (
     FSDPEngine,
+    OptimizerSpec,
     compute_response_logits,
     gather_logprobs,
     make_sequence_batch,
     pick_dtype,
+    run_minibatch_updates,
 )
+
+
+def count_optimizer_steps(cfg: Config) -> int:
+    """Optimizer steps in the whole run (for the learning-rate schedule)."""
+    responses = cfg.data.batch_size * cfg.rollout.n
+    return cfg.trainer.total_steps * cfg.actor.epochs * (responses // cfg.actor.mini_batch_size)
+
+
+def build_optimizer_spec(cfg: ActorConfig, total_steps: int) -> OptimizerSpec:
+    return OptimizerSpec(cfg.lr, cfg.weight_decay, cfg.grad_clip, cfg.warmup_steps, cfg.lr_schedule, total_steps)
 
 
 class HybridWorker(Worker):
@@ -43,10 +55,8 @@ class HybridWorker(Worker):
         # Before the engines: vLLM adopts this process group as its world.
         self.init_process_group(device)
         torch.manual_seed(cfg.trainer.seed)
-        responses = cfg.data.batch_size * cfg.rollout.n
-        optimizer_steps = cfg.trainer.total_steps * cfg.actor.epochs * (responses // cfg.actor.mini_batch_size)
-        self.actor = FSDPEngine(model_path, cfg.model, cfg.actor, device, optimizer_steps)
-        self.ref = FSDPEngine(model_path, cfg.model, None, device, 0) if cfg.algorithm.kl_coef > 0 else None
+        self.actor = FSDPEngine(model_path, cfg.model, build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg)), device)
+        self.ref = FSDPEngine(model_path, cfg.model, None, device) if cfg.algorithm.uses_reference else None
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
         self.rollout = self.build_rollout(model_path)
         self.weights_version = 0
@@ -90,7 +100,8 @@ class HybridWorker(Worker):
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])]
         spec = SamplingSpec(
             max_tokens=self.cfg.rollout.max_tokens,
-            temperature=self.cfg.rollout.temperature,
+            # Greedy for baselines (ReMax), sampled otherwise.
+            temperature=0.0 if prompts.meta.get("greedy") else self.cfg.rollout.temperature,
             top_p=self.cfg.rollout.top_p,
             stop_token_ids=tuple(prompts.meta["stop_token_ids"]),
         )
@@ -135,36 +146,17 @@ class HybridWorker(Worker):
 
     @dispatch(Dispatch.DP_SPLIT)
     def update(self, batch: Batch) -> dict[str, float]:
-        """Mini-batch x micro-batch PPO-style updates over this rank's share of the step.
-
-        Every rank makes the same number of optimizer steps: the config guarantees each
-        rank's share splits into whole mini-batches and micro-batches.
-        """
+        """PPO-style updates (epochs x mini-batches x micro-batches) on this rank's share."""
         self.enter_train_mode()
-        self.actor.model.train()
-        local_mini = self.cfg.actor.mini_batch_size // self.world_size
-        totals: dict[str, list[float]] = {}
-        for _ in range(self.cfg.actor.epochs):
-            for mini in batch.split(local_mini):
-                scale = self.global_loss_scale(mini)
-                for micro in mini.split(self.cfg.actor.micro_batch_size):
-                    for k, v in self.forward_backward(micro, scale).items():
-                        totals.setdefault(k, []).append(v)
-                grad_norm, stepped = self.actor.optimizer_step()
-                totals.setdefault("actor/grad_norm", []).append(grad_norm)
-                totals.setdefault("actor/skipped_steps", []).append(float(not stepped))
-        metrics = {k: sum(v) / len(v) for k, v in totals.items()}
-        metrics["actor/skipped_steps"] = sum(totals["actor/skipped_steps"])
-        metrics["actor/lr"] = self.actor.lr
-        return metrics
-
-    def global_loss_scale(self, mini: Batch) -> LossScale:
-        """Response tokens and responses in the whole mini-batch, summed over ranks."""
-        counts = torch.tensor([mini["response_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
-        if self.device == "cuda":
-            counts = counts.cuda()
-        dist.all_reduce(counts)
-        return LossScale(tokens=float(counts[0]), sequences=float(counts[1]))
+        return run_minibatch_updates(
+            self.actor,
+            batch,
+            local_mini=self.cfg.actor.mini_batch_size // self.world_size,
+            micro=self.cfg.actor.micro_batch_size,
+            epochs=self.cfg.actor.epochs,
+            forward_backward=self.forward_backward,
+            prefix="actor",
+        )
 
     def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
         cfg = self.cfg.algorithm
@@ -181,13 +173,19 @@ class HybridWorker(Worker):
                 config=cfg,
             )
         )
-        loss = aggregate_loss(out.token_loss, mask, cfg.loss_agg, scale)
-        metrics = {"actor/pg_loss": float(masked_mean(out.token_loss.detach(), mask))}
+        token_loss = out.token_loss
+        if cfg.tis_cap > 0:
+            token_loss, tis_metrics = apply_truncated_is(
+                token_loss, micro["old_logprobs"].to(self.device), micro["rollout_logprobs"].to(self.device), cfg.tis_cap
+            )
+            out.metrics |= tis_metrics
+        loss = aggregate_loss(token_loss, mask, cfg.loss_agg, scale)
+        metrics = {"actor/pg_loss": float(masked_mean(token_loss.detach(), mask))}
         entropy = compute_entropy(logits) if cfg.entropy_coef > 0 else compute_entropy(logits.detach())
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * aggregate_loss(entropy, mask, cfg.loss_agg, scale)
         metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
-        if self.ref is not None:
+        if cfg.kl_coef > 0:
             kl = compute_kl(logprobs, micro["ref_logprobs"].to(self.device), cfg.kl_estimator)
             loss = loss + cfg.kl_coef * aggregate_loss(kl, mask, cfg.loss_agg, scale)
             metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))

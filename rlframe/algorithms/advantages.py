@@ -21,12 +21,24 @@ EPS = 1e-6
 @dataclass
 class AdvantageInputs:
     rewards: torch.Tensor
-    """[B] one scalar reward per response."""
+    """[B] one scalar reward per response (the sum of ``token_rewards`` when those are given)."""
     response_mask: torch.Tensor
     """[B, T] 1 on response tokens that count, 0 on padding."""
     group_index: torch.Tensor
     """[B] integer id of the prompt each response answers (its group)."""
     config: AlgorithmConfig
+    token_rewards: torch.Tensor | None = None
+    """[B, T] per-token rewards: the score on the last token, minus any in-reward KL penalty.
+    None means the score alone, on the last token."""
+    values: torch.Tensor | None = None
+    """[B, T] critic values of the states before each response token (GAE)."""
+    baseline: torch.Tensor | None = None
+    """[B] reward of the greedy response to the same prompt (ReMax)."""
+
+    def per_token_rewards(self) -> torch.Tensor:
+        if self.token_rewards is not None:
+            return self.token_rewards.float()
+        return place_on_last_token(self.rewards.float(), self.response_mask)
 
 
 @dataclass
@@ -40,6 +52,46 @@ class AdvantageOutputs:
 
 AdvantageFn = Callable[[AdvantageInputs], AdvantageOutputs]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
+
+# Estimators that need more than rewards: the trainer runs the matching stage for them.
+NEEDS_CRITIC = {"gae"}
+NEEDS_GREEDY_BASELINE = {"remax"}
+
+
+def place_on_last_token(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B] scores -> [B, T] zeros with each score on its response's last token.
+
+    A zero-length response has no token to carry its score and gets none.
+    """
+    out = torch.zeros(mask.shape, dtype=torch.float32)
+    lengths = mask.sum(-1).long()
+    rows = torch.nonzero(lengths > 0).squeeze(-1)
+    out[rows, lengths[rows] - 1] = scores[rows].float()
+    return out
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Shift and scale to zero mean and unit variance over the masked entries of the batch."""
+    mask = mask.to(values.dtype)
+    count = mask.sum().clamp(min=1)
+    mean = (values * mask).sum() / count
+    var = (((values - mean) * mask) ** 2).sum() / count
+    return (values - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+def compute_reverse_cumsum(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = r_t + gamma * G_{t+1} over the masked response tokens."""
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running * mask[:, t]
+        returns[:, t] = running
+    return returns * mask
+
+
+def broadcast_scores(scores: torch.Tensor, mask: torch.Tensor) -> AdvantageOutputs:
+    advantages = scores.float().unsqueeze(1) * mask.float()
+    return AdvantageOutputs(advantages, advantages.clone())
 
 
 def compute_group_stats(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -69,6 +121,69 @@ def compute_grpo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     mean, std, _ = compute_group_stats(inputs.rewards, inputs.group_index)
     centred = inputs.rewards.double() - mean
     scores = centred / (std + EPS) if inputs.config.norm_by_std else centred
-    mask = inputs.response_mask.to(torch.float32)
-    advantages = scores.to(torch.float32).unsqueeze(1) * mask
-    return AdvantageOutputs(advantages, advantages.clone(), {"zero_std_frac": float((std == 0).float().mean())})
+    out = broadcast_scores(scores, inputs.response_mask)
+    out.metrics["zero_std_frac"] = float((std == 0).float().mean())
+    return out
+
+
+@ADVANTAGES.register("rloo")
+def compute_rloo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+    """RLOO: each reward minus the mean of the *other* responses to the same prompt.
+
+    Equals n/(n-1) times the mean-centred reward; a group of one has no other responses
+    and gets 0.
+    """
+    mean, _, count = compute_group_stats(inputs.rewards, inputs.group_index)
+    centred = inputs.rewards.double() - mean
+    scores = torch.where(count > 1, centred * count / (count - 1).clamp(min=1), torch.zeros_like(centred))
+    return broadcast_scores(scores, inputs.response_mask)
+
+
+@ADVANTAGES.register("reinforce_pp")
+def compute_reinforce_pp_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+    """REINFORCE++: undiscounted per-token returns (KL penalty included), whitened over the batch."""
+    mask = inputs.response_mask.float()
+    returns = compute_reverse_cumsum(inputs.per_token_rewards(), mask, inputs.config.gamma)
+    return AdvantageOutputs(whiten(returns, mask), returns)
+
+
+@ADVANTAGES.register("reinforce_pp_baseline")
+def compute_reinforce_pp_baseline_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+    """REINFORCE++-baseline: the group-mean reward is subtracted first, then as REINFORCE++."""
+    mean, _, _ = compute_group_stats(inputs.rewards, inputs.group_index)
+    mask = inputs.response_mask.float()
+    token_rewards = inputs.per_token_rewards() - place_on_last_token(mean.float(), mask)
+    returns = compute_reverse_cumsum(token_rewards, mask, inputs.config.gamma)
+    return AdvantageOutputs(whiten(returns, mask), returns)
+
+
+@ADVANTAGES.register("remax")
+def compute_remax_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+    """ReMax: reward minus the reward of the greedy response to the same prompt."""
+    if inputs.baseline is None:
+        raise ValueError("remax needs the greedy baseline rewards (AdvantageInputs.baseline)")
+    return broadcast_scores(inputs.rewards.double() - inputs.baseline.double(), inputs.response_mask)
+
+
+@ADVANTAGES.register("gae")
+def compute_gae_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+    """GAE(gamma, lambda) from per-token rewards and critic values, whitened over the batch.
+
+    delta_t = r_t + gamma V_{t+1} - V_t (V after the last token is 0);
+    A_t = delta_t + gamma lambda A_{t+1}; returns (the critic's targets) = A + V, unwhitened.
+    """
+    if inputs.values is None:
+        raise ValueError("gae needs critic values (AdvantageInputs.values); enable the critic")
+    cfg = inputs.config
+    mask = inputs.response_mask.float()
+    rewards, values = inputs.per_token_rewards(), inputs.values.float() * mask
+    batch, length = rewards.shape
+    advantages = torch.zeros_like(rewards)
+    next_advantage, next_value = torch.zeros(batch), torch.zeros(batch)
+    for t in reversed(range(length)):
+        delta = rewards[:, t] + cfg.gamma * next_value - values[:, t]
+        advantages[:, t] = (delta + cfg.gamma * cfg.lam * next_advantage) * mask[:, t]
+        # Padding after a response carries nothing back into it.
+        next_advantage, next_value = advantages[:, t], values[:, t]
+    returns = (advantages + values) * mask
+    return AdvantageOutputs(whiten(advantages, mask), returns)

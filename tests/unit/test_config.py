@@ -35,7 +35,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("trainer.stepz=3", "trainer.stepz", "keys allowed in trainer: cpus_per_proc"),
         ("trainer.device=gpu", "trainer.device", "expected one of [auto, cuda, cpu]"),
         ("rollout.engine=sglang", "rollout.engine", "expected one of [vllm, hf]"),
-        ("algorithm.advantage=gea", "algorithm.advantage", "registered: ['grpo']"),
+        ("algorithm.advantage=gea", "algorithm.advantage", "registered: ['gae', 'grpo', 'reinforce_pp'"),
         ("algorithm.loss_agg=mean", "algorithm.loss_agg", "must be one of"),
     ],
 )
@@ -93,11 +93,37 @@ def compose(recipe: str, *overrides: str) -> Config:
     return build_config(tree)
 
 
-def test_grpo_qwen_recipe_composes_and_validates() -> None:
-    cfg = compose("grpo_qwen")
+GPU_RECIPES = {
+    "grpo_qwen": "grpo",
+    "ppo_qwen": "gae",
+    "dapo_qwen": "grpo",
+    "rloo_qwen": "rloo",
+    "reinforce_pp_qwen": "reinforce_pp_baseline",
+    "gspo_qwen": "grpo",
+    "remax_qwen": "remax",
+}
+
+
+@pytest.mark.parametrize("recipe,advantage", sorted(GPU_RECIPES.items()))
+def test_gpu_recipes_compose_and_validate(recipe: str, advantage: str) -> None:
+    cfg = compose(recipe)
     assert cfg.trainer.device.value == "cuda" and cfg.trainer.procs_per_node == 8
     assert cfg.model.path.startswith("Qwen/Qwen2.5")
+    assert cfg.algorithm.advantage == advantage
+    assert cfg.critic.enable == (advantage == "gae")
     assert cfg.data.batch_size * cfg.rollout.n % cfg.actor.mini_batch_size == 0
+
+
+def test_recipe_specifics() -> None:
+    dapo = compose("dapo_qwen")
+    assert dapo.algorithm.dynamic_sampling and dapo.algorithm.clip_high == 0.28 and dapo.reward.overlong_buffer > 0
+    assert compose("gspo_qwen").algorithm.policy_loss == "gspo"
+    assert compose("ppo_tiny").critic.enable and compose("grpo_tiny").critic.enable is False
+
+
+def test_gae_without_critic_is_refused() -> None:
+    with pytest.raises(ConfigError, match="critic.enable"):
+        build_config({"model": {"path": "x"}, "algorithm": {"advantage": "gae"}, "critic": {"enable": False}})
 
 
 def test_build_config_reports_all_cross_field_rules() -> None:

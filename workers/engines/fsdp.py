@@ -8,7 +8,7 @@ every rank must walk the weights in the same order (:meth:`FSDPEngine.iter_full_
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +18,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from rlframe.config import ActorConfig, ModelConfig
+from rlframe.algorithms.losses import LossScale
+from rlframe.config import ModelConfig
+from rlframe.protocol import Batch
 
 
 def pick_attention(device: str) -> str:
@@ -39,16 +41,18 @@ def pick_dtype(cfg: ModelConfig, device: str) -> torch.dtype:
     return getattr(torch, cfg.dtype)
 
 
-def load_hf_model(path: str, cfg: ModelConfig, device: str) -> nn.Module:
-    """The HF model in fp32 master weights (FSDP casts to the compute dtype)."""
-    from transformers import AutoModelForCausalLM
+def load_hf_model(path: str, cfg: ModelConfig, device: str, head: str) -> nn.Module:
+    """The HF model in fp32 master weights (FSDP casts to the compute dtype).
 
-    return AutoModelForCausalLM.from_pretrained(
-        path,
-        dtype=torch.float32,
-        attn_implementation=pick_attention(device),
-        trust_remote_code=cfg.trust_remote_code,
-    )
+    ``head="lm"``: the causal LM. ``head="value"``: the same backbone with a freshly
+    initialised scalar head per token (a critic), as ``AutoModelForTokenClassification``.
+    """
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    kwargs = {"dtype": torch.float32, "attn_implementation": pick_attention(device), "trust_remote_code": cfg.trust_remote_code}
+    if head == "value":
+        return AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
@@ -63,13 +67,13 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> 
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def build_train_model(path: str, cfg: ModelConfig, device: str) -> nn.Module:
+def build_train_model(path: str, cfg: ModelConfig, device: str, head: str = "lm") -> nn.Module:
     """Load, then (1) gradient checkpointing, (2) FSDP2 sharding, (3) move to the device.
 
     Checkpointing wraps the layers before sharding so that FSDP's hooks see the wrapped
     modules; sharding happens on CPU and ``to(device)`` then moves only the local shards.
     """
-    model = load_hf_model(path, cfg, device)
+    model = load_hf_model(path, cfg, device, head)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh(device, (dist.get_world_size(),))
@@ -77,15 +81,31 @@ def build_train_model(path: str, cfg: ModelConfig, device: str) -> nn.Module:
     return model.to(device)
 
 
-def build_lr_lambda(cfg: ActorConfig, total_steps: int):
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """What an engine that trains needs to know about its optimizer and schedule."""
+
+    lr: float
+    weight_decay: float
+    grad_clip: float
+    """Max global gradient norm; <= 0 turns clipping off."""
+    warmup_steps: int
+    """Optimizer steps of linear learning-rate warm-up."""
+    lr_schedule: str
+    """constant, or cosine decay to 10% of the peak by ``total_steps``."""
+    total_steps: int
+    """Optimizer steps in the whole run."""
+
+
+def build_lr_lambda(spec: OptimizerSpec):
     """Linear warm-up, then constant or cosine decay to 10% of the peak."""
 
     def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.lr_schedule == "constant":
+        if step < spec.warmup_steps:
+            return (step + 1) / spec.warmup_steps
+        if spec.lr_schedule == "constant":
             return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, total_steps - cfg.warmup_steps))
+        progress = min(1.0, (step - spec.warmup_steps) / max(1, spec.total_steps - spec.warmup_steps))
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
@@ -139,18 +159,18 @@ def full_tensor(value: torch.Tensor) -> torch.Tensor:
 
 
 class FSDPEngine:
-    """The policy (or reference) model under FSDP2, with an optimizer when it trains."""
+    """A model under FSDP2 (policy, reference or critic), with an optimizer when it trains."""
 
-    def __init__(self, path: str, model_cfg: ModelConfig, actor_cfg: ActorConfig | None, device: str, total_steps: int):
+    def __init__(self, path: str, model_cfg: ModelConfig, optim: OptimizerSpec | None, device: str, head: str = "lm"):
         self.device = device
-        self.model = build_train_model(path, model_cfg, device)
+        self.model = build_train_model(path, model_cfg, device, head)
         self.optimizer: torch.optim.Optimizer | None = None
-        if actor_cfg is not None:
+        if optim is not None:
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=actor_cfg.lr, weight_decay=actor_cfg.weight_decay, betas=(0.9, 0.999)
+                self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.999)
             )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, build_lr_lambda(actor_cfg, total_steps))
-            self.grad_clip = actor_cfg.grad_clip
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, build_lr_lambda(optim))
+            self.grad_clip = optim.grad_clip
         else:
             self.model.requires_grad_(False)
 
@@ -210,3 +230,46 @@ class FSDPEngine:
             for k, v in state.items():
                 if isinstance(v, torch.Tensor):
                     state[k] = v.to("cuda", non_blocking=True)
+
+
+def compute_global_loss_scale(mini: Batch, device: str) -> LossScale:
+    """Response tokens and responses in the whole mini-batch, summed over ranks."""
+    counts = torch.tensor([mini["response_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
+    if device == "cuda":
+        counts = counts.cuda()
+    dist.all_reduce(counts)
+    return LossScale(tokens=float(counts[0]), sequences=float(counts[1]))
+
+
+def run_minibatch_updates(
+    engine: FSDPEngine,
+    batch: Batch,
+    *,
+    local_mini: int,
+    micro: int,
+    epochs: int,
+    forward_backward: Callable[[Batch, LossScale], dict[str, float]],
+    prefix: str,
+) -> dict[str, float]:
+    """Epochs x mini-batches x micro-batches of gradient accumulation, one optimizer step
+    per mini-batch. Returns metric means (and ``<prefix>/grad_norm``, ``<prefix>/lr``).
+
+    Every rank makes the same number of optimizer steps: the config guarantees that each
+    rank's share splits into whole mini-batches and micro-batches.
+    """
+    engine.model.train()
+    totals: dict[str, list[float]] = {}
+    skipped = 0
+    for _ in range(epochs):
+        for mini in batch.split(local_mini):
+            scale = compute_global_loss_scale(mini, engine.device)
+            for part in mini.split(micro):
+                for k, v in forward_backward(part, scale).items():
+                    totals.setdefault(k, []).append(v)
+            grad_norm, stepped = engine.optimizer_step()
+            totals.setdefault(f"{prefix}/grad_norm", []).append(grad_norm)
+            skipped += not stepped
+    metrics = {k: sum(v) / len(v) for k, v in totals.items()}
+    metrics[f"{prefix}/skipped_steps"] = float(skipped)
+    metrics[f"{prefix}/lr"] = engine.lr
+    return metrics

@@ -1,0 +1,91 @@
+"""The critic worker: a value model (HF backbone + scalar head) under FSDP2, for PPO/GAE.
+
+It is placed on the same bundles as the actor by default (each takes half a bundle) and
+has its own process group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlframe.algorithms.losses import LossScale, aggregate_loss, masked_mean
+from rlframe.config import Config
+from rlframe.controller.dispatch import Dispatch, dispatch
+from rlframe.controller.worker import Worker
+from rlframe.protocol import Batch
+from workers.engines.fsdp import FSDPEngine, OptimizerSpec, make_sequence_batch, run_minibatch_updates
+from workers.hybrid import count_optimizer_steps
+
+
+def compute_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, cliprange: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss per token, and where the clipped branch was taken.
+
+    0.5 * max((V - R)^2, (V_clip - R)^2) with V_clip = V_old + clip(V - V_old, -c, c): the
+    critic gains nothing by moving a value further than ``c`` in one step.
+    """
+    clipped = old_values + (values - old_values).clamp(-cliprange, cliprange)
+    unclipped_loss = (values - returns) ** 2
+    clipped_loss = (clipped - returns) ** 2
+    return 0.5 * torch.maximum(unclipped_loss, clipped_loss), (clipped_loss > unclipped_loss).float()
+
+
+class CriticWorker(Worker):
+    """Args: the run's config, the resolved model directory, and ``cuda`` or ``cpu``."""
+
+    def __init__(self, cfg: Config, model_path: str, device: str) -> None:
+        super().__init__()
+        self.cfg, self.device = cfg, device
+        self.init_process_group(device)
+        torch.manual_seed(cfg.trainer.seed)
+        c = cfg.critic
+        spec = OptimizerSpec(c.lr, c.weight_decay, c.grad_clip, c.lr_warmup_steps, "constant", count_optimizer_steps(cfg))
+        self.engine = FSDPEngine(model_path, cfg.model, spec, device, head="value")
+
+    def compute_response_values(self, micro: Batch) -> torch.Tensor:
+        """[B, R] value of the state before each response token."""
+        seq = make_sequence_batch(
+            micro["prompt_ids"].to(self.device),
+            micro["prompt_mask"].to(self.device),
+            micro["response_ids"].to(self.device),
+            micro["response_mask"].to(self.device),
+        )
+        out = self.engine.model(input_ids=seq.input_ids, attention_mask=seq.attention_mask, position_ids=seq.position_ids)
+        r = seq.response_ids.shape[1]
+        return out.logits[:, -r - 1 : -1, 0].float()
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def compute_values(self, batch: Batch) -> Batch:
+        self.engine.model.eval()
+        with torch.no_grad():
+            values = [self.compute_response_values(m).cpu() for m in batch.split(self.cfg.actor.micro_batch_size)]
+        return Batch({"values": torch.cat(values) * batch["response_mask"]})
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Regress values on the returns, with the actor's mini-batch and micro-batch sizes."""
+        return run_minibatch_updates(
+            self.engine,
+            batch,
+            local_mini=self.cfg.actor.mini_batch_size // self.world_size,
+            micro=self.cfg.actor.micro_batch_size,
+            epochs=self.cfg.actor.epochs,
+            forward_backward=self.forward_backward,
+            prefix="critic",
+        )
+
+    def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
+        mask = micro["response_mask"].to(self.device)
+        values = self.compute_response_values(micro)
+        token_loss, clipped = compute_value_loss(
+            values, micro["values"].to(self.device), micro["returns"].to(self.device), self.cfg.critic.cliprange_value
+        )
+        loss = aggregate_loss(token_loss, mask, "token-mean", scale)
+        # FSDP averages gradients over ranks; the shares sum over ranks (see HybridWorker).
+        (loss * self.world_size).backward()
+        return {
+            "critic/value_loss": float(masked_mean(token_loss.detach(), mask)),
+            "critic/vf_clipfrac": float(masked_mean(clipped, mask)),
+            "critic/vpred_mean": float(masked_mean(values.detach(), mask)),
+        }
