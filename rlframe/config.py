@@ -230,7 +230,9 @@ class AlgorithmConfig:
     def __post_init__(self) -> None:
         from rlframe.algorithms.advantages import ADVANTAGES
         from rlframe.algorithms.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+        from rlframe.algorithms.registry import absolutize
 
+        self.advantage, self.policy_loss = absolutize(self.advantage), absolutize(self.policy_loss)
         require(
             self.advantage in ADVANTAGES,
             "algorithm.advantage",
@@ -280,8 +282,10 @@ class RewardConfig:
     synthetic tasks, exact_match for prompt files."""
 
     def __post_init__(self) -> None:
+        from rlframe.algorithms.registry import absolutize
         from rlframe.rewards import REWARDS
 
+        self.fn = absolutize(self.fn)
         require(
             self.fn == "auto" or self.fn in REWARDS,
             "reward.fn",

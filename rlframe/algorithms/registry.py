@@ -49,6 +49,15 @@ class Registry(Generic[F]):
         return ":" in name or name in self.entries
 
 
+def absolutize(spec: str) -> str:
+    """``rel/file.py:fn`` -> ``/abs/rel/file.py:fn``, so that workers whose working folder
+    differs from the driver's load the same file. Names and module paths are unchanged."""
+    target, sep, attr = spec.rpartition(":")
+    if sep and target.endswith(".py"):
+        return f"{Path(target).expanduser().resolve()}:{attr}"
+    return spec
+
+
 def load_function(spec: str) -> Callable[..., Any]:
     """Import ``pkg.module:function`` or ``path/to/file.py:function``."""
     target, _, attr = spec.rpartition(":")
