@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -84,7 +85,7 @@ class Batch:
             raise ValueError(f"chunk needs n >= 1, got {n}")
         base, extra = divmod(len(self), n)
         bounds = np.cumsum([0] + [base + (i < extra) for i in range(n)])
-        return [self.rows(slice(int(a), int(b))) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [self.rows(slice(int(a), int(b))) for a, b in pairwise(bounds)]
 
     def split(self, size: int) -> list[Batch]:
         """Consecutive parts of ``size`` rows (the last may be shorter)."""

@@ -14,7 +14,12 @@ from typing import Any
 
 import torch
 
-from rlframe.algorithms.advantages import ADVANTAGES, NEEDS_GREEDY_BASELINE, AdvantageInputs, place_on_last_token
+from rlframe.algorithms.advantages import (
+    ADVANTAGES,
+    NEEDS_GREEDY_BASELINE,
+    AdvantageInputs,
+    place_on_last_token,
+)
 from rlframe.algorithms.losses import KLController, apply_kl_penalty
 from rlframe.config import Config, RewardConfig
 from rlframe.controller.cluster import init_ray, resolve_device

@@ -40,7 +40,7 @@ def ray_cluster() -> Iterator[None]:
     import ray
     from ray import cloudpickle
 
-    import tests.ray.test_workers as test_workers
+    from tests.ray import test_workers
 
     # Ray workers cannot import the tests package; ship the test worker classes by value.
     cloudpickle.register_pickle_by_value(test_workers)

@@ -13,7 +13,12 @@ from rlframe.config import Config
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
-from workers.engines.fsdp import FSDPEngine, OptimizerSpec, make_sequence_batch, run_minibatch_updates
+from workers.engines.fsdp import (
+    FSDPEngine,
+    OptimizerSpec,
+    make_sequence_batch,
+    run_minibatch_updates,
+)
 from workers.hybrid import count_optimizer_steps
 
 
@@ -45,12 +50,7 @@ class CriticWorker(Worker):
 
     def compute_response_values(self, micro: Batch) -> torch.Tensor:
         """[B, R] value of the state before each response token."""
-        seq = make_sequence_batch(
-            micro["prompt_ids"].to(self.device),
-            micro["prompt_mask"].to(self.device),
-            micro["response_ids"].to(self.device),
-            micro["response_mask"].to(self.device),
-        )
+        seq = make_sequence_batch(micro, self.device)
         out = self.engine.model(input_ids=seq.input_ids, attention_mask=seq.attention_mask, position_ids=seq.position_ids)
         r = seq.response_ids.shape[1]
         return out.logits[:, -r - 1 : -1, 0].float()

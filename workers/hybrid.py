@@ -139,7 +139,7 @@ class HybridWorker(Worker):
         self.enter_train_mode()
         out = []
         for micro in batch.split(self.cfg.actor.micro_batch_size):
-            seq = self.sequence_batch(micro)
+            seq = make_sequence_batch(micro, self.device)
             logits = compute_response_logits(engine.model, seq, self.cfg.rollout.temperature)
             out.append(gather_logprobs(logits, seq.response_ids).cpu())
         return torch.cat(out)
@@ -160,7 +160,7 @@ class HybridWorker(Worker):
 
     def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
         cfg = self.cfg.algorithm
-        seq = self.sequence_batch(micro)
+        seq = make_sequence_batch(micro, self.device)
         mask = micro["response_mask"].to(self.device)
         logits = compute_response_logits(self.actor.model, seq, self.cfg.rollout.temperature)
         logprobs = gather_logprobs(logits, seq.response_ids)
@@ -195,14 +195,6 @@ class HybridWorker(Worker):
         for name, value in out.metrics.items():
             metrics[f"actor/{name}"] = float(masked_mean(value, mask))
         return metrics
-
-    def sequence_batch(self, micro: Batch):
-        return make_sequence_batch(
-            micro["prompt_ids"].to(self.device),
-            micro["prompt_mask"].to(self.device),
-            micro["response_ids"].to(self.device),
-            micro["response_mask"].to(self.device),
-        )
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> int:

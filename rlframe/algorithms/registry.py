@@ -74,6 +74,8 @@ def load_function(spec: str) -> Callable[..., Any]:
     else:
         module = importlib.import_module(target)
     fn = getattr(module, attr, None)
-    if not callable(fn):
+    if fn is None:
         raise AttributeError(f"{spec!r}: {target} has no function {attr!r}")
+    if not callable(fn):
+        raise TypeError(f"{spec!r}: {attr!r} in {target} is not callable")
     return fn

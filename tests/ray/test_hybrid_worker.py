@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlframe.config import ActorConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+from rlframe.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker_group import WorkerGroup
 from rlframe.data.loader import build_prompt_batch
@@ -31,7 +39,7 @@ def make_config(engine: str, world: int) -> Config:
     )
 
 
-def prompts_for(step: int) -> "Batch":  # noqa: F821
+def prompts_for(step: int) -> Batch:  # noqa: F821
     tok = build_tiny_tokenizer()
     records = load_prompt_records([], "arithmetic", tok, 16, seed=step, synthetic_size=4)
     batch = build_prompt_batch(records, n=4, first_group=0, pad_token_id=tok.pad_token_id, seed=step)

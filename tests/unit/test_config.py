@@ -20,7 +20,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     full_env["RAY_ADDRESS"] = "ray-must-not-start:1"
     return subprocess.run(
         [sys.executable, "-m", "rlframe.main", *args],
-        capture_output=True, text=True, timeout=60, env=full_env, cwd=REPO,
+        capture_output=True, text=True, check=False, timeout=60, env=full_env, cwd=REPO,
     )
 
 

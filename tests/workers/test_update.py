@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 
 import pytest
 import torch
 
-from rlframe.config import ActorConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+from rlframe.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.protocol import Batch
 

@@ -125,11 +125,11 @@ class SequenceBatch:
     """[B, R] the response tokens whose log-probs are wanted."""
 
 
-def make_sequence_batch(
-    prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor, response_mask: torch.Tensor
-) -> SequenceBatch:
-    input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1).long()
+def make_sequence_batch(rows: Batch, device: str) -> SequenceBatch:
+    """Model inputs for a Batch holding prompt_ids/prompt_mask and response_ids/response_mask."""
+    response_ids = rows["response_ids"].to(device)
+    input_ids = torch.cat([rows["prompt_ids"].to(device), response_ids], dim=1)
+    attention_mask = torch.cat([rows["prompt_mask"], rows["response_mask"]], dim=1).long().to(device)
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
     return SequenceBatch(input_ids, attention_mask, position_ids, response_ids)
 
@@ -212,25 +212,21 @@ class FSDPEngine:
 
     def offload(self) -> None:
         """Move parameters and optimizer state to CPU RAM (cuda only) while vLLM runs."""
-        if self.device != "cuda":
-            return
-        self.model.to("cpu")
-        for state in (self.optimizer.state.values() if self.optimizer else []):
-            for k, v in state.items():
-                if isinstance(v, torch.Tensor):
-                    state[k] = v.to("cpu", non_blocking=True)
-        torch.cuda.empty_cache()
+        if self.device == "cuda":
+            self.move_to("cpu")
+            torch.cuda.empty_cache()
 
     def reload(self) -> None:
         """Bring parameters and optimizer state back to the GPU before training."""
-        if self.device != "cuda":
-            return
-        self.model.to("cuda")
-        for state in (self.optimizer.state.values() if self.optimizer else []):
+        if self.device == "cuda":
+            self.move_to("cuda")
+
+    def move_to(self, device: str) -> None:
+        self.model.to(device)
+        for state in self.optimizer.state.values() if self.optimizer else []:
             for k, v in state.items():
                 if isinstance(v, torch.Tensor):
-                    state[k] = v.to("cuda", non_blocking=True)
-
+                    state[k] = v.to(device, non_blocking=True)
 
 def compute_global_loss_scale(mini: Batch, device: str) -> LossScale:
     """Response tokens and responses in the whole mini-batch, summed over ranks."""
