@@ -188,3 +188,19 @@ def test_user_advantage_and_loss_load_by_path() -> None:
         policy_loss="tests.plugins.my_algorithms:compute_reinforce_loss",
     )
     assert cfg.advantage.endswith("compute_sign_advantages")
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "gspo", "cispo"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_losses_stay_finite_with_zero_length_responses(name: str, agg: str) -> None:
+    from rlframe.algorithms.losses import LossScale, aggregate_loss
+
+    mask = torch.tensor([[0.0, 0.0], [1.0, 0.0]])
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -3.0]], requires_grad=True)
+    out = POLICY_LOSSES.get(name)(
+        PolicyLossInputs(logp, logp.detach() - 0.1, torch.tensor([[0.0, 0.0], [1.0, 0.0]]), mask, AlgorithmConfig())
+    )
+    total = aggregate_loss(out.token_loss, mask, agg, LossScale(tokens=float(mask.sum()), sequences=2.0))
+    total.backward()
+    assert torch.isfinite(total) and torch.isfinite(logp.grad).all()
+    assert (logp.grad[0] == 0).all()  # the empty response contributes nothing

@@ -1,0 +1,34 @@
+"""The CLI joins a running cluster (here: the test session's) instead of starting one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_cli_joins_running_cluster(tmp_path: Path) -> None:
+    import ray
+
+    address = ray.get_runtime_context().gcs_address
+    nodes_before = len(ray.nodes())
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", f"ray.address={address}",
+            "trainer.total_steps=1", "trainer.cpus_per_proc=1", f"trainer.output_dir={tmp_path}",
+        ],
+        capture_output=True, text=True, check=False, timeout=600, env=dict(os.environ), cwd=REPO,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Started a local Ray instance" not in result.stdout + result.stderr
+    assert json.loads((tmp_path / "metrics.jsonl").read_text())["step"] == 1
+    # The joined cluster outlives the job: same nodes, still answering.
+    assert len(ray.nodes()) == nodes_before and ray.cluster_resources()["CPU"] == 4
