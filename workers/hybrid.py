@@ -60,7 +60,10 @@ class HybridWorker(Worker):
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
         self.rollout = self.build_rollout(model_path)
         self.weights_version = 0
+        # The engine starts awake with the checkpoint's weights: the first stage is rollout.
         self.mode = "rollout"
+        if cfg.actor.offload:
+            self.actor.offload()
 
     def build_rollout(self, model_path: str) -> RolloutEngine:
         dtype = pick_dtype(self.cfg.model, self.device)
@@ -131,7 +134,9 @@ class HybridWorker(Worker):
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """The frozen reference policy's log-probs of the response tokens."""
         if self.ref is None:
-            raise RuntimeError("compute_ref_logprobs needs algorithm.kl_coef > 0 (no reference model was built)")
+            raise RuntimeError(
+                "compute_ref_logprobs needs a reference model: set algorithm.kl_coef or algorithm.kl_reward_coef > 0"
+            )
         return Batch({"ref_logprobs": self.forward_logprobs(self.ref, batch)})
 
     @torch.no_grad()
