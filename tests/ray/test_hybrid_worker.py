@@ -85,6 +85,12 @@ def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(tmp_path: Path
         ).union(group.compute_ref_logprobs(batch))
         metrics = group.update(train)
         assert len(metrics) == world and all(m["actor/grad_norm"] > 0 for m in metrics)
+
+        # Before the sync the engine still samples from the old weights: the gap shows it.
+        stale_prompts = prompts_for(3)
+        stale = stale_prompts.union(group.generate(stale_prompts))
+        gap_stale = logprob_gap(stale, group.compute_logprobs(stale)["old_logprobs"])
+        assert gap_stale > 1e-3, "a stale rollout engine must show in the log-prob gap"
         assert group.sync_weights() == [1] * world
 
         after_update = group.compute_logprobs(batch)["old_logprobs"]
@@ -94,7 +100,8 @@ def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(tmp_path: Path
         batch2 = prompts2.union(group.generate(prompts2))
         assert batch2.meta["weights_version"] == 1
         gap_after = logprob_gap(batch2, group.compute_logprobs(batch2)["old_logprobs"])
-        print(f"{engine} x{world}: max |rollout - trainer| log-prob gap before sync {gap_before:.2e}, after {gap_after:.2e}")
+        print(f"{engine} x{world}: max |rollout - trainer| log-prob gap: fresh {gap_before:.2e}, "
+              f"stale (update without sync) {gap_stale:.2e}, after sync {gap_after:.2e}")
         assert gap_before < 1e-4 and gap_after < 1e-4
     finally:
         group.shutdown()
