@@ -24,7 +24,6 @@ class PromptLoader:
         self.rng = random.Random(seed)
         self.order: list[int] = []
         self.epoch = 0
-        self.prompts_served = 0
 
     def next_records(self) -> list[PromptRecord]:
         if len(self.order) < self.batch_size:
