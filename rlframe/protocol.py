@@ -152,6 +152,3 @@ class Batch:
             raise ValueError("cannot pad an empty batch")
         index = np.concatenate([np.arange(len(self)), np.arange(pad) % len(self)])
         return self.rows(index), pad
-
-    def to(self, device: torch.device | str) -> Batch:
-        return Batch({k: v.to(device) for k, v in self.tensors.items()}, dict(self.columns), dict(self.meta))

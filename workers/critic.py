@@ -68,9 +68,8 @@ class CriticWorker(Worker):
         return run_minibatch_updates(
             self.engine,
             batch,
-            local_mini=self.cfg.actor.mini_batch_size // self.world_size,
-            micro=self.cfg.actor.micro_batch_size,
-            epochs=self.cfg.actor.epochs,
+            self.cfg.actor,
+            self.world_size,
             forward_backward=self.forward_backward,
             prefix="critic",
         )

@@ -23,13 +23,12 @@ class PromptLoader:
         self.records, self.batch_size = records, batch_size
         self.rng = random.Random(seed)
         self.order: list[int] = []
-        self.epoch = 0
 
     def next_records(self) -> list[PromptRecord]:
         if len(self.order) < self.batch_size:
             order = list(range(len(self.records)))
             self.rng.shuffle(order)
-            self.order, self.epoch = order, self.epoch + 1
+            self.order = order
         picked, self.order = self.order[: self.batch_size], self.order[self.batch_size :]
         return [self.records[i] for i in picked]
 

@@ -19,7 +19,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from rlframe.algorithms.losses import LossScale
-from rlframe.config import ModelConfig
+from rlframe.config import ActorConfig, ModelConfig
 from rlframe.protocol import Batch
 
 
@@ -240,15 +240,14 @@ def compute_global_loss_scale(mini: Batch, device: str) -> LossScale:
 def run_minibatch_updates(
     engine: FSDPEngine,
     batch: Batch,
-    *,
-    local_mini: int,
-    micro: int,
-    epochs: int,
+    sizes: ActorConfig,
+    world_size: int,
     forward_backward: Callable[[Batch, LossScale], dict[str, float]],
     prefix: str,
 ) -> dict[str, float]:
     """Epochs x mini-batches x micro-batches of gradient accumulation, one optimizer step
-    per mini-batch. Returns metric means (and ``<prefix>/grad_norm``, ``<prefix>/lr``).
+    per mini-batch, with the actor's batch sizes (the critic uses the same ones). Returns
+    metric means (and ``<prefix>/grad_norm``, ``<prefix>/lr``).
 
     Every rank makes the same number of optimizer steps: the config guarantees that each
     rank's share splits into whole mini-batches and micro-batches.
@@ -256,10 +255,10 @@ def run_minibatch_updates(
     engine.model.train()
     totals: dict[str, list[float]] = {}
     skipped = 0
-    for _ in range(epochs):
-        for mini in batch.split(local_mini):
+    for _ in range(sizes.epochs):
+        for mini in batch.split(sizes.mini_batch_size // world_size):
             scale = compute_global_loss_scale(mini, engine.device)
-            for part in mini.split(micro):
+            for part in mini.split(sizes.micro_batch_size):
                 for k, v in forward_backward(part, scale).items():
                     totals.setdefault(k, []).append(v)
             grad_norm, stepped = engine.optimizer_step()
