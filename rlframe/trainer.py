@@ -152,7 +152,7 @@ class Trainer:
         return batch.with_tensors(baseline=greedy["reward"].repeat_interleave(n))
 
     def compute_advantages(self, batch: Batch, metrics: dict[str, float]) -> Batch:
-        mask = batch["response_mask"]
+        mask = batch["loss_mask"]
         token_rewards = place_on_last_token(batch["reward"], mask)
         if self.kl_ctrl.value > 0:
             token_rewards, kl = apply_kl_penalty(
@@ -163,7 +163,7 @@ class Trainer:
         out = self.advantage_fn(
             AdvantageInputs(
                 rewards=token_rewards.sum(-1),
-                response_mask=mask,
+                loss_mask=mask,
                 group_index=batch["group"],
                 config=self.cfg.algorithm,
                 token_rewards=token_rewards,
@@ -220,7 +220,8 @@ def resolve_reward_name(cfg: Config) -> str:
 
 def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
     """The step's metrics: rewards, lengths, rollout/trainer agreement, timings."""
-    mask = batch["response_mask"]
+    mask = batch["loss_mask"]
+    # Sampled tokens only: tool observations in a multi-turn response are not the policy's.
     lengths = mask.sum(1)
     rewards = batch["reward"]
     # Same tokens, same weights: any gap is numerics or a stale weight sync.
@@ -237,7 +238,7 @@ def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
         "rollout/weights_version": float(batch.meta.get("weights_version", 0)),
     }
     metrics |= timer.metrics()
-    tokens = float(mask.sum() + batch["prompt_mask"].sum())
+    tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
     metrics["perf/tokens_per_s"] = tokens / metrics["timing_s/step"]
     return metrics
 

@@ -60,7 +60,7 @@ class CriticWorker(Worker):
         self.engine.model.eval()
         with torch.no_grad():
             values = [self.compute_response_values(m).cpu() for m in batch.split(self.cfg.actor.micro_batch_size)]
-        return Batch({"values": torch.cat(values) * batch["response_mask"]})
+        return Batch({"values": torch.cat(values) * batch["loss_mask"]})
 
     @dispatch(Dispatch.DP_SPLIT)
     def update(self, batch: Batch) -> dict[str, float]:
@@ -75,7 +75,7 @@ class CriticWorker(Worker):
         )
 
     def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
-        mask = micro["response_mask"].to(self.device)
+        mask = micro["loss_mask"].to(self.device)
         values = self.compute_response_values(micro)
         token_loss, clipped = compute_value_loss(
             values, micro["values"].to(self.device), micro["returns"].to(self.device), self.cfg.critic.cliprange_value

@@ -98,7 +98,9 @@ class HybridWorker(Worker):
 
     @dispatch(Dispatch.DP_SPLIT)
     def generate(self, prompts: Batch) -> Batch:
-        """One response per row: ``response_ids``, ``response_mask``, ``rollout_logprobs``."""
+        """One response per row: ``response_ids``, ``response_mask``, ``loss_mask``,
+        ``rollout_logprobs``. In a single turn every response token was sampled, so the
+        loss mask equals the response mask."""
         self.enter_rollout_mode()
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])]
         spec = SamplingSpec(
@@ -120,7 +122,7 @@ class HybridWorker(Worker):
             logprobs[i, :n] = torch.tensor(s.logprobs)
             mask[i, :n] = 1
         return Batch(
-            {"response_ids": ids, "response_mask": mask, "rollout_logprobs": logprobs},
+            {"response_ids": ids, "response_mask": mask, "loss_mask": mask.clone(), "rollout_logprobs": logprobs},
             {"finish_reason": [s.finish_reason for s in samples]},
             {"weights_version": self.weights_version},
         )
@@ -165,7 +167,7 @@ class HybridWorker(Worker):
     def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
         cfg = self.cfg.algorithm
         seq = make_sequence_batch(micro, self.device)
-        mask = micro["response_mask"].to(self.device)
+        mask = micro["loss_mask"].to(self.device)
         logits = compute_response_logits(self.actor.model, seq, self.cfg.rollout.temperature)
         logprobs = gather_logprobs(logits, seq.response_ids)
         out = self.policy_loss(
@@ -173,7 +175,7 @@ class HybridWorker(Worker):
                 logprobs=logprobs,
                 old_logprobs=micro["old_logprobs"].to(self.device),
                 advantages=micro["advantages"].to(self.device),
-                response_mask=mask,
+                loss_mask=mask,
                 config=cfg,
             )
         )

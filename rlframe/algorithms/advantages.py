@@ -22,8 +22,8 @@ EPS = 1e-6
 class AdvantageInputs:
     rewards: torch.Tensor
     """[B] one scalar reward per response (the sum of ``token_rewards`` when those are given)."""
-    response_mask: torch.Tensor
-    """[B, T] 1 on response tokens that count, 0 on padding."""
+    loss_mask: torch.Tensor
+    """[B, T] 1 on response tokens the policy sampled, 0 on padding (and tool observations)."""
     group_index: torch.Tensor
     """[B] integer id of the prompt each response answers (its group)."""
     config: AlgorithmConfig
@@ -38,7 +38,7 @@ class AdvantageInputs:
     def per_token_rewards(self) -> torch.Tensor:
         if self.token_rewards is not None:
             return self.token_rewards.float()
-        return place_on_last_token(self.rewards.float(), self.response_mask)
+        return place_on_last_token(self.rewards.float(), self.loss_mask)
 
 
 @dataclass
@@ -121,7 +121,7 @@ def compute_grpo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     mean, std, _ = compute_group_stats(inputs.rewards, inputs.group_index)
     centred = inputs.rewards.double() - mean
     scores = centred / (std + EPS) if inputs.config.norm_by_std else centred
-    out = broadcast_scores(scores, inputs.response_mask)
+    out = broadcast_scores(scores, inputs.loss_mask)
     out.metrics["zero_std_frac"] = float((std == 0).float().mean())
     return out
 
@@ -136,13 +136,13 @@ def compute_rloo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     mean, _, count = compute_group_stats(inputs.rewards, inputs.group_index)
     centred = inputs.rewards.double() - mean
     scores = torch.where(count > 1, centred * count / (count - 1).clamp(min=1), torch.zeros_like(centred))
-    return broadcast_scores(scores, inputs.response_mask)
+    return broadcast_scores(scores, inputs.loss_mask)
 
 
 @ADVANTAGES.register("reinforce_pp")
 def compute_reinforce_pp_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """REINFORCE++: undiscounted per-token returns (KL penalty included), whitened over the batch."""
-    mask = inputs.response_mask.float()
+    mask = inputs.loss_mask.float()
     returns = compute_reverse_cumsum(inputs.per_token_rewards(), mask, inputs.config.gamma)
     return AdvantageOutputs(whiten(returns, mask), returns)
 
@@ -151,7 +151,7 @@ def compute_reinforce_pp_advantages(inputs: AdvantageInputs) -> AdvantageOutputs
 def compute_reinforce_pp_baseline_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """REINFORCE++-baseline: the group-mean reward is subtracted first, then as REINFORCE++."""
     mean, _, _ = compute_group_stats(inputs.rewards, inputs.group_index)
-    mask = inputs.response_mask.float()
+    mask = inputs.loss_mask.float()
     token_rewards = inputs.per_token_rewards() - place_on_last_token(mean.float(), mask)
     returns = compute_reverse_cumsum(token_rewards, mask, inputs.config.gamma)
     return AdvantageOutputs(whiten(returns, mask), returns)
@@ -162,7 +162,7 @@ def compute_remax_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """ReMax: reward minus the reward of the greedy response to the same prompt."""
     if inputs.baseline is None:
         raise ValueError("remax needs the greedy baseline rewards (AdvantageInputs.baseline)")
-    return broadcast_scores(inputs.rewards.double() - inputs.baseline.double(), inputs.response_mask)
+    return broadcast_scores(inputs.rewards.double() - inputs.baseline.double(), inputs.loss_mask)
 
 
 @ADVANTAGES.register("gae")
@@ -175,7 +175,7 @@ def compute_gae_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     if inputs.values is None:
         raise ValueError("gae needs critic values (AdvantageInputs.values); enable the critic")
     cfg = inputs.config
-    mask = inputs.response_mask.float()
+    mask = inputs.loss_mask.float()
     rewards, values = inputs.per_token_rewards(), inputs.values.float() * mask
     batch, length = rewards.shape
     advantages = torch.zeros_like(rewards)

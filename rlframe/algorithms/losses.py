@@ -29,8 +29,8 @@ class PolicyLossInputs:
     """[B, T] log-probs under the policy that sampled them (no gradient)."""
     advantages: torch.Tensor
     """[B, T] per-token advantages."""
-    response_mask: torch.Tensor
-    """[B, T] 1 on response tokens that count."""
+    loss_mask: torch.Tensor
+    """[B, T] 1 on response tokens the policy sampled (padding and tool observations 0)."""
     config: AlgorithmConfig
 
 
@@ -85,7 +85,7 @@ def compute_gspo_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     log-prob's gradient (s_t = sg(s) * exp(logp_t - sg(logp_t))), so the clip decides per
     sequence. Use small clip ranges (3e-4 / 4e-4) and seq-mean-token-mean aggregation.
     """
-    mask = inputs.response_mask.to(inputs.logprobs.dtype)
+    mask = inputs.loss_mask.to(inputs.logprobs.dtype)
     log_ratio = (inputs.logprobs - inputs.old_logprobs) * mask
     seq_log_ratio = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)
     token_log_ratio = seq_log_ratio.detach().unsqueeze(-1) + inputs.logprobs - inputs.logprobs.detach()

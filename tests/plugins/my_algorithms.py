@@ -16,7 +16,7 @@ def compute_sign_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """+1 for responses above their group's mean reward, -1 below, 0 at it."""
     mean, _, _ = compute_group_stats(inputs.rewards, inputs.group_index)
     sign = torch.sign(inputs.rewards.double() - mean).float()
-    advantages = sign.unsqueeze(1) * inputs.response_mask.float()
+    advantages = sign.unsqueeze(1) * inputs.loss_mask.float()
     return AdvantageOutputs(advantages, advantages.clone(), {"positive_frac": float((sign > 0).float().mean())})
 
 

@@ -59,6 +59,7 @@ def make_batch(seed: int = 0) -> Batch:
             "prompt_mask": torch.ones(16, 4, dtype=torch.long),
             "response_ids": response_ids,
             "response_mask": response_mask,
+            "loss_mask": response_mask,
             "advantages": torch.randn(16, 1, generator=g) * response_mask,
             "old_logprobs": -3.0 - torch.rand(16, 5, generator=g),
             "ref_logprobs": -3.0 - torch.rand(16, 5, generator=g),

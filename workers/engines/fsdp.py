@@ -229,8 +229,8 @@ class FSDPEngine:
                     state[k] = v.to(device, non_blocking=True)
 
 def compute_global_loss_scale(mini: Batch, device: str) -> LossScale:
-    """Response tokens and responses in the whole mini-batch, summed over ranks."""
-    counts = torch.tensor([mini["response_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
+    """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over ranks."""
+    counts = torch.tensor([mini["loss_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
     if device == "cuda":
         counts = counts.cuda()
     dist.all_reduce(counts)
