@@ -83,24 +83,45 @@ def register_configs() -> None:
 
 
 def check_override_keys(args: list[str]) -> None:
-    """Reject ``key=value`` overrides whose key is not in the schema, listing the keys allowed.
+    """Reject overrides whose key is not in the schema, listing the keys allowed.
 
-    Hydra would reject them too, but without saying what the section does accept.
+    ``key=value``: Hydra would reject an unknown key too, but without saying what the section
+    accepts. ``+key=value`` / ``++key=value`` / ``~key``: Hydra would *add* or drop the key
+    silently (``+trainer.total_step=5``, a typo, would run 100 steps), so only
+    ``+recipe=NAME`` may use a prefix; schema keys are set with plain ``key=value``.
     """
     for arg in args:
-        if arg.startswith(("-", "+", "~", "hydra.")) or "=" not in arg:
+        if arg.startswith("-") or arg.startswith("hydra.") or ("=" not in arg and not arg.startswith("~")):
             continue
         key = arg.split("=", 1)[0]
-        node: Any = Config
-        walked: list[str] = []
-        for part in key.split("."):
-            names = {f.name: f for f in fields(node)} if is_dataclass(node) else {}
-            if part not in names:
-                where = ".".join(walked) or "the config root"
-                allowed = ", ".join(sorted(names)) or "none (it is a value, not a section)"
-                raise ConfigError(key, f"unknown key; keys allowed in {where}: {allowed}")
-            walked.append(part)
-            node = schema_type(node, part)
+        prefix = key[: len(key) - len(key.lstrip("+~"))]
+        key = key[len(prefix) :]
+        if key == "recipe" and prefix == "+":
+            continue
+        if prefix:
+            check_schema_key(key)
+            raise ConfigError(
+                key, f"set schema keys as {key}=VALUE, without {prefix!r} (only +recipe=NAME takes a '+')"
+            )
+        check_schema_key(key)
+
+
+def check_schema_key(key: str) -> None:
+    """Raise ConfigError unless the dotted ``key`` names a field of the schema."""
+    if key.startswith("hydra."):
+        return
+    node: Any = Config
+    walked: list[str] = []
+    for part in key.split("."):
+        names = {f.name: f for f in fields(node)} if is_dataclass(node) else {}
+        if part not in names:
+            where = ".".join(walked) or "the config root"
+            allowed = ", ".join(sorted(names)) or "none (it is a value, not a section)"
+            raise ConfigError(key, f"unknown key; keys allowed in {where}: {allowed}")
+        walked.append(part)
+        node = schema_type(node, part)
+
+
 
 
 def schema_type(owner: type, name: str) -> Any:
@@ -116,11 +137,17 @@ def run(cfg: Config) -> None:
     the worker's traceback), not with a driver traceback around it.
     """
     from rlframe.controller.worker_group import WorkerError
+    from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
     from rlframe.trainer import run_training
 
     try:
-        run_training(cfg)
+        inputs = check_run_inputs(cfg)
+    except ConfigError as e:
+        print(f"rlframe: config error: {e}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        run_training(cfg, inputs)
     except (WorkerError, RewardError) as e:
         print(f"rlframe: {e}", file=sys.stderr)
         sys.exit(1)

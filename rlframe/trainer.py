@@ -14,16 +14,15 @@ from typing import Any
 
 import torch
 
-from rlframe.algorithms.advantages import (
-    ADVANTAGES,
-    NEEDS_GREEDY_BASELINE,
-    AdvantageInputs,
-    place_on_last_token,
-)
+from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs, place_on_last_token
 from rlframe.algorithms.losses import KLController, apply_kl_penalty
+from rlframe.algorithms.mismatch import compute_mismatch_metrics
+from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
+from rlframe.algorithms.registry import load_class
 from rlframe.config import Config, RewardConfig
 from rlframe.controller.cluster import init_ray, resolve_device
 from rlframe.data.loader import PromptLoader, build_prompt_batch
+from rlframe.preflight import RunInputs
 from rlframe.protocol import Batch
 from rlframe.rewards import REWARDS, compute_rewards
 from rlframe.tracking import StageTimer, Tracker
@@ -83,6 +82,7 @@ class Trainer:
                 with timer("sync"):
                     self.actor.sync_weights()
         self.log_rollouts(batch)
+        metrics |= compute_mismatch_metrics(batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm)
         return metrics | collect_step_metrics(batch, timer)
 
     def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> Batch:
@@ -156,7 +156,8 @@ class Trainer:
         token_rewards = place_on_last_token(batch["reward"], mask)
         if self.kl_ctrl.value > 0:
             token_rewards, kl = apply_kl_penalty(
-                token_rewards, batch["old_logprobs"], batch["ref_logprobs"], mask, self.kl_ctrl.value
+                token_rewards, batch["old_logprobs"], batch["ref_logprobs"], mask, self.kl_ctrl.value,
+                self.cfg.algorithm.kl_reward_estimator,
             )
             metrics |= {"actor/reward_kl": kl, "actor/kl_reward_coef": self.kl_ctrl.value}
             self.kl_ctrl.update(kl, len(batch))
@@ -263,40 +264,22 @@ def worker_env(cfg: Config, device: str) -> dict[str, str]:
     return env
 
 
-def import_class(path: str) -> type:
-    """``pkg.module.Class`` -> the class (worker classes are named by path, never imported here)."""
-    import importlib
-
-    module, _, name = path.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise ImportError(f"actor.worker_cls={path!r} cannot be imported: {e}") from e
-
-
-def run_training(cfg: Config) -> list[dict[str, float]]:
+def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     """Start or join Ray, place the workers, train, and tear everything down.
 
+    ``inputs`` come from :func:`rlframe.preflight.check_run_inputs`, run before Ray starts.
     Returns the metrics of every step (also written to ``metrics.jsonl``).
     """
     started = init_ray(cfg.ray)
     import ray
-    from transformers import AutoTokenizer
 
     from rlframe.controller.placement import ResourcePool
     from rlframe.controller.worker_group import WorkerGroup
-    from rlframe.data.prompts import load_prompt_records
-    from rlframe.data.tiny_model import resolve_model_path
 
+    model_path, tokenizer, records = inputs.model_path, inputs.tokenizer, inputs.records
     pool, tracker, groups = None, None, []
     try:
         device = resolve_device(cfg.trainer.device)
-        # Resolved (and a tiny model built) here, once, so workers never race to build it.
-        model_path = resolve_model_path(cfg.model.path)
-        tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code)
-        records = load_prompt_records(
-            cfg.data.train_files, cfg.data.task, tokenizer, cfg.data.max_prompt_length, cfg.trainer.seed
-        )
         out = prepare_output_dir(cfg)
         # The critic, when there is one, shares the actor's bundles (half of each).
         pool = ResourcePool(
@@ -311,7 +294,7 @@ def run_training(cfg: Config) -> list[dict[str, float]]:
 
         def start(role: str, worker_cls: str) -> WorkerGroup:
             group = WorkerGroup(
-                pool, import_class(worker_cls), role=role, init_args=(cfg, model_path, device),
+                pool, load_class(worker_cls), role=role, init_args=(cfg, model_path, device),
                 call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device),
             )
             groups.append(group)

@@ -15,11 +15,11 @@ from rlframe.algorithms.losses import (
     LossScale,
     PolicyLossInputs,
     aggregate_loss,
-    apply_truncated_is,
     compute_entropy,
     compute_kl,
     masked_mean,
 )
+from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
 from rlframe.config import ActorConfig, Config, RolloutEngineName
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
@@ -180,20 +180,21 @@ class HybridWorker(Worker):
             )
         )
         token_loss = out.token_loss
-        if cfg.tis_cap > 0:
-            token_loss, tis_metrics = apply_truncated_is(
-                token_loss, micro["old_logprobs"].to(self.device), micro["rollout_logprobs"].to(self.device), cfg.tis_cap
+        if is_mismatch_correction_on(cfg):
+            weights = compute_mismatch_weights(
+                micro["old_logprobs"].to(self.device), micro["rollout_logprobs"].to(self.device), mask, cfg
             )
-            out.metrics |= tis_metrics
-        loss = aggregate_loss(token_loss, mask, cfg.loss_agg, scale)
+            token_loss = token_loss * weights
+            out.metrics["mismatch_weight"] = weights
+        loss = aggregate_loss(token_loss, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
         metrics = {"actor/pg_loss": float(masked_mean(token_loss.detach(), mask))}
         entropy = compute_entropy(logits) if cfg.entropy_coef > 0 else compute_entropy(logits.detach())
         if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * aggregate_loss(entropy, mask, cfg.loss_agg, scale)
+            loss = loss - cfg.entropy_coef * aggregate_loss(entropy, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
         metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
         if cfg.kl_coef > 0:
             kl = compute_kl(logprobs, micro["ref_logprobs"].to(self.device), cfg.kl_estimator)
-            loss = loss + cfg.kl_coef * aggregate_loss(kl, mask, cfg.loss_agg, scale)
+            loss = loss + cfg.kl_coef * aggregate_loss(kl, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
             metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
         # FSDP averages gradients over ranks; the loss shares above sum to the mini-batch
         # loss over ranks, so scale by the world size to turn that average into the sum.

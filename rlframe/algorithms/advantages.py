@@ -8,12 +8,17 @@ point ``algorithm.advantage`` at ``pkg.module:function``.
 from __future__ import annotations
 
 from collections.abc import Callable
+import math
 from dataclasses import dataclass, field
+from math import comb
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlframe.algorithms.registry import Registry
-from rlframe.config import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from rlframe.config import AlgorithmConfig
 
 EPS = 1e-6
 
@@ -53,9 +58,6 @@ class AdvantageOutputs:
 AdvantageFn = Callable[[AdvantageInputs], AdvantageOutputs]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
 
-# Estimators that need more than rewards: the trainer runs the matching stage for them.
-NEEDS_CRITIC = {"gae"}
-NEEDS_GREEDY_BASELINE = {"remax"}
 
 
 def place_on_last_token(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -124,6 +126,43 @@ def compute_grpo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     out = broadcast_scores(scores, inputs.loss_mask)
     out.metrics["zero_std_frac"] = float((std == 0).float().mean())
     return out
+
+
+def compute_passk_scores(correct: int, n: int, k: int) -> tuple[float, float]:
+    """Pass@k advantages of a correct and of a wrong response in a group of ``n`` with
+    ``correct`` right answers (Chen et al., 2025, "Pass@k Training").
+
+    Over the k-subsets of the group, a subset's reward is 1 when it holds a right answer:
+    mean R = 1 - C(n - c, k) / C(n, k), std s = sqrt(R (1 - R)). A right response lifts every
+    subset it is in to 1: A+ = (1 - R) / s. A wrong one is in a subset of reward 0 with
+    probability C(n - c - 1, k - 1) / C(n - 1, k - 1): A- = (1 - R - that) / s. A group
+    that is all right or all wrong has s = 0 and gets 0.
+    """
+    wrong = n - correct
+    mean = 1 - comb(wrong, k) / comb(n, k)
+    std = math.sqrt(mean * (1 - mean))
+    if std == 0:
+        return 0.0, 0.0
+    all_wrong_given_wrong = comb(wrong - 1, k - 1) / comb(n - 1, k - 1) if wrong else 0.0
+    return (1 - mean) / std, (1 - mean - all_wrong_given_wrong) / std
+
+
+@ADVANTAGES.register("grpo_passk")
+def compute_grpo_passk_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
+    """GRPO for pass@k (``algorithm.pass_k``): advantages that reward a group for holding
+    *some* right answer among k tries, which keeps exploring where pass@1 training sharpens.
+    Rewards are read as binary: a response is right when its reward is above 0.5."""
+    k = inputs.config.pass_k
+    right = inputs.rewards > 0.5
+    scores = torch.zeros(len(inputs.rewards), dtype=torch.float64)
+    for group in torch.unique(inputs.group_index):
+        rows = inputs.group_index == group
+        n = int(rows.sum())
+        if n < k:
+            raise ValueError(f"grpo_passk: a group of {n} responses is smaller than algorithm.pass_k={k}")
+        positive, negative = compute_passk_scores(int(right[rows].sum()), n, k)
+        scores[rows] = torch.where(right[rows], positive, negative).double()
+    return broadcast_scores(scores, inputs.loss_mask)
 
 
 @ADVANTAGES.register("rloo")

@@ -8,17 +8,21 @@ splitting a mini-batch into micro-batches or over ranks never changes the gradie
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
+from rlframe.algorithms.names import KL_ESTIMATORS, LOSS_AGGREGATIONS
 from rlframe.algorithms.registry import Registry
-from rlframe.config import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from rlframe.config import AlgorithmConfig
 
 # exp() of a log-ratio beyond this overflows nothing but makes gradients useless.
 MAX_LOG_RATIO = 20.0
-KL_ESTIMATORS = ("k1", "abs", "k2", "k3")
 
 
 @dataclass
@@ -100,29 +104,105 @@ def compute_gspo_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
 def compute_cispo_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     """CISPO: REINFORCE weighted by the importance ratio, the *weight* clipped and detached.
 
-    loss_t = -sg(min(r_t, 1 + high)) * A_t * log p_t. Unlike PPO no token's gradient is
-    dropped; a token far off-policy only counts less.
+    loss_t = -sg(clip(r_t, 1 - low, 1 + high)) * A_t * log p_t. Unlike PPO no token's
+    gradient is dropped; a token far off-policy only counts less. The MiniMax-M1 paper's
+    upper-only form is ``algorithm.clip_low=1`` (a lower bound of 0, which no ratio crosses).
     """
     log_ratio = (inputs.logprobs - inputs.old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio).detach()
-    weight = ratio.clamp(max=1 + inputs.config.clip_high)
+    low, high = 1 - inputs.config.clip_low, 1 + inputs.config.clip_high
+    weight = ratio.clamp(low, high)
     token_loss = -weight * inputs.advantages * inputs.logprobs
-    metrics = {"pg_clipfrac": (ratio > 1 + inputs.config.clip_high).float(), "ppo_kl": (-log_ratio).detach()}
+    metrics = {"pg_clipfrac": ((ratio > high) | (ratio < low)).float(), "ppo_kl": (-log_ratio).detach()}
     return PolicyLossOutputs(token_loss, metrics)
 
 
-def apply_truncated_is(
-    token_loss: torch.Tensor, old_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Truncated importance sampling for the rollout-vs-trainer mismatch (TIS).
+@POLICY_LOSSES.register("gmpo")
+def compute_gmpo_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
+    """GMPO: the geometric mean of the token ratios replaces their arithmetic mean.
 
-    The tokens were sampled by the rollout engine, whose numerics (kernels, dtype) differ
-    from the trainer's: the loss is re-weighted by min(pi_old / pi_rollout, cap), computed
-    from the two engines' log-probs of the same tokens and held constant.
+    Per response, with its advantage A (the mean of its token advantages) and s = sign(A),
+    each token's log-ratio l_t is clipped to [log(1 - low), log(1 + high)] pessimistically
+    (l'_t = s * min(s * l_t, s * clip(l_t))), and the loss is -A * exp(mean_t l'_t). A
+    geometric mean is not dominated by one outlier token, so wider clip ranges stay stable
+    (the paper clips at e^-0.4 .. e^0.4: clip_low=0.33, clip_high=0.49). Every token carries
+    its response's loss: aggregate with seq-mean-token-mean to get the paper's objective.
     """
-    ratio = torch.exp((old_logprobs - rollout_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)).detach()
-    weight = ratio.clamp(max=cap)
-    return token_loss * weight, {"tis_weight": weight, "tis_clipfrac": (ratio > cap).float()}
+    cfg = inputs.config
+    mask = inputs.loss_mask.to(inputs.logprobs.dtype)
+    count = mask.sum(-1).clamp(min=1)
+    log_ratio = (inputs.logprobs - inputs.old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    advantage = (inputs.advantages * mask).sum(-1) / count
+    sign = torch.sign(advantage).unsqueeze(-1)
+    clipped = log_ratio.clamp(math.log(max(1 - cfg.clip_low, 1e-8)), math.log(1 + cfg.clip_high))
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
+    seq_ratio = torch.exp((pessimistic * mask).sum(-1) / count)
+    seq_loss = -advantage * seq_ratio
+    metrics = {
+        "pg_clipfrac": (pessimistic != log_ratio).float().detach(),
+        "ppo_kl": (-log_ratio).detach(),
+    }
+    return PolicyLossOutputs(seq_loss.unsqueeze(-1).expand_as(mask), metrics)
+
+
+def compute_centred_covariance(inputs: PolicyLossInputs) -> torch.Tensor:
+    """Per-token (log p - mean log p) * (A - mean A) over the loss tokens, detached.
+
+    The entropy-mechanism paper (Cui et al., 2025) shows that entropy falls with the
+    covariance between a token's log-prob and its advantage: tokens of high covariance are
+    the ones that collapse it, so Clip-Cov and KL-Cov restrain exactly those.
+    """
+    mask = inputs.loss_mask.bool()
+    logp, adv = inputs.logprobs.detach(), inputs.advantages.detach()
+    if not mask.any():
+        return torch.zeros_like(logp)
+    centred = (logp - logp[mask].mean()) * (adv - adv[mask].mean())
+    return torch.where(mask, centred, torch.zeros_like(centred))
+
+
+def select_token_share(share: float, count: int) -> int:
+    """How many of ``count`` tokens a share selects: at least one while there are tokens."""
+    return min(count, max(1, int(share * count))) if count else 0
+
+
+@POLICY_LOSSES.register("clip_cov")
+def compute_clip_cov_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
+    """Clip-Cov: PPO-clip, with the gradient cut on a few high-covariance tokens.
+
+    ``clip_cov_ratio`` of the loss tokens are drawn at random (torch's global generator)
+    among those whose covariance lies in [clip_cov_lb, clip_cov_ub], and their loss is
+    removed from the gradient.
+    """
+    cfg = inputs.config
+    out = compute_ppo_clip_loss(inputs)
+    cov = compute_centred_covariance(inputs)
+    mask = inputs.loss_mask.bool()
+    candidates = torch.nonzero((mask & (cov >= cfg.clip_cov_lb) & (cov <= cfg.clip_cov_ub)).flatten()).squeeze(-1)
+    take = min(len(candidates), select_token_share(cfg.clip_cov_ratio, int(mask.sum())))
+    keep = torch.ones_like(inputs.logprobs)
+    keep.view(-1)[candidates[torch.randperm(len(candidates))[:take]]] = 0.0
+    out.token_loss = out.token_loss * keep
+    out.metrics["cov_selected_frac"] = (1 - keep).detach()
+    return out
+
+
+@POLICY_LOSSES.register("kl_cov")
+def compute_kl_cov_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
+    """KL-Cov: the unclipped surrogate -A r, plus kl_cov_coef * |log p - log p_old| on the
+    ``kl_cov_ratio`` share of loss tokens with the largest covariance."""
+    cfg = inputs.config
+    log_ratio = (inputs.logprobs - inputs.old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    token_loss = -inputs.advantages * torch.exp(log_ratio)
+    cov = compute_centred_covariance(inputs)
+    mask = inputs.loss_mask.bool()
+    take = select_token_share(cfg.kl_cov_ratio, int(mask.sum()))
+    selected = torch.zeros_like(inputs.logprobs)
+    if take:
+        ranked = torch.where(mask, cov, torch.full_like(cov, -torch.inf)).flatten()
+        selected.view(-1)[torch.topk(ranked, take).indices] = 1.0
+    token_loss = token_loss + selected * cfg.kl_cov_coef * log_ratio.abs()
+    metrics = {"cov_selected_frac": selected.detach(), "ppo_kl": (-log_ratio).detach()}
+    return PolicyLossOutputs(token_loss, metrics)
 
 
 def compute_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -131,7 +211,15 @@ def compute_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     k1 = log p - log q (unbiased, high variance, can be negative); abs = |k1|;
     k2 = (log p - log q)^2 / 2; k3 = q/p - log(q/p) - 1 (unbiased, always >= 0). k3 is
     clamped to [-10, 10] as its exp() can explode on tokens the reference finds very unlikely.
+
+    ``k1+`` / ``k3+`` (straight-through): the value of k1 / k3 with the gradient of k2. As a
+    loss, k2's gradient (log p - log q) * grad log p is the unbiased estimate of the KL's
+    gradient, which k1's and k3's gradients are not.
     """
+    if estimator.endswith("+"):
+        value = compute_kl(logprobs, ref_logprobs, estimator[:-1])
+        surrogate = compute_kl(logprobs, ref_logprobs, "k2")
+        return value.detach() + surrogate - surrogate.detach()
     diff = logprobs - ref_logprobs
     if estimator == "k1":
         return diff
@@ -161,15 +249,17 @@ class LossScale:
     """Responses in the mini-batch, over all ranks."""
 
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-
-
-def aggregate_loss(token_loss: torch.Tensor, mask: torch.Tensor, mode: str, scale: LossScale) -> torch.Tensor:
+def aggregate_loss(
+    token_loss: torch.Tensor, mask: torch.Tensor, mode: str, scale: LossScale, norm: float = 1.0
+) -> torch.Tensor:
     """This micro-batch's share of the mini-batch loss.
 
     - ``token-mean``: sum over all tokens / mini-batch tokens (every token weighs the same).
     - ``seq-mean-token-mean``: each response's token mean, summed / mini-batch responses.
     - ``seq-mean-token-sum``: each response's token sum, summed / mini-batch responses.
+    - ``seq-mean-token-sum-norm``: as seq-mean-token-sum, also divided by the constant
+      ``norm`` (Dr.GRPO: the max response length), so no response is weighted by its length.
+    - ``token-sum``: the plain sum over all tokens (scales with the batch: tune lr with it).
 
     Summing these shares over the micro-batches and ranks of a mini-batch gives exactly the
     loss of the mini-batch computed in one piece.
@@ -182,7 +272,11 @@ def aggregate_loss(token_loss: torch.Tensor, mask: torch.Tensor, mode: str, scal
         return (per_seq_sum / mask.sum(-1).clamp(min=1)).sum() / max(scale.sequences, 1.0)
     if mode == "seq-mean-token-sum":
         return per_seq_sum.sum() / max(scale.sequences, 1.0)
-    raise ValueError(f"unknown loss aggregation {mode!r}; use one of {AGGREGATIONS}")
+    if mode == "seq-mean-token-sum-norm":
+        return per_seq_sum.sum() / (max(scale.sequences, 1.0) * norm)
+    if mode == "token-sum":
+        return per_seq_sum.sum()
+    raise ValueError(f"unknown loss aggregation {mode!r}; use one of {LOSS_AGGREGATIONS}")
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -209,10 +303,20 @@ class KLController:
 
 
 def apply_kl_penalty(
-    token_rewards: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, coef: float
+    token_rewards: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    coef: float,
+    estimator: str = "k1",
 ) -> tuple[torch.Tensor, float]:
-    """Subtract ``coef`` * k1 KL from every response token's reward; returns the batch's mean KL
-    per response (summed over its tokens), which the adaptive controller tracks."""
-    kl = compute_kl(old_logprobs, ref_logprobs, "k1") * mask
-    mean_kl = float((kl.sum(-1)).mean())
-    return token_rewards - coef * kl, mean_kl
+    """Subtract ``coef`` * KL from every loss token's reward.
+
+    Returns the new rewards and the KL the adaptive controller tracks: the batch mean of each
+    response's per-token mean KL (veRL's convention, so a ``kl_target`` from a veRL recipe
+    means the same here; a mean of *summed* KL would grow with the response length).
+    """
+    mask = mask.to(old_logprobs.dtype)
+    kl = compute_kl(old_logprobs, ref_logprobs, estimator) * mask
+    per_token_mean = kl.sum(-1) / mask.sum(-1).clamp(min=1)
+    return token_rewards - coef * kl, float(per_token_mean.mean())

@@ -58,6 +58,20 @@ def absolutize(spec: str) -> str:
     return spec
 
 
+def load_class(path: str) -> type:
+    """``pkg.module.Class`` -> the class (worker classes are named by dotted path)."""
+    module, _, name = path.rpartition(".")
+    if not module:
+        raise ValueError(f"{path!r} is not a dotted path 'pkg.module.Class'")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"{path!r} cannot be imported: {e}") from e
+    if not isinstance(cls, type):
+        raise TypeError(f"{path!r} is not a class")
+    return cls
+
+
 def load_function(spec: str) -> Callable[..., Any]:
     """Import ``pkg.module:function`` or ``path/to/file.py:function``."""
     target, _, attr = spec.rpartition(":")

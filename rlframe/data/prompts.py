@@ -26,20 +26,47 @@ class PromptRecord:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows of a .parquet, .jsonl or .json file as dicts."""
+    """Rows of a .parquet, .jsonl or .json file as dicts.
+
+    Raises:
+        ValueError: naming the file for a missing, empty, unreadable or wrongly shaped file.
+    """
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    if path.suffix not in (".parquet", ".jsonl", ".json"):
+        raise ValueError(f"{path}: prompt files must be .parquet, .jsonl or .json")
+    try:
+        rows = parse_rows(path)
+    except (OSError, ValueError) as e:  # pyarrow's and json's errors are ValueError/OSError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"{path}: cannot be read as {path.suffix[1:]}: {first}") from None
+    if not rows:
+        raise ValueError(f"{path}: the file holds no rows")
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise ValueError(f"{path} row {bad}: a row must be an object with named columns, got {type(rows[bad]).__name__}")
+    return rows
+
+
+def parse_rows(path: Path) -> list[Any]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
         return pq.read_table(path).to_pylist()
     if path.suffix == ".jsonl":
+        rows = []
         with path.open() as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if path.suffix == ".json":
-        rows = json.loads(path.read_text())
-        if not isinstance(rows, list):
-            raise ValueError(f"{path}: a .json prompt file must hold a list of rows")
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"line {number}: {e}") from None
         return rows
-    raise ValueError(f"{path}: prompt files must be .parquet, .jsonl or .json")
+    rows = json.loads(path.read_text())
+    if not isinstance(rows, list):
+        raise ValueError("a .json prompt file must hold a list of rows")
+    return rows
 
 
 def render_prompt(row: dict[str, Any], tokenizer: Any, where: str) -> str:
@@ -55,29 +82,51 @@ def render_prompt(row: dict[str, Any], tokenizer: Any, where: str) -> str:
     return "".join(m["content"] for m in messages)
 
 
-def load_prompt_records(
-    files: list[str], task: str, tokenizer: Any, max_prompt_length: int, seed: int, synthetic_size: int = 4096
-) -> list[PromptRecord]:
-    """All prompts, tokenised; those longer than ``max_prompt_length`` tokens are dropped."""
+@dataclass
+class PromptSet:
+    records: list[PromptRecord]
+    """The prompts that fit."""
+    dropped: int
+    """Prompts left out for being longer than the prompt-length limit."""
+
+
+def read_prompt_rows(files: list[str], task: str, seed: int, synthetic_size: int = 4096) -> list[tuple[dict[str, Any], str]]:
+    """Every row with where it came from (``file row i`` or ``task name #i``), columns checked."""
     rows: list[tuple[dict[str, Any], str]] = []
     if files:
         for name in files:
-            path = Path(name)
-            rows += [(row, f"{name} row {i}") for i, row in enumerate(read_rows(path))]
+            rows += [(row, f"{name} row {i}") for i, row in enumerate(read_rows(Path(name)))]
     else:
         rows = [
             ({"prompt": e.prompt, "ground_truth": e.ground_truth, "task": e.task}, f"task {task} #{i}")
             for i, e in enumerate(generate_examples(task, synthetic_size, seed))
         ]
-    records = []
     for row, where in rows:
+        if "prompt" not in row and "messages" not in row:
+            raise ValueError(f"{where}: a row needs a 'prompt' or 'messages' column; it has {sorted(row)}")
         if "ground_truth" not in row:
             raise ValueError(f"{where}: a row needs a 'ground_truth' column; it has {sorted(row)}")
+    return rows
+
+
+def tokenize_prompts(rows: list[tuple[dict[str, Any], str]], tokenizer: Any, max_prompt_length: int) -> PromptSet:
+    """Render and tokenise every row; rows longer than ``max_prompt_length`` tokens are counted
+    and left out."""
+    records = []
+    for row, where in rows:
         text = render_prompt(row, tokenizer, where)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) <= max_prompt_length:
             extra = {k: v for k, v in row.items() if k not in ("prompt", "messages", "ground_truth")}
             records.append(PromptRecord(text, ids, str(row["ground_truth"]), extra))
-    if not records:
-        raise ValueError(f"no prompt fits data.max_prompt_length={max_prompt_length} tokens")
-    return records
+    return PromptSet(records, len(rows) - len(records))
+
+
+def load_prompt_records(
+    files: list[str], task: str, tokenizer: Any, max_prompt_length: int, seed: int, synthetic_size: int = 4096
+) -> list[PromptRecord]:
+    """All prompts, tokenised; those longer than ``max_prompt_length`` tokens are dropped."""
+    prompts = tokenize_prompts(read_prompt_rows(files, task, seed, synthetic_size), tokenizer, max_prompt_length)
+    if not prompts.records:
+        raise ValueError(f"all {prompts.dropped} prompts are longer than data.max_prompt_length={max_prompt_length} tokens")
+    return prompts.records

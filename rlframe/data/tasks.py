@@ -50,12 +50,14 @@ TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
     "reverse": make_reverse,
     "count": make_count,
 }
+TASK_NAMES = (*TASKS, "mixed")
+"""What ``data.task`` accepts: each task, or ``mixed`` (all of them in turn)."""
 
 
 def generate_examples(task: str, count: int, seed: int) -> list[Example]:
     """``count`` examples of ``task`` (or ``mixed``: all tasks in turn), fixed by ``seed``."""
-    if task != "mixed" and task not in TASKS:
-        raise ValueError(f"unknown synthetic task {task!r}; choose from {[*TASKS, 'mixed']}")
+    if task not in TASK_NAMES:
+        raise ValueError(f"unknown synthetic task {task!r}; choose from {list(TASK_NAMES)}")
     rng = random.Random(seed)
     names = list(TASKS) if task == "mixed" else [task]
     examples = []

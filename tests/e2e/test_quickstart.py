@@ -75,7 +75,7 @@ def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
         "algorithm.kl_coef=0.01", "algorithm.kl_estimator=abs", "reward.overlong_buffer=1",
     )
     last = metrics[-1]
-    for key in ("timing_s/baseline", "rollout/sampling_rounds", "rollout/kept_group_frac", "actor/tis_weight",
+    for key in ("timing_s/baseline", "rollout/sampling_rounds", "rollout/kept_group_frac", "mismatch/tis_clipfrac",
                 "actor/reward_kl", "actor/kl_reward_coef", "actor/kl"):
         assert key in last, key
     assert last["actor/kl_reward_coef"] != 0.01  # the adaptive controller moved it

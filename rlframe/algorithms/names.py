@@ -1,0 +1,27 @@
+"""Names of the built-in algorithm pieces that the config schema validates against.
+
+This module imports nothing: the schema (``rlframe/config.py``) reads these tables while
+validating, and the tensor code in this package reads them too, so neither depends on the
+other. Registered *functions* are looked up later, by ``rlframe.preflight``, before Ray starts.
+"""
+
+from __future__ import annotations
+
+LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
+"""How per-token losses reduce to one number (see ``losses.aggregate_loss``)."""
+
+KL_ESTIMATORS = ("k1", "abs", "k2", "k3", "k1+", "k3+")
+"""Per-token KL estimators; ``+``: the value of k1/k3 with the gradient of k2."""
+
+MISMATCH_LEVELS = ("token", "sequence")
+"""Granularity of the rollout/trainer mismatch corrections (TIS, masked IS)."""
+
+NEEDS_CRITIC = frozenset({"gae"})
+"""Advantage estimators that need critic values."""
+
+NEEDS_GREEDY_BASELINE = frozenset({"remax"})
+"""Advantage estimators that need the reward of a greedy response per prompt."""
+
+GROUP_RELATIVE = frozenset({"grpo", "rloo", "reinforce_pp_baseline", "grpo_passk"})
+"""Advantage estimators that compare responses to the same prompt: with one response per
+prompt (``rollout.n=1``) every advantage is 0 and nothing is learned."""

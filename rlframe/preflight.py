@@ -1,0 +1,132 @@
+"""Checks of everything a run reads, on the driver, before Ray starts.
+
+The schema (``rlframe/config.py``) checks values and their combinations; this module checks
+what those values *point at*: registered names and users' plug-in files, worker classes,
+the model folder and tokenizer, and the prompt data. Each failure is a :class:`ConfigError`
+naming the key, so the command exits with one clear line within seconds instead of a
+traceback after Ray and vLLM have started.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlframe.config import Config, ConfigError
+from rlframe.data.prompts import PromptRecord
+
+
+@dataclass
+class RunInputs:
+    """What the checks resolved, handed to the run so nothing is loaded twice."""
+
+    model_path: str
+    """A loadable model directory (``tiny:N`` built) or a model id."""
+    tokenizer: Any
+    records: list[PromptRecord]
+    """The training prompts, tokenised."""
+
+
+def check_run_inputs(cfg: Config) -> RunInputs:
+    """Resolve and check plug-ins, worker classes, model and data; raise ConfigError."""
+    check_plugins(cfg)
+    model_path, tokenizer = load_model_files(cfg)
+    return RunInputs(model_path, tokenizer, load_training_prompts(cfg, tokenizer))
+
+
+def check_plugins(cfg: Config) -> None:
+    """Every registered name exists and every ``module:function`` / ``file.py:function`` loads."""
+    from rlframe.algorithms.advantages import ADVANTAGES
+    from rlframe.algorithms.losses import POLICY_LOSSES
+    from rlframe.algorithms.registry import Registry, load_class
+    from rlframe.rewards import REWARDS
+
+    entries: list[tuple[str, str, Registry[Any]]] = [
+        ("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES),
+        ("algorithm.policy_loss", cfg.algorithm.policy_loss, POLICY_LOSSES),
+    ]
+    if cfg.reward.fn != "auto":
+        entries.append(("reward.fn", cfg.reward.fn, REWARDS))
+    for key, name, registry in entries:
+        try:
+            registry.get(name)
+        except Exception as e:  # a user's file may raise anything while it is imported
+            raise ConfigError(key, describe_load_error(e)) from None
+    workers = [("actor.worker_cls", cfg.actor.worker_cls)]
+    if cfg.critic.enable:
+        workers.append(("critic.worker_cls", cfg.critic.worker_cls))
+    for key, path in workers:
+        try:
+            load_class(path)
+        except Exception as e:
+            raise ConfigError(key, describe_load_error(e)) from None
+
+
+def describe_load_error(error: BaseException) -> str:
+    text = str(error).strip().strip('"')
+    if isinstance(error, KeyError | ValueError | FileNotFoundError | AttributeError | TypeError):
+        return text
+    return f"cannot be loaded: {type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def load_model_files(cfg: Config) -> tuple[str, Any]:
+    """The model directory (building ``tiny:N``) and its tokenizer."""
+    from rlframe.data.tiny_model import is_tiny_model, resolve_model_path
+
+    try:
+        path = resolve_model_path(cfg.model.path)
+    except ValueError as e:
+        raise ConfigError("model.path", str(e)) from None
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ConfigError("model.path", f"{path} holds no config.json: point it at a saved model folder")
+    elif not is_tiny_model(cfg.model.path) and not looks_like_model_id(path):
+        raise ConfigError("model.path", f"no such folder {path}")
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(
+            "model.path",
+            f"{path!r} is not a local folder and its tokenizer cannot be loaded as a Hugging Face model id "
+            f"(offline, or a typo?): {reason}",
+        ) from None
+    return path, tokenizer
+
+
+def looks_like_model_id(path: str) -> bool:
+    """``org/name`` or ``name``, as on the Hugging Face hub; anything else is meant as a folder."""
+    parts = path.split("/")
+    return len(parts) <= 2 and all(parts) and not path.startswith((".", "~"))
+
+
+def load_training_prompts(cfg: Config, tokenizer: Any) -> list[PromptRecord]:
+    """The training prompts; a bad file, too few prompts or prompts all too long is an error,
+    and prompts left out for length are counted on the console."""
+    from rlframe.data.prompts import read_prompt_rows, tokenize_prompts
+
+    key = "data.train_files" if cfg.data.train_files else "data.task"
+    try:
+        rows = read_prompt_rows(cfg.data.train_files, cfg.data.task, cfg.trainer.seed)
+        prompts = tokenize_prompts(rows, tokenizer, cfg.data.max_prompt_length)
+    except ValueError as e:
+        raise ConfigError(key, str(e)) from None
+    limit = cfg.data.max_prompt_length
+    if prompts.dropped:
+        print(
+            f"rlframe: data: {prompts.dropped} of {len(rows)} prompts dropped: longer than "
+            f"data.max_prompt_length={limit} tokens",
+            file=sys.stderr,
+        )
+    if len(prompts.records) < cfg.data.batch_size:
+        raise ConfigError(
+            "data.batch_size",
+            f"{cfg.data.batch_size} exceeds the {len(prompts.records)} prompts available "
+            f"({len(rows)} rows, {prompts.dropped} longer than data.max_prompt_length={limit})",
+        )
+    return prompts.records
