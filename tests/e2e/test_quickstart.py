@@ -72,11 +72,14 @@ def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
         f"trainer.output_dir={tmp_path / 'run3'}", "trainer.total_steps=3",
         "algorithm.advantage=remax", "algorithm.dynamic_sampling=true", "algorithm.policy_loss=cispo",
         "algorithm.tis_cap=2", "algorithm.kl_reward_coef=0.01", "algorithm.kl_reward_ctrl=adaptive",
-        "algorithm.kl_coef=0.01", "algorithm.kl_estimator=abs", "reward.overlong_buffer=1",
+        "algorithm.kl_coef=0.01", "algorithm.kl_estimator=k3+", "reward.overlong_buffer=1",
+        "algorithm.tis_level=sequence", "algorithm.mismatch_mask=token", "algorithm.kl_reward_estimator=k2",
     )
     last = metrics[-1]
     for key in ("timing_s/baseline", "rollout/sampling_rounds", "rollout/kept_group_frac", "mismatch/tis_clipfrac",
                 "actor/reward_kl", "actor/kl_reward_coef", "actor/kl"):
         assert key in last, key
     assert last["actor/kl_reward_coef"] != 0.01  # the adaptive controller moved it
+    # A healthy weight sync leaves the engines within 1e-3 of each other: masked IS drops nothing.
+    assert all(m["mismatch/masked_frac"] == 0 and abs(m["mismatch/ratio_mean"] - 1) < 1e-3 for m in metrics)
     assert all(m["reward/mean"] < m["reward/score_mean"] for m in metrics)  # overlong penalty applied
