@@ -409,6 +409,13 @@ class Config:
 
     def __post_init__(self) -> None:
         check_batch_sizes(self)
+        validates = self.trainer.val_every > 0 or self.trainer.val_before_train
+        require(
+            not validates or bool(self.data.val_files) or (not self.data.train_files and self.data.val_size > 0),
+            "data.val_files",
+            "validation is on (trainer.val_every / trainer.val_before_train) but there are no validation "
+            "prompts: set data.val_files (a held-out split, data.val_size, exists only for synthetic tasks)",
+        )
         from rlframe.algorithms.advantages import NEEDS_CRITIC
 
         if self.critic.enable is None:

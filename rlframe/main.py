@@ -121,6 +121,9 @@ def run(cfg: Config) -> None:
 
     try:
         run_training(cfg)
+    except ConfigError as e:
+        print(f"rlframe: config error: {e}", file=sys.stderr)
+        sys.exit(2)
     except (WorkerError, RewardError) as e:
         print(f"rlframe: {e}", file=sys.stderr)
         sys.exit(1)

@@ -104,8 +104,8 @@ class HybridWorker(Worker):
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])]
         spec = SamplingSpec(
             max_tokens=self.cfg.rollout.max_tokens,
-            # Greedy for baselines (ReMax), sampled otherwise.
-            temperature=0.0 if prompts.meta.get("greedy") else self.cfg.rollout.temperature,
+            # Greedy for baselines (ReMax); validation may set its own temperature.
+            temperature=0.0 if prompts.meta.get("greedy") else prompts.meta.get("temperature", self.cfg.rollout.temperature),
             top_p=self.cfg.rollout.top_p,
             stop_token_ids=tuple(prompts.meta["stop_token_ids"]),
         )
