@@ -76,11 +76,11 @@ def resolve_resume(cfg: Config) -> Path | None:
         path = Path(resume).expanduser()
         if not (path / DRIVER_STATE).is_file():
             raise ConfigError("trainer.resume", f"{path} is not a checkpoint (it has no {DRIVER_STATE})")
-        return path
+        return check_seed(path, cfg.trainer.seed)
     if resume == "auto":
         latest = find_latest_checkpoint(out)
         if latest is not None:
-            return latest
+            return check_seed(latest, cfg.trainer.seed)
     existing = [name for name in RUN_FILES if (out / name).exists()]
     if existing:
         why = "no checkpoint to resume" if resume == "auto" else "trainer.resume=never"
@@ -91,6 +91,14 @@ def resolve_resume(cfg: Config) -> Path | None:
             "(trainer.resume=auto or a path; saving needs trainer.save_every > 0)",
         )
     return None
+
+
+def check_seed(checkpoint: Path, seed: int) -> Path:
+    """A run resumes with the seed it started with: data order and sampling derive from it."""
+    saved = read_driver_state(checkpoint)["seed"]
+    if saved != seed:
+        raise ConfigError("trainer.seed", f"{checkpoint} was saved by a run with trainer.seed={saved}; resume with that seed")
+    return checkpoint
 
 
 def read_driver_state(path: Path) -> dict[str, Any]:

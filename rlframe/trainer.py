@@ -85,8 +85,6 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["seed"] != self.cfg.trainer.seed:
-            raise ValueError(f"the checkpoint was made with trainer.seed={state['seed']}; resume with that seed")
         self.step_count, self.groups_served = int(state["step"]), int(state["groups_served"])
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])

@@ -31,11 +31,11 @@ def make_checkpointer(out: Path, keep_last: int) -> Checkpointer:
 def test_save_marks_latest_and_prunes_to_keep_last(tmp_path: Path) -> None:
     saver = make_checkpointer(tmp_path, keep_last=2)
     for step in (10, 20, 30):
-        saver.save(step, {"groups_served": step})
+        saver.save(step, {"groups_served": step, "seed": 0})
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000020", "step_00000030"]
     assert find_latest_checkpoint(tmp_path) == root / "step_00000030"
-    assert json.loads((root / "step_00000030" / "driver_state.json").read_text()) == {"step": 30, "groups_served": 30}
+    assert json.loads((root / "step_00000030" / "driver_state.json").read_text()) == {"step": 30, "groups_served": 30, "seed": 0}
 
 
 def test_killed_save_leaves_previous_checkpoint_and_is_cleaned_up(tmp_path: Path) -> None:
@@ -69,8 +69,10 @@ def test_resume_resolution_and_run_directory_safety(tmp_path: Path) -> None:
     for resume in ("auto", "never"):
         with pytest.raises(ConfigError, match=rf"trainer.output_dir: {used} already holds a run \(metrics.jsonl\)"):
             resolve_resume(make_config(used, resume=resume))
-    make_checkpointer(used, 2).save(4, {})
+    make_checkpointer(used, 2).save(4, {"seed": 0})
     assert resolve_resume(make_config(used)) == used / "checkpoints" / "step_00000004"
+    with pytest.raises(ConfigError, match="trainer.seed: .* trainer.seed=0; resume with that seed"):
+        resolve_resume(make_config(used, seed=1))
     with pytest.raises(ConfigError, match="trainer.resume=never"):
         resolve_resume(make_config(used, resume="never"))
     assert resolve_resume(make_config(fresh, resume=str(used / "checkpoints" / "step_00000004"))) is not None
