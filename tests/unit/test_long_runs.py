@@ -100,15 +100,26 @@ def test_prompt_loader_state_round_trip() -> None:
         PromptLoader(records[:9], 3, seed=7).load_state_dict(state)
 
 
-def test_kl_controller_and_tracker_state(tmp_path: Path) -> None:
+def test_kl_controller_state() -> None:
     ctrl = KLController(0.1, "adaptive", 0.1, 100)
     ctrl.update(0.5, 10)
     other = KLController(0.1, "adaptive", 0.1, 100)
     other.load_state_dict(ctrl.state_dict())
     assert other.value == ctrl.value != 0.1
-    tracker = Tracker(tmp_path, ["jsonl"], 10, {}, "p", "e")
-    tracker.load_state_dict({"wandb_run_id": "abc123"})
-    assert tracker.state_dict() == {"wandb_run_id": "abc123"}
+
+
+def test_resumed_tracker_continues_the_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_MODE", "offline")  # real wandb, nothing leaves the machine
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    first = Tracker(tmp_path, ["wandb"], 3, {"lr": 1.0}, "p", "e")
+    first.log(1, {"x": 1.0})
+    state = first.state_dict()
+    first.close()
+    second = Tracker(tmp_path, ["wandb"], 3, {"lr": 1.0}, "p", "e")
+    second.load_state_dict(state)
+    second.log(2, {"x": 2.0})
+    second.close()
+    assert state["wandb_run_id"] and second.wandb_run.id == state["wandb_run_id"]
 
 
 def test_pass_at_k_by_hand() -> None:
