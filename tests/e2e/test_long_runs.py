@@ -54,11 +54,11 @@ def deterministic(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if not k.startswith(VARYING)}
 
 
-def load_shards(checkpoint: Path) -> dict:
+def load_shards(checkpoint: Path, scratch: Path) -> dict:
     """The full (unsharded) actor state of a checkpoint: model, optimizer, schedule."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    target = checkpoint.parent / f"{checkpoint.name}.pt"
+    target = scratch / (str(checkpoint).replace("/", "_") + ".pt")
     dcp_to_torch_save(checkpoint / "actor", target)
     return torch.load(target, weights_only=False)
 
@@ -121,7 +121,8 @@ def test_resume_after_kill_during_save_matches_straight_run(tmp_path: Path, stra
         assert deterministic(a) == deterministic(b), a["step"]
     assert all("val/pass@4" in m for m in resumed if m["step"] in (3, 6))
     assert reference[-1]["actor/grad_norm"] > 0 and reference[0]["actor/entropy"] != reference[-1]["actor/entropy"]
-    mine, theirs = load_shards(ckpts / "step_00000006"), load_shards(straight / "checkpoints" / "step_00000006")
+    mine = load_shards(ckpts / "step_00000006", tmp_path)
+    theirs = load_shards(straight / "checkpoints" / "step_00000006", tmp_path)
     assert mine["extra"]["weights_version"] == 6 and mine["scheduler"]["last_epoch"] == 12
     assert_identical(mine, theirs, "actor")
 
