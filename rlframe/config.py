@@ -96,12 +96,18 @@ class DataConfig:
     """Prompts per training step. Each prompt yields ``rollout.n`` responses."""
     max_prompt_length: int = 256
     """Prompts longer than this many tokens are dropped from the data set."""
+    val_files: list[str] = field(default_factory=list)
+    """Validation prompt files (parquet or jsonl, same columns as train files). Empty: with a
+    synthetic task and ``data.val_size`` > 0, a held-out split of the task."""
+    val_size: int = 64
+    """Synthetic tasks without ``data.val_files``: prompts held out of training for validation."""
 
     def __post_init__(self) -> None:
         require_positive(self.batch_size, "data.batch_size")
         require_positive(self.max_prompt_length, "data.max_prompt_length")
         if not self.train_files:
             require_choice(self.task, TASK_NAMES, "data.task")
+        require(self.val_size >= 0, "data.val_size", f"must be >= 0, got {self.val_size}")
 
 
 @dataclass
@@ -359,9 +365,30 @@ class TrainerConfig:
     """Run name for wandb."""
     rollouts_to_log: int = 4
     """Sample rollouts written to rollouts.jsonl each step."""
+    save_every: int = 0
+    """Save a checkpoint every this many steps (and after the last step); 0 never saves."""
+    keep_last: int = 2
+    """Checkpoints kept in ``<output_dir>/checkpoints``; older ones are deleted after a save."""
+    resume: str = "auto"
+    """auto: continue from the latest checkpoint in ``output_dir`` if there is one; never: start
+    fresh (an ``output_dir`` that already holds a run is then an error); or a checkpoint path."""
+    export_hf: bool = False
+    """Also write a Hugging Face model (safetensors, config, tokenizer) into each checkpoint."""
+    val_every: int = 0
+    """Run validation every this many steps (and after the last step); 0 turns it off."""
+    val_before_train: bool = False
+    """Run validation once before the first step (logged at step 0)."""
 
     def __post_init__(self) -> None:
         self.device = Device(self.device)
+        require(self.save_every >= 0, "trainer.save_every", f"must be >= 0 (0 never saves), got {self.save_every}")
+        require(self.keep_last >= 1, "trainer.keep_last", f"must be >= 1, got {self.keep_last}")
+        require(self.val_every >= 0, "trainer.val_every", f"must be >= 0 (0 turns it off), got {self.val_every}")
+        require(
+            self.resume in ("auto", "never") or bool(self.resume.strip()),
+            "trainer.resume",
+            "must be auto, never or a checkpoint path",
+        )
         require(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
         require(self.nnodes >= 1, "trainer.nnodes", f"must be >= 1, got {self.nnodes}")
         require(
@@ -377,6 +404,20 @@ class TrainerConfig:
     @property
     def world_size(self) -> int:
         return self.nnodes * self.procs_per_node
+
+
+@dataclass
+class ValConfig:
+    n: int = 1
+    """Responses sampled per validation prompt (k of pass@k runs over powers of 2 up to n)."""
+    temperature: float = 0.0
+    """Sampling temperature for validation; 0 is greedy."""
+    pass_threshold: float = 1.0
+    """A response counts as correct for pass@k when its score is at least this."""
+
+    def __post_init__(self) -> None:
+        require(self.n >= 1, "val.n", f"must be >= 1, got {self.n}")
+        require(self.temperature >= 0, "val.temperature", f"must be >= 0 (0 is greedy), got {self.temperature}")
 
 
 @dataclass
@@ -405,6 +446,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    val: ValConfig = field(default_factory=ValConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self) -> None:
@@ -423,6 +465,13 @@ class Config:
         check_batch_sizes(self)
         if a.loss_agg_norm == 0:
             a.loss_agg_norm = self.rollout.max_tokens
+        validates = self.trainer.val_every > 0 or self.trainer.val_before_train
+        require(
+            not validates or bool(self.data.val_files) or (not self.data.train_files and self.data.val_size > 0),
+            "data.val_files",
+            "validation is on (trainer.val_every / trainer.val_before_train) but there are no validation "
+            "prompts: set data.val_files (a held-out split, data.val_size, exists only for synthetic tasks)",
+        )
         if self.critic.enable is None:
             self.critic.enable = self.algorithm.advantage in NEEDS_CRITIC
         require(

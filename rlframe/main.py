@@ -143,11 +143,10 @@ def run(cfg: Config) -> None:
 
     try:
         inputs = check_run_inputs(cfg)
+        run_training(cfg, inputs)
     except ConfigError as e:
         print(f"rlframe: config error: {e}", file=sys.stderr)
         sys.exit(2)
-    try:
-        run_training(cfg, inputs)
     except (WorkerError, RewardError) as e:
         print(f"rlframe: {e}", file=sys.stderr)
         sys.exit(1)

@@ -27,13 +27,28 @@ class RunInputs:
     tokenizer: Any
     records: list[PromptRecord]
     """The training prompts, tokenised."""
+    val_records: list[PromptRecord] | None
+    """The validation prompts; None when validation is off."""
+    resume_from: Path | None
+    """The checkpoint the run continues from; None for a fresh run."""
 
 
 def check_run_inputs(cfg: Config) -> RunInputs:
-    """Resolve and check plug-ins, worker classes, model and data; raise ConfigError."""
+    """Resolve and check plug-ins, worker classes, the run directory, model and data; raise
+    ConfigError."""
+    from rlframe.checkpoint import resolve_resume
+    from rlframe.validation import split_validation_records
+
     check_plugins(cfg)
+    # A run directory in use is resumed or refused, never overwritten.
+    resume_from = resolve_resume(cfg)
     model_path, tokenizer = load_model_files(cfg)
-    return RunInputs(model_path, tokenizer, load_training_prompts(cfg, tokenizer))
+    records = load_training_prompts(cfg, tokenizer)
+    try:
+        records, val_records = split_validation_records(records, cfg, tokenizer)
+    except ValueError as e:
+        raise ConfigError("data.val_files" if cfg.data.val_files else "data.val_size", str(e)) from None
+    return RunInputs(model_path, tokenizer, records, val_records, resume_from)
 
 
 def check_plugins(cfg: Config) -> None:

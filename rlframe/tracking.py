@@ -47,14 +47,31 @@ class Tracker:
         self.output_dir, self.loggers, self.total_steps = output_dir, loggers, total_steps
         self.metrics_path = output_dir / "metrics.jsonl"
         self.rollouts_path = output_dir / "rollouts.jsonl"
-        self.wandb_run = None
-        if "wandb" in loggers:
-            import wandb
+        self.run_config, self.project, self.experiment = run_config, project, experiment
+        self.wandb_run: Any = None
+        self.wandb_run_id: str | None = None
 
-            config = asdict(run_config) if is_dataclass(run_config) else run_config
-            self.wandb_run = wandb.init(project=project, name=experiment, config=config, dir=str(output_dir))
+    def start_wandb(self) -> None:
+        """Open the wandb run on first use, so a resumed run can first load the id it continues."""
+        import wandb
+
+        config = asdict(self.run_config) if is_dataclass(self.run_config) else self.run_config
+        self.wandb_run = wandb.init(
+            project=self.project, name=self.experiment, config=config, dir=str(self.output_dir),
+            id=self.wandb_run_id, resume="allow" if self.wandb_run_id else None,
+        )
+        self.wandb_run_id = self.wandb_run.id
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"wandb_run_id": self.wandb_run_id}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the checkpoint's wandb run instead of opening a second one."""
+        self.wandb_run_id = state.get("wandb_run_id")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if "wandb" in self.loggers and self.wandb_run is None:
+            self.start_wandb()
         if "jsonl" in self.loggers:
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")

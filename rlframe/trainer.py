@@ -19,6 +19,7 @@ from rlframe.algorithms.losses import KLController, apply_kl_penalty
 from rlframe.algorithms.mismatch import compute_mismatch_metrics
 from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlframe.algorithms.registry import load_class
+from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_logs, write_hf_config
 from rlframe.config import Config, RewardConfig
 from rlframe.controller.cluster import init_ray, resolve_device
 from rlframe.data.loader import PromptLoader, build_prompt_batch
@@ -26,13 +27,15 @@ from rlframe.preflight import RunInputs
 from rlframe.protocol import Batch
 from rlframe.rewards import REWARDS, compute_rewards
 from rlframe.tracking import StageTimer, Tracker
+from rlframe.validation import Validator
 
 
 class Trainer:
     """Drives the actor group (hybrid actor/rollout/reference workers) and, for PPO, the critic."""
 
     def __init__(
-        self, cfg: Config, actor: Any, critic: Any | None, tokenizer: Any, loader: PromptLoader, tracker: Tracker
+        self, cfg: Config, actor: Any, critic: Any | None, tokenizer: Any, loader: PromptLoader, tracker: Tracker,
+        checkpointer: Checkpointer | None = None, validator: Validator | None = None,
     ) -> None:
         self.cfg, self.actor, self.critic = cfg, actor, critic
         self.tokenizer, self.loader, self.tracker = tokenizer, loader, tracker
@@ -45,15 +48,46 @@ class Trainer:
         self.kl_ctrl = KLController(a.kl_reward_coef, a.kl_reward_ctrl, a.kl_target, a.kl_horizon)
         self.step_count = 0
         self.groups_served = 0
+        self.checkpointer, self.validator = checkpointer, validator
 
     def fit(self) -> list[dict[str, float]]:
+        """Steps from the current one (0, or a resumed checkpoint's) to ``trainer.total_steps``;
+        validation and checkpoints after the steps that are due."""
+        t = self.cfg.trainer
         history = []
-        for _ in range(self.cfg.trainer.total_steps):
+        if self.validator is not None and t.val_before_train and self.step_count == 0:
+            self.tracker.log(0, self.validator.run(self.actor.generate, self.compute_rewards))
+        while self.step_count < t.total_steps:
             self.step_count += 1
             metrics = self.step()
+            if self.validator is not None and self.is_due(t.val_every):
+                metrics |= self.validator.run(self.actor.generate, self.compute_rewards)
             self.tracker.log(self.step_count, metrics)
             history.append(metrics)
+            if self.checkpointer is not None and self.is_due(t.save_every):
+                self.checkpointer.save(self.step_count, self.state_dict())
         return history
+
+    def is_due(self, every: int) -> bool:
+        """Every ``every`` steps and after the last one; never when ``every`` is 0."""
+        return every > 0 and (self.step_count % every == 0 or self.step_count == self.cfg.trainer.total_steps)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The driver's part of a checkpoint (JSON-serialisable)."""
+        return {
+            "step": self.step_count,
+            "groups_served": self.groups_served,
+            "seed": self.cfg.trainer.seed,
+            "loader": self.loader.state_dict(),
+            "kl_ctrl": self.kl_ctrl.state_dict(),
+            "tracker": self.tracker.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step_count, self.groups_served = int(state["step"]), int(state["groups_served"])
+        self.loader.load_state_dict(state["loader"])
+        self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.tracker.load_state_dict(state["tracker"])
 
     def step(self) -> dict[str, float]:
         timer = StageTimer()
@@ -244,13 +278,16 @@ def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
     return metrics
 
 
-def prepare_output_dir(cfg: Config) -> Path:
-    """Create the run directory and write the resolved config into it."""
+def prepare_output_dir(cfg: Config, resume_step: int | None) -> Path:
+    """Create the run directory and write the resolved config into it. Nothing is deleted: a
+    resumed run writes ``config.resume_<step>.json`` and drops only the log lines after its
+    checkpoint (see :func:`rlframe.checkpoint.resolve_resume` for a directory in use)."""
     out = Path(cfg.trainer.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
-    for name in ("metrics.jsonl", "rollouts.jsonl"):
-        (out / name).unlink(missing_ok=True)
+    name = "config.json" if resume_step is None else f"config.resume_{resume_step}.json"
+    (out / name).write_text(json.dumps(asdict(cfg), indent=2, default=str))
+    if resume_step is not None:
+        truncate_run_logs(out, resume_step)
     return out
 
 
@@ -276,11 +313,12 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     from rlframe.controller.placement import ResourcePool
     from rlframe.controller.worker_group import WorkerGroup
 
-    model_path, tokenizer, records = inputs.model_path, inputs.tokenizer, inputs.records
+    model_path, tokenizer, resume_from = inputs.model_path, inputs.tokenizer, inputs.resume_from
+    records, val_records = inputs.records, inputs.val_records
     pool, tracker, groups = None, None, []
     try:
         device = resolve_device(cfg.trainer.device)
-        out = prepare_output_dir(cfg)
+        out = prepare_output_dir(cfg, None if resume_from is None else read_driver_state(resume_from)["step"])
         # The critic, when there is one, shares the actor's bundles (half of each).
         pool = ResourcePool(
             nnodes=cfg.trainer.nnodes,
@@ -304,7 +342,17 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
         critic = start("critic", cfg.critic.worker_cls) if cfg.critic.enable else None
         tracker = Tracker(out, cfg.trainer.loggers, cfg.trainer.total_steps, cfg, cfg.trainer.project, cfg.trainer.experiment)
         loader = PromptLoader(records, cfg.data.batch_size, cfg.trainer.seed)
-        return Trainer(cfg, actor, critic, tokenizer, loader, tracker).fit()
+        checkpointer = Checkpointer(
+            out, cfg.trainer.keep_last, {"actor": actor} | ({"critic": critic} if critic is not None else {}),
+            lambda dest: write_hf_config(model_path, tokenizer, dest, cfg.model.trust_remote_code),
+            cfg.trainer.export_hf,
+        )
+        validator = Validator(val_records, cfg, tokenizer) if val_records else None
+        trainer = Trainer(cfg, actor, critic, tokenizer, loader, tracker, checkpointer, validator)
+        if resume_from is not None:
+            trainer.load_state_dict(checkpointer.load(resume_from))
+            print(f"rlframe: resumed from {resume_from} at step {trainer.step_count}", flush=True)
+        return trainer.fit()
     finally:
         if tracker is not None:
             tracker.close()

@@ -19,6 +19,7 @@ from workers.engines.fsdp import (
     make_sequence_batch,
     run_minibatch_updates,
 )
+from workers.engines.checkpointing import load_engine, save_engine
 from workers.hybrid import count_optimizer_steps
 
 
@@ -88,3 +89,12 @@ class CriticWorker(Worker):
             "critic/vf_clipfrac": float(masked_mean(clipped, mask)),
             "critic/vpred_mean": float(masked_mean(values.detach(), mask)),
         }
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Write this rank's shards of the value model, its optimizer and LR schedule."""
+        save_engine(self.engine, path)
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        load_engine(self.engine, path)

@@ -25,6 +25,7 @@ from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
 from workers.engines.base import RolloutEngine, SamplingSpec
+from workers.engines.checkpointing import load_engine, save_engine
 from workers.engines.fsdp import (
     FSDPEngine,
     OptimizerSpec,
@@ -105,8 +106,8 @@ class HybridWorker(Worker):
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])]
         spec = SamplingSpec(
             max_tokens=self.cfg.rollout.max_tokens,
-            # Greedy for baselines (ReMax), sampled otherwise.
-            temperature=0.0 if prompts.meta.get("greedy") else self.cfg.rollout.temperature,
+            # Greedy for baselines (ReMax); validation may set its own temperature.
+            temperature=0.0 if prompts.meta.get("greedy") else prompts.meta.get("temperature", self.cfg.rollout.temperature),
             top_p=self.cfg.rollout.top_p,
             stop_token_ids=tuple(prompts.meta["stop_token_ids"]),
         )
@@ -220,4 +221,20 @@ class HybridWorker(Worker):
         self.rollout.wake_up(tags=["kv_cache"])
         self.mode = "rollout"
         self.weights_version += 1
+        return self.weights_version
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Write this rank's shards of the policy, its optimizer and LR schedule into ``path``.
+        The reference model is not saved: it is the initial model, rebuilt at start."""
+        self.enter_train_mode()
+        save_engine(self.actor, path, {"weights_version": self.weights_version})
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> int:
+        """Load the policy's state from ``path`` and push the weights into the rollout engine."""
+        self.enter_train_mode()
+        extra = load_engine(self.actor, path, {"weights_version": 0})
+        self.sync_weights()
+        self.weights_version = int(extra["weights_version"])
         return self.weights_version

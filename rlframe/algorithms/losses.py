@@ -301,6 +301,12 @@ class KLController:
         error = max(-0.2, min(0.2, observed_kl / self.target - 1))
         self.value *= 1 + error * steps / self.horizon
 
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
 
 def apply_kl_penalty(
     token_rewards: torch.Tensor,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import torch
 
@@ -31,6 +32,21 @@ class PromptLoader:
             self.order = order
         picked, self.order = self.order[: self.batch_size], self.order[self.batch_size :]
         return [self.records[i] for i in picked]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The rest of the current pass and the shuffling generator (JSON-serialisable)."""
+        version, internal, gauss = self.rng.getstate()
+        return {"order": list(self.order), "rng": [version, list(internal), gauss], "num_records": len(self.records)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["num_records"] != len(self.records):
+            raise ValueError(
+                f"the checkpoint's prompt loader ran over {state['num_records']} prompts, this run has "
+                f"{len(self.records)}: resume with the same data files and data.max_prompt_length"
+            )
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.order = list(state["order"])
 
 
 def build_prompt_batch(records: list[PromptRecord], n: int, first_group: int, pad_token_id: int, seed: int) -> Batch:

@@ -1,0 +1,238 @@
+"""Checkpoints of a whole run: layout, atomic save, pruning, and where a run resumes from.
+
+Layout of ``<trainer.output_dir>/checkpoints/``::
+
+    step_00000050/
+        actor/              every actor rank's shards (torch.distributed.checkpoint)
+        critic/             the critic's, when there is one
+        driver_state.json   step, prompt loader, KL controller, tracker, seeds
+        hf_config/          model config and tokenizer, so an export needs nothing else
+        hf/                 a Hugging Face model, with trainer.export_hf=true
+    latest                  the name of the newest complete checkpoint
+
+A save writes everything into ``.tmp_step_N``, flushes every file and folder to disk,
+renames the folder to ``step_N`` (atomic on POSIX) and only then rewrites ``latest`` (itself
+through a temporary file and a rename). A kill at any moment leaves the previous checkpoint
+whole and ``latest`` naming a complete one; the leftover ``.tmp_*`` folder is removed by the
+next save. Workers write their shards straight into the folder, so on several nodes
+``output_dir`` must be on a shared filesystem.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlframe.config import Config, ConfigError
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+DRIVER_STATE = "driver_state.json"
+HF_CONFIG = "hf_config"
+HF_EXPORT = "hf"
+RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "config.json", CHECKPOINTS)
+# Test hook: seconds to wait after a checkpoint is fully written and before it is renamed into
+# place, so a test can kill the driver at that exact moment of a save.
+PAUSE_ENV = "RLFRAME_CHECKPOINT_PAUSE_S"
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete checkpoints under ``root`` (a ``checkpoints`` folder), oldest first."""
+    found = [p for p in root.glob("step_*") if (p / DRIVER_STATE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def find_latest_checkpoint(output_dir: Path) -> Path | None:
+    """The checkpoint ``latest`` names, or the newest complete one when the marker is gone."""
+    root = output_dir / CHECKPOINTS
+    marker = root / LATEST
+    if marker.is_file():
+        named = root / marker.read_text().strip()
+        if (named / DRIVER_STATE).is_file():
+            return named
+    complete = list_checkpoints(root)
+    return complete[-1] if complete else None
+
+
+def resolve_resume(cfg: Config) -> Path | None:
+    """The checkpoint this run continues from, or None for a fresh run. Runs before Ray.
+
+    An ``output_dir`` that already holds a run is never overwritten: with ``resume=auto`` the
+    run continues from its latest checkpoint; with no checkpoint (or ``resume=never``) this
+    raises a ConfigError naming the folder and the choices.
+    """
+    out = Path(cfg.trainer.output_dir)
+    resume = cfg.trainer.resume
+    if resume not in ("auto", "never"):
+        path = Path(resume).expanduser()
+        if not (path / DRIVER_STATE).is_file():
+            raise ConfigError("trainer.resume", f"{path} is not a checkpoint (it has no {DRIVER_STATE})")
+        return check_seed(path, cfg.trainer.seed)
+    if resume == "auto":
+        latest = find_latest_checkpoint(out)
+        if latest is not None:
+            return check_seed(latest, cfg.trainer.seed)
+    existing = [name for name in RUN_FILES if (out / name).exists()]
+    if existing:
+        why = "no checkpoint to resume" if resume == "auto" else "trainer.resume=never"
+        raise ConfigError(
+            "trainer.output_dir",
+            f"{out} already holds a run ({', '.join(existing)}) and {why}; choose a new "
+            "trainer.output_dir, move that folder away, or resume a checkpoint "
+            "(trainer.resume=auto or a path; saving needs trainer.save_every > 0)",
+        )
+    return None
+
+
+def check_seed(checkpoint: Path, seed: int) -> Path:
+    """A run resumes with the seed it started with: data order and sampling derive from it."""
+    saved = read_driver_state(checkpoint)["seed"]
+    if saved != seed:
+        raise ConfigError("trainer.seed", f"{checkpoint} was saved by a run with trainer.seed={saved}; resume with that seed")
+    return checkpoint
+
+
+def read_driver_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / DRIVER_STATE).read_text())
+
+
+def truncate_run_logs(output_dir: Path, step: int) -> None:
+    """Drop the metrics and rollouts logged after ``step`` (the resumed run logs them again),
+    saying so on the console."""
+    for name in ("metrics.jsonl", "rollouts.jsonl"):
+        path = output_dir / name
+        if not path.is_file():
+            continue
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        if len(kept) != len(lines):
+            print(f"rlframe: resuming at step {step}: dropped {len(lines) - len(kept)} lines of {path} logged after it")
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(kept))
+            os.replace(tmp, path)
+
+
+def fsync_tree(root: Path) -> None:
+    """Flush every file and folder under ``root`` (and ``root`` itself) to disk."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(folder, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(folder))
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def write_hf_config(model_path: str, tokenizer: Any, dest: Path, trust_remote_code: bool) -> None:
+    """The model's config (and generation config) and the tokenizer, for a later export."""
+    from transformers import AutoConfig, GenerationConfig
+
+    AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).save_pretrained(dest)
+    try:
+        GenerationConfig.from_pretrained(model_path).save_pretrained(dest)
+    except OSError:
+        pass  # the model ships no generation config
+    tokenizer.save_pretrained(dest)
+
+
+class Checkpointer:
+    """Saves checkpoints of a run and prunes old ones.
+
+    Args:
+        output_dir: the run directory.
+        keep_last: complete checkpoints kept after a save.
+        groups: role name -> worker group with ONE_TO_ALL ``save_checkpoint(path)``.
+        write_hf_config: writes the model config and tokenizer into a folder.
+        export_hf: also write a Hugging Face model into each checkpoint.
+    """
+
+    def __init__(
+        self,
+        output_dir: Path,
+        keep_last: int,
+        groups: dict[str, Any],
+        write_hf_config: Callable[[Path], None],
+        export_hf: bool,
+    ) -> None:
+        self.root = output_dir / CHECKPOINTS
+        self.keep_last, self.groups = keep_last, groups
+        self.write_hf_config, self.export_hf = write_hf_config, export_hf
+
+    def save(self, step: int, driver_state: dict[str, Any]) -> Path:
+        """Write checkpoint ``step`` atomically, mark it latest, prune; returns its folder."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for stale in self.root.glob(".tmp_*"):
+            shutil.rmtree(stale)  # left by a save that was killed
+        name = checkpoint_name(step)
+        tmp, final = self.root / f".tmp_{name}", self.root / name
+        tmp.mkdir()
+        for role, group in self.groups.items():
+            group.save_checkpoint(str(tmp / role))
+        self.write_hf_config(tmp / HF_CONFIG)
+        if self.export_hf:
+            from rlframe.export import export_checkpoint
+
+            export_checkpoint(tmp, tmp / HF_EXPORT)
+        (tmp / DRIVER_STATE).write_text(json.dumps({"step": step, **driver_state}))
+        fsync_tree(tmp)
+        pause = float(os.environ.get(PAUSE_ENV, "0"))
+        if pause > 0:
+            print(f"rlframe: checkpoint {name} written, pausing {pause:.0f} s before the rename ({PAUSE_ENV})", flush=True)
+            time.sleep(pause)
+        self.replace(tmp, final)
+        write_atomically(self.root / LATEST, name)
+        self.prune()
+        return final
+
+    def replace(self, tmp: Path, final: Path) -> None:
+        """Rename ``tmp`` to ``final``; an older checkpoint of the same step (a run resumed
+        from further back) is moved aside first and deleted only after the rename."""
+        old = None
+        if final.exists():
+            old = final.with_name(f".tmp_old_{final.name}")
+            os.rename(final, old)
+        os.rename(tmp, final)
+        fsync_dir(self.root)
+        if old is not None:
+            shutil.rmtree(old)
+
+    def prune(self) -> None:
+        """Delete all but the newest ``keep_last`` complete checkpoints (never the latest one,
+        which a run resumed from further back may have given a lower step than older ones)."""
+        latest = (self.root / LATEST).read_text().strip()
+        complete = [p for p in list_checkpoints(self.root) if p.name != latest]
+        for path in complete[: max(0, len(complete) - (self.keep_last - 1))]:
+            shutil.rmtree(path)
+
+    def load(self, path: Path) -> dict[str, Any]:
+        """Load every group's shards from ``path``; returns the driver's state."""
+        for role, group in self.groups.items():
+            if not (path / role).is_dir():
+                raise FileNotFoundError(f"checkpoint {path} has no {role}/ state (was it saved with a {role}?)")
+            group.load_checkpoint(str(path / role))
+        return read_driver_state(path)
