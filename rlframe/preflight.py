@@ -1,6 +1,6 @@
 """Checks of everything a run reads, on the driver, before Ray starts.
 
-The schema (``rlframe/config.py``) checks values and their combinations; this module checks
+The schema (``rlframe/config/``) checks values and their combinations; this module checks
 what those values *point at*: registered names and users' plug-in files, worker classes,
 the model folder and tokenizer, and the prompt data. Each failure is a :class:`ConfigError`
 naming the key, so the command exits with one clear line within seconds instead of a

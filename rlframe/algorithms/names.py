@@ -1,6 +1,6 @@
 """Names of the built-in algorithm pieces that the config schema validates against.
 
-This module imports nothing: the schema (``rlframe/config.py``) reads these tables while
+This module imports nothing: the schema (``rlframe/config/``) reads these tables while
 validating, and the tensor code in this package reads them too, so neither depends on the
 other. Registered *functions* are looked up later, by ``rlframe.preflight``, before Ray starts.
 """

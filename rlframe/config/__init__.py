@@ -1,0 +1,37 @@
+"""The config schema: typed dataclasses, the one source of config truth.
+
+Recipes in ``recipes/`` and command-line overrides only change values of this schema.
+Hydra/OmegaConf enforce key names and types while composing; ``build_config`` then turns
+the composed tree into these plain dataclasses and runs the value and cross-field checks in
+``__post_init__``. Every check raises :class:`ConfigError` naming the full key and what is
+allowed, so a bad run stops before Ray starts. Workers receive these dataclasses, never a
+DictConfig.
+
+The schema is split by topic: :mod:`~rlframe.config.sections` (model, data, rollout, actor,
+critic, reward, trainer, val, ray), :mod:`~rlframe.config.algorithm`, and
+:mod:`~rlframe.config.schema` (the root ``Config`` and ``build_config``). Import from here.
+"""
+
+from rlframe.config.algorithm import AlgorithmConfig
+from rlframe.config.checks import ConfigError, first_line, require, require_choice, require_positive
+from rlframe.config.schema import Config, build_config, check_batch_sizes
+from rlframe.config.sections import (
+    ActorConfig,
+    CriticConfig,
+    DataConfig,
+    Device,
+    ModelConfig,
+    RayConfig,
+    RewardConfig,
+    RolloutConfig,
+    RolloutEngineName,
+    TrainerConfig,
+    ValConfig,
+)
+
+__all__ = [
+    "ActorConfig", "AlgorithmConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "Device",
+    "ModelConfig", "RayConfig", "RewardConfig", "RolloutConfig", "RolloutEngineName", "TrainerConfig",
+    "ValConfig", "build_config", "check_batch_sizes", "first_line", "require", "require_choice",
+    "require_positive",
+]

@@ -1,0 +1,126 @@
+"""The ``algorithm`` section: advantage, policy loss, KL, mismatch corrections, DAPO."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlframe.algorithms.names import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_LEVELS
+from rlframe.algorithms.registry import absolutize
+from rlframe.config.checks import require, require_choice, require_positive
+
+
+@dataclass
+class AlgorithmConfig:
+    advantage: str = "grpo"
+    """Advantage estimator: a registered name or ``pkg.module:function`` / ``file.py:function``."""
+    norm_by_std: bool = True
+    """GRPO: divide by the group's reward std. False gives Dr.GRPO."""
+    pass_k: int = 4
+    """grpo_passk: the k of pass@k that the advantage optimises (at most rollout.n)."""
+    gamma: float = 1.0
+    """Discount over response tokens (GAE, REINFORCE++)."""
+    lam: float = 1.0
+    """GAE's lambda: 1 is Monte-Carlo returns minus values, 0 is one-step TD."""
+    clip_low: float = 0.2
+    """PPO-clip lower range: the ratio is clipped at 1 - clip_low (in [0, 1]). CISPO and GMPO
+    use the same range for their IS weight / token ratio."""
+    clip_high: float = 0.2
+    """PPO-clip upper range: the ratio is clipped at 1 + clip_high (DAPO's clip-higher: 0.28)."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip bound for negative advantages (loss <= -A * c); <= 1 turns it off."""
+    clip_cov_ratio: float = 2e-4
+    """clip_cov: share of loss tokens, drawn among those whose covariance lies in
+    [clip_cov_lb, clip_cov_ub], whose gradient is cut."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower bound of the centred log-prob x advantage covariance of candidate tokens."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper bound of that covariance."""
+    kl_cov_ratio: float = 2e-3
+    """kl_cov: share of loss tokens, those of largest covariance, that get the KL penalty."""
+    kl_cov_coef: float = 1.0
+    """kl_cov: coefficient of |log p - log p_old| on the selected tokens."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling against the rollout engine's log-probs, weights capped
+    at this value (e.g. 2.0); 0 turns the correction off."""
+    tis_level: str = "token"
+    """token: one weight per token; sequence: one weight per response, the product of its
+    token ratios, capped at ``tis_cap``."""
+    mismatch_mask: str = "off"
+    """Masked IS (IcePop-style rejection): off, token (drop tokens whose trainer/rollout
+    ratio is outside [mismatch_low, mismatch_high]) or sequence (drop whole responses whose
+    geometric-mean ratio is outside it)."""
+    mismatch_low: float = 0.5
+    """Lowest trainer/rollout probability ratio kept by ``mismatch_mask``."""
+    mismatch_high: float = 2.0
+    """Highest trainer/rollout probability ratio kept by ``mismatch_mask``."""
+    kl_reward_coef: float = 0.0
+    """Coefficient of the KL penalty in the reward; 0 turns it off."""
+    kl_reward_estimator: str = "k1"
+    """KL estimator for the in-reward penalty (k1, abs, k2, k3)."""
+    kl_reward_ctrl: str = "fixed"
+    """fixed, or adaptive: the in-reward KL coefficient follows ``kl_target``."""
+    kl_target: float = 0.1
+    """Adaptive controller: target KL, as the batch mean of each response's per-token mean KL
+    (veRL's convention, so targets from veRL recipes carry over)."""
+    kl_horizon: int = 10000
+    """Adaptive controller: responses over which the coefficient moves by at most 20%."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more prompts until the batch
+    is full of groups that carry a signal."""
+    max_sampling_rounds: int = 4
+    """DAPO: most generation rounds per step; a step that still lacks groups trains on what it has."""
+    kl_coef: float = 0.0
+    """Coefficient of the KL loss against the reference policy; 0 turns the reference off."""
+    kl_estimator: str = "k3"
+    """KL estimator for the loss: k1, abs, k2, k3, or k1+ / k3+ (that value, k2's gradient)."""
+    entropy_coef: float = 0.0
+    """Coefficient of the entropy bonus."""
+    policy_loss: str = "ppo_clip"
+    """Policy loss: a registered name or ``pkg.module:function`` / ``file.py:function``."""
+    loss_agg: str = "token-mean"
+    """Loss aggregation: token-mean, seq-mean-token-mean, seq-mean-token-sum,
+    seq-mean-token-sum-norm (Dr.GRPO: token sums / loss_agg_norm) or token-sum."""
+    loss_agg_norm: int = 0
+    """seq-mean-token-sum-norm's constant divisor; 0 means rollout.max_tokens."""
+
+    def __post_init__(self) -> None:
+        # Registered names are checked by rlframe.preflight (the registries import torch);
+        # file paths are made absolute here so that workers load the same file.
+        self.advantage, self.policy_loss = absolutize(self.advantage), absolutize(self.policy_loss)
+        require_choice(self.loss_agg, LOSS_AGGREGATIONS, "algorithm.loss_agg")
+        require_choice(self.kl_estimator, KL_ESTIMATORS, "algorithm.kl_estimator")
+        require_choice(self.kl_reward_estimator, KL_ESTIMATORS[:4], "algorithm.kl_reward_estimator")
+        require_choice(self.kl_reward_ctrl, ("fixed", "adaptive"), "algorithm.kl_reward_ctrl")
+        require_choice(self.tis_level, MISMATCH_LEVELS, "algorithm.tis_level")
+        require_choice(self.mismatch_mask, ("off", *MISMATCH_LEVELS), "algorithm.mismatch_mask")
+        require(0 <= self.clip_low <= 1, "algorithm.clip_low", f"must be in [0, 1], got {self.clip_low}")
+        require(self.clip_high >= 0, "algorithm.clip_high", f"must be >= 0, got {self.clip_high}")
+        for key in ("kl_coef", "kl_reward_coef", "entropy_coef", "kl_cov_coef", "loss_agg_norm"):
+            value = getattr(self, key)
+            require(value >= 0, f"algorithm.{key}", f"must be >= 0, got {value}")
+        for key in ("clip_cov_ratio", "kl_cov_ratio"):
+            value = getattr(self, key)
+            require(0 < value <= 1, f"algorithm.{key}", f"must be in (0, 1], got {value}")
+        require(
+            self.clip_cov_lb < self.clip_cov_ub,
+            "algorithm.clip_cov_ub",
+            f"must be above algorithm.clip_cov_lb={self.clip_cov_lb}, got {self.clip_cov_ub}",
+        )
+        require_positive(self.kl_target, "algorithm.kl_target")
+        require_positive(self.kl_horizon, "algorithm.kl_horizon")
+        require(self.tis_cap == 0 or self.tis_cap >= 1, "algorithm.tis_cap", f"must be 0 (off) or >= 1, got {self.tis_cap}")
+        require(
+            0 <= self.mismatch_low < 1 < self.mismatch_high,
+            "algorithm.mismatch_low",
+            f"need 0 <= mismatch_low < 1 < mismatch_high, got [{self.mismatch_low}, {self.mismatch_high}]",
+        )
+        require(self.pass_k >= 1, "algorithm.pass_k", f"must be >= 1, got {self.pass_k}")
+        require(self.max_sampling_rounds >= 1, "algorithm.max_sampling_rounds", f"must be >= 1, got {self.max_sampling_rounds}")
+        require(0 <= self.lam <= 1, "algorithm.lam", f"must be in [0, 1], got {self.lam}")
+        require(0 < self.gamma <= 1, "algorithm.gamma", f"must be in (0, 1], got {self.gamma}")
+
+    @property
+    def uses_reference(self) -> bool:
+        """A reference policy is needed for a KL term in the loss or in the reward."""
+        return self.kl_coef > 0 or self.kl_reward_coef > 0
+

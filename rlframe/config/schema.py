@@ -1,0 +1,125 @@
+"""The root of the schema, the batch-size checks across sections, and ``build_config``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlframe.algorithms.names import GROUP_RELATIVE, NEEDS_CRITIC
+from rlframe.config.algorithm import AlgorithmConfig
+from rlframe.config.checks import ConfigError, first_line, require
+from rlframe.config.sections import (
+    ActorConfig,
+    CriticConfig,
+    DataConfig,
+    ModelConfig,
+    RayConfig,
+    RewardConfig,
+    RolloutConfig,
+    TrainerConfig,
+    ValConfig,
+)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    val: ValConfig = field(default_factory=ValConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self) -> None:
+        a = self.algorithm
+        require(
+            self.rollout.n > 1 or a.advantage not in GROUP_RELATIVE,
+            "rollout.n",
+            f"algorithm.advantage={a.advantage} compares the responses to one prompt: with "
+            "rollout.n=1 every advantage is 0 and nothing is learned; set rollout.n >= 2",
+        )
+        require(
+            a.advantage != "grpo_passk" or a.pass_k <= self.rollout.n,
+            "algorithm.pass_k",
+            f"{a.pass_k} exceeds the responses per prompt, rollout.n = {self.rollout.n}",
+        )
+        check_batch_sizes(self)
+        if a.loss_agg_norm == 0:
+            a.loss_agg_norm = self.rollout.max_tokens
+        validates = self.trainer.val_every > 0 or self.trainer.val_before_train
+        require(
+            not validates or bool(self.data.val_files) or (not self.data.train_files and self.data.val_size > 0),
+            "data.val_files",
+            "validation is on (trainer.val_every / trainer.val_before_train) but there are no validation "
+            "prompts: set data.val_files (a held-out split, data.val_size, exists only for synthetic tasks)",
+        )
+        if self.critic.enable is None:
+            self.critic.enable = self.algorithm.advantage in NEEDS_CRITIC
+        require(
+            self.critic.enable or self.algorithm.advantage not in NEEDS_CRITIC,
+            "critic.enable",
+            f"algorithm.advantage={self.algorithm.advantage} needs a critic; set critic.enable=true (or null)",
+        )
+
+
+def check_batch_sizes(cfg: Config) -> None:
+    """Mini- and micro-batches must tile a step's responses exactly on every rank.
+
+    Padding is fine for generation but not for updates: a padded response would be trained
+    on twice. So the step's responses split into whole mini-batches, each mini-batch splits
+    evenly across ranks, and each rank's share splits into whole micro-batches.
+    """
+    responses = cfg.data.batch_size * cfg.rollout.n
+    world = cfg.trainer.world_size
+    mini, micro = cfg.actor.mini_batch_size, cfg.actor.micro_batch_size
+    require(
+        responses % mini == 0,
+        "actor.mini_batch_size",
+        f"{mini} must divide the responses per step, data.batch_size * rollout.n = "
+        f"{cfg.data.batch_size} * {cfg.rollout.n} = {responses}",
+    )
+    require(
+        mini % world == 0,
+        "actor.mini_batch_size",
+        f"{mini} must be a multiple of the number of ranks, trainer.nnodes * "
+        f"trainer.procs_per_node = {world}",
+    )
+    require(
+        (mini // world) % micro == 0,
+        "actor.micro_batch_size",
+        f"{micro} must divide each rank's share of a mini-batch, actor.mini_batch_size / ranks "
+        f"= {mini} / {world} = {mini // world}",
+    )
+
+
+def build_config(tree: DictConfig | dict[str, Any]) -> Config:
+    """Turn a composed config tree into a validated :class:`Config`.
+
+    Raises:
+        ConfigError: for an unknown key, a wrong type, a missing value or an invalid value,
+            with the full key in the message.
+    """
+    from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Config), tree)
+        cfg = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as e:
+        cause = e.__cause__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        key = getattr(e, "full_key", None) or "config"
+        if isinstance(e, MissingMandatoryValue):
+            raise ConfigError(key, "has no value: set it with key=value or pick a recipe (+recipe=NAME)") from None
+        raise ConfigError(key, first_line(e)) from None
+    assert isinstance(cfg, Config)
+    return cfg
+
