@@ -50,13 +50,13 @@ class VLLMRollout:
                 n=1,
                 temperature=spec.temperature,
                 top_p=spec.top_p,
-                max_tokens=spec.max_tokens,
+                max_tokens=spec.max_tokens_at(i),
                 stop_token_ids=list(spec.stop_token_ids),
                 logprobs=0,
                 seed=seed,
                 detokenize=False,
             )
-            for seed in seeds
+            for i, seed in enumerate(seeds)
         ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         samples = []
