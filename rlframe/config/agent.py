@@ -28,6 +28,10 @@ class AgentConfig:
     max_tokens_per_turn: int = 0
     """Cap on one turn's sampled tokens; 0: a turn may use all that is left of
     ``rollout.max_tokens`` (the episode's budget of sampled tokens)."""
+    close_cut_turns: bool = False
+    """A turn that reaches ``agent.max_tokens_per_turn`` without its end-of-turn token: false
+    ends the episode there; true closes the turn with the end-of-turn token (not sampled, so
+    loss mask 0) and goes on with the observation."""
     max_obs_tokens: int = 256
     """Longest observation (the chat template's tokens between two model turns); longer
     tool results are cut to fit."""

@@ -8,7 +8,8 @@ previous one + the sampled ids + the observation's ids from the chat template
 
 An episode ends when the env says done, after ``agent.max_turns`` turns, when the budget
 (``rollout.max_tokens`` sampled tokens) is spent, or when a turn stops without its
-end-of-turn token (cut by the budget or ``agent.max_tokens_per_turn``). Every turn's text
+end-of-turn token (cut by ``agent.max_tokens_per_turn``; with ``agent.close_cut_turns`` the
+end-of-turn token is appended with loss mask 0 and the episode goes on). Every turn's text
 goes to ``env.step`` (the env may score a last answer); the observation that follows the
 last turn is dropped, so a response always ends with the model's own tokens.
 
@@ -114,6 +115,7 @@ class EpisodeRunner:
         envs = [make_env() for _ in range(len(self.prompts))]
         opening = self.call_envs([(env.reset, (sample,)) for env, sample in zip(envs, self.samples)], "reset", list(range(len(envs))))
         self.chat = ChatFormat(self.ctx.tokenizer, tools=get_tools(envs[0]))
+        self.end_of_turn_id = int(self.ctx.tokenizer.convert_tokens_to_ids(self.chat.end_of_turn))
         trajectories = [self.start(i, env, outcome) for i, (env, outcome) in enumerate(zip(envs, opening))]
         for turn in range(self.agent.max_turns):
             live = [t for t in trajectories if not t.done]
@@ -170,10 +172,15 @@ class EpisodeRunner:
             t.tool_calls += int(result.info.get("tool_calls", 0))
             t.tool_errors += int(result.info.get("tool_errors", 0))
             cut_off = t.finish_reason == "length"
-            t.done = result.done or cut_off or t.turns >= self.agent.max_turns or t.sampled >= budget
+            t.done = (
+                result.done or (cut_off and not self.agent.close_cut_turns)
+                or t.turns >= self.agent.max_turns or t.sampled >= budget
+            )
             if not t.done:
-                obs, was_cut = self.chat.observation_ids(result.observation, self.agent.max_obs_tokens)
-                t.add_observation(obs)
+                # A cut turn is closed as the template closes a turn; the policy did not sample it.
+                close = [self.end_of_turn_id] if cut_off else []
+                obs, was_cut = self.chat.observation_ids(result.observation, self.agent.max_obs_tokens - len(close))
+                t.add_observation(close + obs)
                 t.obs_cut += was_cut
 
     def decode_turn(self, t: Trajectory) -> str:
