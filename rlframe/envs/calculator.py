@@ -52,7 +52,11 @@ def calculate(expression: str) -> str:
     """
     if len(expression) > MAX_LENGTH:
         raise ValueError(f"expression longer than {MAX_LENGTH} characters")
-    value = evaluate(ast.parse(expression.replace(",", ""), mode="eval"))
+    try:
+        tree = ast.parse(expression.replace(",", ""), mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"not an arithmetic expression: {e.msg}") from None
+    value = evaluate(tree)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     return str(round(value, 6) if isinstance(value, float) else value)

@@ -73,7 +73,7 @@ class ChatFormat:
     def observation_ids(self, observation: list[Message], max_tokens: int) -> tuple[list[int], bool]:
         """(ids that follow the model's end-of-turn token, whether contents were cut to fit
         ``max_tokens``). Memoised: many trajectories see the same observations."""
-        key = json.dumps(observation, sort_keys=True, default=str)
+        key = json.dumps([max_tokens, observation], sort_keys=True, default=str)
         if key not in self.cache:
             if len(self.cache) >= CACHE_SIZE:
                 self.cache.clear()
