@@ -246,3 +246,12 @@ def test_gae_skips_observations_and_reaches_the_first_turn() -> None:
     single = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     out1 = ADVANTAGES.get("gae")(AdvantageInputs(torch.tensor([1.0]), single, torch.tensor([0]), cfg, values=torch.tensor([[0.5, 0.5, 0.5, 0.0]])))
     torch.testing.assert_close(out1.returns, torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
+
+
+def test_readme_env_example_retries_until_right() -> None:
+    policy = ScriptedPolicy(["3+4="], [["6<eos>", "7<eos>", "7<eos>"]], width=9)
+    cfg = make_config("tests/plugins/retry_env.py:RetryEnv", 1, max_tokens=9, max_turns=3, max_obs_tokens=32)
+    batch = run(cfg, policy, make_prompts(["3+4="], ["7"]))
+    expected = encode("6") + [EOS] + encode(" wrong, try again:") + encode("7") + [EOS]
+    assert batch["response_ids"][0, : len(expected)].tolist() == expected
+    assert batch["env_reward"].item() == 1.0 and batch["agent_turns"].item() == 2
