@@ -53,12 +53,12 @@ class AgentConfig:
         # The name is checked against the registry by rlframe.preflight.
         self.env = absolutize(self.env) if self.env else ""
         require(self.max_turns >= 1, "agent.max_turns", f"must be >= 1, got {self.max_turns}")
-        require(self.max_tokens_per_turn >= 0, "agent.max_tokens_per_turn", f"must be >= 0, got {self.max_tokens_per_turn}")
+        for key, value in (("max_tokens_per_turn", self.max_tokens_per_turn), ("env_reward_weight", self.env_reward_weight),
+                           ("rule_reward_weight", self.rule_reward_weight)):
+            require(value >= 0, f"agent.{key}", f"must be >= 0, got {value}")
         require_positive(self.max_obs_tokens, "agent.max_obs_tokens")
         require_positive(self.step_timeout_s, "agent.step_timeout_s")
         require_choice(self.on_env_error, ENV_ERROR_POLICIES, "agent.on_env_error")
-        require(self.env_reward_weight >= 0, "agent.env_reward_weight", f"must be >= 0, got {self.env_reward_weight}")
-        require(self.rule_reward_weight >= 0, "agent.rule_reward_weight", f"must be >= 0, got {self.rule_reward_weight}")
         require_positive(self.max_concurrent_envs, "agent.max_concurrent_envs")
 
 

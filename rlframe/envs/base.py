@@ -68,7 +68,9 @@ def get_tools(env: Any) -> list[dict[str, Any]] | None:
 def as_step_result(value: Any, env_name: str) -> StepResult:
     """Check an env's step return value and turn it into a StepResult."""
     if not isinstance(value, tuple) or len(value) != 4:
-        raise EnvError(f"env {env_name}: step must return (observation messages, reward, done, info), got {value!r:.200}")
+        raise EnvError(
+            f"env {env_name}: step must return (observation messages, reward, done, info), got {value!r:.200}"
+        )
     observation, reward, done, info = value
     check_messages(observation, env_name, "step")
     if not isinstance(info, dict):
@@ -78,7 +80,10 @@ def as_step_result(value: Any, env_name: str) -> StepResult:
 
 def check_messages(messages: Any, env_name: str, method: str) -> list[Message]:
     if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-        raise EnvError(f"env {env_name}: {method} must return a list of messages ({{'role': ..., 'content': ...}}), got {messages!r:.200}")
+        raise EnvError(
+            f"env {env_name}: {method} must return a list of messages ({{'role': ..., 'content': ...}}), "
+            f"got {messages!r:.200}"
+        )
     return messages
 
 

@@ -41,7 +41,9 @@ def evaluate(node: ast.AST) -> float:
         if abs(value) > MAX_MAGNITUDE:
             raise ValueError("result is too large")
         return value
-    raise ValueError(f"unsupported expression element {type(node).__name__}: use numbers, + - * / // % ** and parentheses")
+    raise ValueError(
+        f"unsupported expression element {type(node).__name__}: use numbers, + - * / // % ** and parentheses"
+    )
 
 
 def calculate(expression: str) -> str:

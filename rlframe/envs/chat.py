@@ -49,7 +49,9 @@ class ChatFormat:
             (``<|im_end|>`` for Qwen2.5/Qwen3 instruct models, ``<eos>`` for the tiny model).
     """
 
-    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None, end_of_turn: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, tools: list[dict[str, Any]] | None = None, end_of_turn: str | None = None
+    ) -> None:
         self.tokenizer = tokenizer
         template = getattr(tokenizer, "chat_template", None)
         self.template = template if template else PLAIN_TEMPLATE

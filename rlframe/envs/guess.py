@@ -30,7 +30,9 @@ class GuessNumberEnv:
         correct_reward: reward of the right guess.
     """
 
-    def __init__(self, hint_format: str = "Wrong: the number is {hint}. Guess again.", correct_reward: float = 1.0) -> None:
+    def __init__(
+        self, hint_format: str = "Wrong: the number is {hint}. Guess again.", correct_reward: float = 1.0
+    ) -> None:
         self.hint_format = hint_format
         self.correct_reward = correct_reward
         self.secret = 0

@@ -50,7 +50,13 @@ def run_on_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args:
     return future
 
 
-async def run_one(fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, gate: asyncio.Semaphore) -> CallOutcome:
+EnvCall = tuple[Callable[..., Any], tuple[Any, ...]]
+"""A method of an env and its arguments."""
+
+
+async def run_one(
+    fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, gate: asyncio.Semaphore
+) -> CallOutcome:
     async with gate:
         loop = asyncio.get_running_loop()
         work = fn(*args) if inspect.iscoroutinefunction(fn) else run_on_thread(loop, fn, args)
@@ -62,12 +68,12 @@ async def run_one(fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: floa
             return CallOutcome(error=f"{type(e).__name__}: {e}")
 
 
-async def run_all(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], timeout_s: float, limit: int) -> list[CallOutcome]:
+async def run_all(calls: list[EnvCall], timeout_s: float, limit: int) -> list[CallOutcome]:
     gate = asyncio.Semaphore(limit)
     return list(await asyncio.gather(*(run_one(fn, args, timeout_s, gate) for fn, args in calls)))
 
 
-def run_env_calls(calls: list[tuple[Callable[..., Any], tuple[Any, ...]]], timeout_s: float, limit: int) -> list[CallOutcome]:
+def run_env_calls(calls: list[EnvCall], timeout_s: float, limit: int) -> list[CallOutcome]:
     """``fn(*args)`` for every call, at most ``limit`` at once; one outcome per call, in order.
     Never raises for a call's failure: the caller decides (error or failed episode)."""
     if not calls:

@@ -24,7 +24,9 @@ from typing import Any, Literal
 from rlframe.envs.base import Message, StepResult, default_messages
 from rlframe.envs.tool_parsers import TOOL_PARSERS, ParsedTurn, ToolCall
 
-JSON_TYPES: dict[type, str] = {str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array"}
+JSON_TYPES: dict[type, str] = {
+    str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array",
+}
 
 
 def describe_type(hint: Any, where: str) -> dict[str, Any]:
@@ -153,7 +155,8 @@ class ToolEnv:
                 text, ok = self.call_tool(call)
             messages.append({"role": "tool", "name": call.name, "content": text})
             errors += not ok
-        return StepResult(messages, 0.0, False, {"tool_calls": len(parsed.calls) + len(parsed.errors), "tool_errors": errors})
+        calls = len(parsed.calls) + len(parsed.errors)
+        return StepResult(messages, 0.0, False, {"tool_calls": calls, "tool_errors": errors})
 
     def call_tool(self, call: ToolCall) -> tuple[str, bool]:
         """(result text, whether the call succeeded). Errors go back to the model as text."""

@@ -113,7 +113,8 @@ class EpisodeRunner:
     def run(self) -> Batch:
         make_env = build_env_factory(self.env_name, self.agent.env_kwargs)
         envs = [make_env() for _ in range(len(self.prompts))]
-        opening = self.call_envs([(env.reset, (sample,)) for env, sample in zip(envs, self.samples)], "reset", list(range(len(envs))))
+        resets = [(env.reset, (sample,)) for env, sample in zip(envs, self.samples)]
+        opening = self.call_envs(resets, "reset", list(range(len(envs))))
         self.chat = ChatFormat(self.ctx.tokenizer, tools=get_tools(envs[0]))
         self.end_of_turn_id = int(self.ctx.tokenizer.convert_tokens_to_ids(self.chat.end_of_turn))
         trajectories = [self.start(i, env, outcome) for i, (env, outcome) in enumerate(zip(envs, opening))]
@@ -156,12 +157,14 @@ class EpisodeRunner:
         self.weights_version = out.meta.get("weights_version", self.weights_version)
         for i, t in enumerate(live):
             n = int(out["response_mask"][i].sum())
-            t.add_turn(out["response_ids"][i, :n].tolist(), out["rollout_logprobs"][i, :n].tolist(), str(out["finish_reason"][i]))
+            ids, logprobs = out["response_ids"][i, :n].tolist(), out["rollout_logprobs"][i, :n].tolist()
+            t.add_turn(ids, logprobs, str(out["finish_reason"][i]))
 
     def step_envs(self, live: list[Trajectory], turn: int) -> None:
         """Every live env sees its turn's text; the episodes that go on get the observation."""
         actions = [self.decode_turn(t) for t in live]
-        outcomes = self.call_envs([(t.env.step, (a,)) for t, a in zip(live, actions)], "step", [t.row for t in live], turn)
+        steps = [(t.env.step, (a,)) for t, a in zip(live, actions)]
+        outcomes = self.call_envs(steps, "step", [t.row for t in live], turn)
         budget = self.cfg.rollout.max_tokens
         for t, outcome in zip(live, outcomes):
             if outcome.error is not None:
@@ -199,7 +202,9 @@ class EpisodeRunner:
             n += 1
         return n
 
-    def call_envs(self, calls: list[tuple[Any, tuple[Any, ...]]], method: str, rows: list[int], turn: int = -1) -> list[CallOutcome]:
+    def call_envs(
+        self, calls: list[tuple[Any, tuple[Any, ...]]], method: str, rows: list[int], turn: int = -1
+    ) -> list[CallOutcome]:
         outcomes = run_env_calls(calls, self.agent.step_timeout_s, self.agent.max_concurrent_envs)
         if self.agent.on_env_error == "raise":
             for row, outcome in zip(rows, outcomes):
@@ -212,7 +217,8 @@ class EpisodeRunner:
         return outcomes
 
     def describe(self, row: int) -> str:
-        return f"prompt {str(self.prompts['prompt'][row])[-120:]!r}, ground truth {str(self.prompts['ground_truth'][row])!r}"
+        prompt, truth = str(self.prompts["prompt"][row])[-120:], str(self.prompts["ground_truth"][row])
+        return f"prompt {prompt!r}, ground truth {truth!r}"
 
     # -- the batch -----------------------------------------------------------------------
 
@@ -220,7 +226,7 @@ class EpisodeRunner:
         width = compute_response_width(self.cfg.rollout.max_tokens, self.cfg.rollout.agent, self.agent)
         rows = len(trajectories)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        response_mask, loss_mask, logprobs = torch.zeros(rows, width), torch.zeros(rows, width), torch.zeros(rows, width)
+        response_mask, loss_mask, logprobs = (torch.zeros(rows, width) for _ in range(3))
         for i, t in enumerate(trajectories):
             n = len(t.response)
             if n > width:

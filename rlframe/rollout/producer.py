@@ -91,7 +91,8 @@ class ExperienceProducer:
 
         a = self.cfg.algorithm
         if a.dynamic_sampling:
-            batch, stats = run_sampling_rounds(draw, self.cfg.rollout.n, self.cfg.data.batch_size, a.max_sampling_rounds)
+            n, wanted = self.cfg.rollout.n, self.cfg.data.batch_size
+            batch, stats = run_sampling_rounds(draw, n, wanted, a.max_sampling_rounds)
             metrics |= stats
         else:
             batch = draw()
