@@ -1,5 +1,6 @@
 """Whole multi-turn runs of the CLI on the tiny model: agent_tiny learns; two ranks with
-PPO (critic, GAE over sampled tokens); ReMax's greedy episodes with DAPO's sampling rounds."""
+PPO (critic, GAE over sampled tokens); ReMax's greedy episodes with DAPO's sampling rounds
+and validation."""
 
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ def test_agent_two_ranks_with_ppo(tmp_path: Path) -> None:
 def test_agent_remax_baseline_and_dynamic_sampling(tmp_path: Path) -> None:
     metrics = run_agent_cli(
         tmp_path / "remax", "trainer.total_steps=3", "algorithm.advantage=remax", "algorithm.dynamic_sampling=true",
-        "algorithm.max_sampling_rounds=2",
+        "algorithm.max_sampling_rounds=2", "trainer.val_every=3", "data.val_size=32",
     )
+    assert "val/pass@1" in metrics[-1]  # validation plays greedy episodes too
     for key in ("timing_s/baseline", "rollout/sampling_rounds", "rollout/kept_group_frac"):
         assert all(key in m for m in metrics), key
     assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics)
