@@ -138,10 +138,11 @@ def schema_type(owner: type, name: str) -> Any:
 def run(cfg: Config) -> None:
     """Start or join Ray and run the training loop. Heavy imports happen here, after validation.
 
-    A worker or reward failure ends the run with its own message (role, rank, method and
-    the worker's traceback), not with a driver traceback around it.
+    A worker, reward or environment failure ends the run with its own message (role, rank,
+    method and the worker's traceback; the env, sample and turn), not with a driver traceback.
     """
     from rlframe.controller.worker_group import WorkerError
+    from rlframe.envs import EnvError
     from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
     from rlframe.trainer import run_training
@@ -152,7 +153,7 @@ def run(cfg: Config) -> None:
     except ConfigError as e:
         print(f"rlframe: config error: {e}", file=sys.stderr)
         sys.exit(2)
-    except (WorkerError, RewardError) as e:
+    except (WorkerError, RewardError, EnvError) as e:
         print(f"rlframe: {e}", file=sys.stderr)
         sys.exit(1)
 
