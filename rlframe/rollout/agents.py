@@ -11,7 +11,7 @@ may replace them, e.g. to add tool schemas), ``response_ids`` (right-padded to
 response token), ``loss_mask`` (1 on tokens the policy sampled), ``rollout_logprobs`` (the
 engine's log-probs of sampled tokens, 0 elsewhere) and the column ``finish_reason``;
 optionally ``env_reward``/``env_failed`` and the ``agent_*`` counters of
-:func:`rlframe.rollout.metrics.collect_agent_metrics`.
+:func:`rlframe.rollout.producer.collect_agent_metrics`.
 
 Built-ins: ``single_turn`` and ``multi_turn`` (:mod:`rlframe.rollout.multi_turn`). Your own:
 ``rollout.agent=pkg.module:my_agent`` or ``path/to/file.py:my_agent``.
