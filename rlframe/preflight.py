@@ -44,6 +44,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     resume_from = resolve_resume(cfg)
     model_path, tokenizer = load_model_files(cfg)
     check_agent(cfg, tokenizer)
+    check_sequence_length(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:
         records, val_records = split_validation_records(records, cfg, tokenizer)
@@ -109,6 +110,30 @@ def check_agent(cfg: Config, tokenizer: Any) -> None:
         raise ConfigError("agent.env", f"the model's chat template cannot carry observations: {e}") from None
     except Exception as e:  # a template may reject a role or the tools
         raise ConfigError("agent.env", f"the model's chat template fails on an observation message: {type(e).__name__}: {e}") from None
+
+
+def check_sequence_length(cfg: Config, model_path: str) -> None:
+    """The longest prompt + response must fit the model's positions (vLLM refuses to start
+    otherwise, after Ray). Multi-turn responses hold observations too."""
+    from transformers import AutoConfig
+
+    from rlframe.config.agent import compute_response_width, is_multi_turn
+
+    try:
+        limit = getattr(AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
+                        "max_position_embeddings", None)
+    except Exception:  # a model id whose config is not reachable: vLLM will say
+        return
+    width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
+    longest = cfg.data.max_prompt_length + width
+    if limit is not None and longest > limit:
+        parts = f"data.max_prompt_length {cfg.data.max_prompt_length} + rollout.max_tokens {cfg.rollout.max_tokens}"
+        if is_multi_turn(cfg.rollout.agent):
+            parts += f" + (agent.max_turns - 1) * agent.max_obs_tokens = {width - cfg.rollout.max_tokens}"
+        raise ConfigError(
+            "agent.max_obs_tokens" if is_multi_turn(cfg.rollout.agent) else "rollout.max_tokens",
+            f"{parts} = {longest} tokens exceeds the model's {limit} positions",
+        )
 
 
 def describe_load_error(error: BaseException) -> str:

@@ -23,6 +23,7 @@ TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "test_multi_turn.py"
         ("+agent.env_kwargs.colour=red", "agent.env_kwargs: guess_number cannot be built with"),
         ("agent.on_env_error=ignore", "agent.on_env_error: must be one of ['raise', 'fail_episode']"),
         ("+agent.max_turn=3", "agent.max_turn: unknown key; keys allowed in agent:"),
+        ("agent.max_obs_tokens=256", "agent.max_obs_tokens: data.max_prompt_length 16 + rollout.max_tokens 4 + (agent.max_turns - 1) * agent.max_obs_tokens = 768 = 788 tokens exceeds the model's 512 positions"),
     ],
 )
 def test_bad_agent_inputs_fail_before_ray_with_one_line(override: str, message: str) -> None:
