@@ -89,10 +89,16 @@ class RolloutConfig:
     2 frees both (weights are re-sent by the sync). No-op on CPU."""
     weight_sync_bucket_mb: int = 512
     """Largest bucket of gathered full tensors held at once during the weight sync."""
+    agent: str = "single_turn"
+    """How a prompt becomes a response: single_turn (one sample), multi_turn (turns against
+    ``agent.env``, observations masked out of the loss), or your own agent as
+    ``pkg.module:function`` / ``path/to/file.py:function`` (see rlframe.rollout.agents)."""
 
     def __post_init__(self) -> None:
         # Dataclasses built in Python (tests, user code) may pass plain strings.
         self.engine = RolloutEngineName(self.engine)
+        # The name is checked against the registry by rlframe.preflight.
+        self.agent = absolutize(self.agent)
         require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
         require_positive(self.max_tokens, "rollout.max_tokens")
         require(self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}")
