@@ -65,8 +65,11 @@ def test_reinforce_pp_uses_token_rewards_with_kl_penalty() -> None:
 
 
 def test_remax_subtracts_the_greedy_reward() -> None:
-    adv, _ = advantages("remax", [1.0, 0.0], [0, 0], baseline=torch.tensor([0.25, 0.25]))
-    torch.testing.assert_close(adv, torch.tensor([[0.75] * 3, [-0.25, -0.25, 0.0]]))
+    out = ADVANTAGES.get("remax")(
+        AdvantageInputs(torch.tensor([1.0, 0.0]), MASK, torch.tensor([0, 0]), AlgorithmConfig(), baseline=torch.tensor([0.25, 0.25]))
+    )
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.75] * 3, [-0.25, -0.25, 0.0]]))
+    assert out.metrics == {"baseline_mean": 0.25}
     with pytest.raises(ValueError, match="greedy baseline"):
         advantages("remax", [1.0, 0.0], [0, 0])
 
