@@ -189,7 +189,6 @@ def two_rank_results(model_path: str) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("loss_agg", LOSS_AGGS)
 def test_update_does_not_depend_on_rank_count(model_path: str, two_rank_results: dict[str, Any], loss_agg: str) -> None:
     """Two ranks with half the batch each make the same step as one rank with all of it: the
@@ -203,7 +202,6 @@ def test_update_does_not_depend_on_rank_count(model_path: str, two_rank_results:
     torch.testing.assert_close(w_two, w_one, atol=5e-5, rtol=0)  # see the micro-batch test
 
 
-@pytest.mark.slow
 def test_critic_update_does_not_depend_on_rank_count(model_path: str, two_rank_results: dict[str, Any]) -> None:
     from workers.critic import CriticWorker
 
@@ -215,7 +213,6 @@ def test_critic_update_does_not_depend_on_rank_count(model_path: str, two_rank_r
     torch.testing.assert_close(w_two, gather_weights(critic.engine.model), atol=5e-5, rtol=0)
 
 
-@pytest.mark.slow
 def test_weight_stream_gathers_bucket_by_bucket(two_rank_results: dict[str, Any]) -> None:
     name, first, rest = two_rank_results["stream"]
     assert first > 0, name
