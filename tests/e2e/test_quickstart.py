@@ -65,9 +65,6 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
           f"-> last 5 {last:.3f}, max rollout/logprob_diff {worst_gap:.2e}")
     assert last - first >= 0.2
     assert worst_gap < 0.05
-    if ppo:  # the critic learns the returns: its loss falls
-        losses = [m["critic/value_loss"] for m in metrics]
-        assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10
 
 
 def test_two_ranks_with_kl_and_user_plugins(tmp_path: Path) -> None:
