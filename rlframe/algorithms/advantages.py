@@ -208,7 +208,9 @@ def compute_remax_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """ReMax: reward minus the reward of the greedy response to the same prompt."""
     if inputs.baseline is None:
         raise ValueError("remax needs the greedy baseline rewards (AdvantageInputs.baseline)")
-    return broadcast_scores(inputs.rewards.double() - inputs.baseline.double(), inputs.loss_mask)
+    out = broadcast_scores(inputs.rewards.double() - inputs.baseline.double(), inputs.loss_mask)
+    out.metrics["baseline_mean"] = float(inputs.baseline.double().mean())
+    return out
 
 
 @ADVANTAGES.register("gae")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -14,10 +15,12 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED = [
-    "reward/mean", "response_length/mean", "actor/pg_loss", "actor/entropy", "actor/grad_norm",
-    "rollout/logprob_diff", "timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/sync",
+    "reward/mean", "response_length/mean", "rollout/logprob_diff", "timing_s/gen", "timing_s/reward",
     "timing_s/step", "perf/tokens_per_s",
 ]
+ACTOR_UPDATE = ["actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/update", "timing_s/sync"]
+CRITIC = ["critic/value_loss", "critic/grad_norm", "critic/vf_clipfrac", "critic/vpred_mean"]
+CRITIC_WARMUP = 2  # steps in which ppo_tiny's actor waits for the critic
 
 
 def run_cli(*overrides: str, recipe: str = "grpo_tiny") -> list[dict]:
@@ -31,16 +34,29 @@ def run_cli(*overrides: str, recipe: str = "grpo_tiny") -> list[dict]:
     steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
     assert steps, "no progress line on the console"
     assert (out_dir / "config.json").exists() and (out_dir / "rollouts.jsonl").stat().st_size > 0
-    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == list(range(1, len(metrics) + 1))
+    for m in metrics:  # a NaN or inf anywhere (losses, critic values, timings) is a broken run
+        bad = {k: v for k, v in m.items() if isinstance(v, float) and not math.isfinite(v)}
+        assert not bad, f"step {m['step']}: {bad}"
+    return metrics
 
 
 @pytest.mark.parametrize("recipe", ["grpo_tiny", "ppo_tiny"])
 def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
-    metrics = run_cli(f"trainer.output_dir={tmp_path / 'run'}", recipe=recipe)
-    assert [m["step"] for m in metrics] == list(range(1, len(metrics) + 1))
-    required = REQUIRED + (["critic/value_loss", "critic/grad_norm", "critic/vf_clipfrac"] if recipe == "ppo_tiny" else [])
-    for key in required:
-        assert all(key in m for m in metrics), key
+    ppo = recipe == "ppo_tiny"
+    warmup = CRITIC_WARMUP if ppo else 0
+    metrics = run_cli(
+        f"trainer.output_dir={tmp_path / 'run'}", *([f"critic.warmup_steps={warmup}"] if ppo else []), recipe=recipe
+    )
+    for m in metrics:
+        for key in REQUIRED + (CRITIC if ppo else []):
+            assert key in m, (m["step"], key)
+        # The actor neither trains nor syncs while the critic warms up; from then on, every
+        # step syncs once, so step k samples with weights version k - 1 - warmup.
+        updated = m["step"] > warmup
+        assert all((key in m) == updated for key in ACTOR_UPDATE), m
+        assert m["rollout/weights_version"] == max(0, m["step"] - 1 - warmup)
     rewards = [m["reward/mean"] for m in metrics]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     worst_gap = max(m["rollout/logprob_diff"] for m in metrics)
@@ -61,25 +77,48 @@ def test_two_ranks_with_kl_and_user_plugins(tmp_path: Path) -> None:
     )
     assert len(metrics) == 3
     assert all("actor/kl" in m and m["rollout/logprob_diff"] < 0.05 for m in metrics)
-    assert all("adv/positive_frac" in m for m in metrics)  # the user's estimator ran
-    assert metrics[-1]["rollout/weights_version"] == 2
+    for m in metrics:
+        assert 0 < m["adv/positive_frac"] < 1  # the user's estimator ran
+        # The user's loss ran (its own metric, a mean log-prob), not the default ppo_clip.
+        assert m["actor/logprob"] < 0 and "actor/pg_clipfrac" not in m
+    assert [m["rollout/weights_version"] for m in metrics] == [0, 1, 2]
 
 
 def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
     """The stages that only some algorithms run: greedy baseline, dynamic sampling,
     overlong shaping, truncated IS and the adaptive in-reward KL controller."""
+    batch_size, n, max_rounds, coef, target, horizon = 16, 16, 4, 0.01, 0.1, 10000  # grpo_tiny + below
     metrics = run_cli(
         f"trainer.output_dir={tmp_path / 'run3'}", "trainer.total_steps=3",
         "algorithm.advantage=remax", "algorithm.dynamic_sampling=true", "algorithm.policy_loss=cispo",
-        "algorithm.tis_cap=2", "algorithm.kl_reward_coef=0.01", "algorithm.kl_reward_ctrl=adaptive",
+        "algorithm.tis_cap=2", f"algorithm.kl_reward_coef={coef}", "algorithm.kl_reward_ctrl=adaptive",
         "algorithm.kl_coef=0.01", "algorithm.kl_estimator=k3+", "reward.overlong_buffer=1",
         "algorithm.tis_level=sequence", "algorithm.mismatch_mask=token", "algorithm.kl_reward_estimator=k2",
+        f"algorithm.max_sampling_rounds={max_rounds}", f"algorithm.kl_target={target}", f"algorithm.kl_horizon={horizon}",
     )
-    last = metrics[-1]
-    for key in ("timing_s/baseline", "rollout/sampling_rounds", "rollout/kept_group_frac", "mismatch/tis_clipfrac",
-                "actor/reward_kl", "actor/kl_reward_coef", "actor/kl"):
-        assert key in last, key
-    assert last["actor/kl_reward_coef"] != 0.01  # the adaptive controller moved it
+    for m in metrics:
+        for key in ("timing_s/baseline", "mismatch/tis_clipfrac", "actor/kl", "actor/reward_kl"):
+            assert key in m, key
+        # ReMax: the greedy responses' rewards (score + overlong penalty, in [-1, 1]) reached the estimator.
+        assert -1 <= m["adv/baseline_mean"] <= 1 and m["timing_s/baseline"] > 0
+        # CISPO, not the default ppo_clip: no dual-clip metric. One mini-batch per step is
+        # on-policy, so no IS weight is clipped.
+        assert "actor/pg_clipfrac_lower" not in m and m["actor/pg_clipfrac"] == 0
+        # DAPO: whole groups were drawn over 1..max rounds; stopping early means the batch filled.
+        rounds, kept = m["rollout/sampling_rounds"], m["rollout/kept_group_frac"] * m["rollout/sampling_rounds"] * batch_size
+        assert rounds in range(1, max_rounds + 1) and abs(kept - round(kept)) < 1e-6
+        assert round(kept) >= batch_size or rounds == max_rounds
+        assert round(kept) < batch_size * 2  # it stopped at the first round that filled the batch
+    # The adaptive controller, step by step: beta_{k+1} = beta_k (1 + clip(KL_k / target - 1,
+    # -0.2, 0.2) * responses / horizon). Step 1 samples from the reference itself: KL is 0,
+    # so beta must fall by 0.2 * 256 / 10000.
+    assert metrics[0]["actor/reward_kl"] == 0 and metrics[0]["actor/kl_reward_coef"] == coef
+    for now, after in zip(metrics, metrics[1:]):
+        error = max(-0.2, min(0.2, now["actor/reward_kl"] / target - 1))
+        assert after["actor/kl_reward_coef"] == pytest.approx(
+            now["actor/kl_reward_coef"] * (1 + error * batch_size * n / horizon), rel=1e-9
+        )
+    assert metrics[1]["actor/kl_reward_coef"] == pytest.approx(coef * (1 - 0.2 * 256 / 10000), rel=1e-9)
     # A healthy weight sync leaves the engines within 1e-3 of each other: masked IS drops nothing.
     assert all(m["mismatch/masked_frac"] == 0 and abs(m["mismatch/ratio_mean"] - 1) < 1e-3 for m in metrics)
     assert all(m["reward/mean"] < m["reward/score_mean"] for m in metrics)  # overlong penalty applied

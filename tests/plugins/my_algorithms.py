@@ -21,5 +21,6 @@ def compute_sign_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
 
 
 def compute_reinforce_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
-    """Plain REINFORCE: -A * log p, ignoring the old policy."""
-    return PolicyLossOutputs(-inputs.advantages * inputs.logprobs)
+    """Plain REINFORCE: -A * log p, ignoring the old policy. Per-token metrics are averaged
+    over the loss tokens and logged as ``actor/<name>``."""
+    return PolicyLossOutputs(-inputs.advantages * inputs.logprobs, {"logprob": inputs.logprobs.detach()})

@@ -19,6 +19,15 @@ class EchoWorker(Worker):
     def __init__(self, scale: float) -> None:
         super().__init__()
         self.scale = scale
+        self.calls: dict[str, int] = {}
+
+    def count_call(self, method: str) -> None:
+        self.calls[method] = self.calls.get(method, 0) + 1
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def call_counts(self) -> dict[str, int]:
+        """How often each counted method ran on this rank."""
+        return dict(self.calls)
 
     @dispatch(Dispatch.DP_SPLIT)
     def scale_rows(self, batch: Batch, offset: float = 0.0) -> Batch:
@@ -45,7 +54,29 @@ class EchoWorker(Worker):
 
     @dispatch(Dispatch.RANK_ZERO)
     def whoami(self) -> int:
+        self.count_call("whoami")
         return self.rank
+
+    @dispatch(Dispatch.RANK_ZERO)
+    def fail_rank_zero(self) -> int:
+        raise ValueError(f"rank-zero method failed on rank {self.rank}")
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def fail_rows_on(self, batch: Batch, rank: int) -> Batch:
+        if self.rank == rank:
+            raise ValueError(f"bad rows on rank {rank}")
+        return Batch({"y": batch.tensors["x"]})
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def drop_row_on(self, batch: Batch, rank: int) -> Batch:
+        """Returns one row too few on ``rank``: a broken DP_SPLIT method."""
+        x = batch.tensors["x"]
+        return Batch({"y": x[:-1] if self.rank == rank else x})
+
+    @dispatch(Dispatch.DP_SPLIT)
+    def add_rows(self, a: Batch, b: Batch) -> Batch:
+        self.count_call("add_rows")
+        return Batch({"y": a.tensors["x"] + b.tensors["x"]})
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def fail_on(self, rank: int) -> int:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ from rlframe.config import AlgorithmConfig, RewardConfig
 from rlframe.protocol import Batch
 from rlframe.trainer import compute_overlong_penalty, split_uniform_groups
 
+PLUGIN_FILE = Path(__file__).resolve().parents[1] / "plugins" / "my_algorithms.py"
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 W_POS, W_NEG = 0.4 / math.sqrt(0.24), -0.6 / math.sqrt(0.24)  # whitened 1,1,1,0,0
 
@@ -62,8 +65,11 @@ def test_reinforce_pp_uses_token_rewards_with_kl_penalty() -> None:
 
 
 def test_remax_subtracts_the_greedy_reward() -> None:
-    adv, _ = advantages("remax", [1.0, 0.0], [0, 0], baseline=torch.tensor([0.25, 0.25]))
-    torch.testing.assert_close(adv, torch.tensor([[0.75] * 3, [-0.25, -0.25, 0.0]]))
+    out = ADVANTAGES.get("remax")(
+        AdvantageInputs(torch.tensor([1.0, 0.0]), MASK, torch.tensor([0, 0]), AlgorithmConfig(), baseline=torch.tensor([0.25, 0.25]))
+    )
+    torch.testing.assert_close(out.advantages, torch.tensor([[0.75] * 3, [-0.25, -0.25, 0.0]]))
+    assert out.metrics == {"baseline_mean": 0.25}
     with pytest.raises(ValueError, match="greedy baseline"):
         advantages("remax", [1.0, 0.0], [0, 0])
 
@@ -174,11 +180,26 @@ def test_user_advantage_and_loss_load_by_path() -> None:
     logp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     loss_fn(PolicyLossInputs(logp, logp.detach(), torch.tensor([[2.0, 2.0]]), torch.ones(1, 2), AlgorithmConfig())).token_loss.sum().backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-2.0, -2.0]]))
+
+
+def test_relative_plugin_paths_are_made_absolute_where_the_config_is_built(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker's working folder differs from the driver's: the config must carry the file's
+    absolute path, resolved against the folder the config was built in (not pytest's)."""
+    driver_dir, worker_dir = tmp_path / "driver", tmp_path / "worker"
+    (driver_dir / "plugins").mkdir(parents=True)
+    worker_dir.mkdir()
+    shutil.copy(PLUGIN_FILE, driver_dir / "plugins" / "mine.py")
+    monkeypatch.chdir(driver_dir)
     cfg = AlgorithmConfig(
-        advantage="tests/plugins/my_algorithms.py:compute_sign_advantages",
+        advantage="plugins/mine.py:compute_sign_advantages",
         policy_loss="tests.plugins.my_algorithms:compute_reinforce_loss",
     )
-    assert cfg.advantage.endswith("compute_sign_advantages")
+    assert cfg.advantage == f"{driver_dir.resolve() / 'plugins' / 'mine.py'}:compute_sign_advantages"
+    assert cfg.policy_loss == "tests.plugins.my_algorithms:compute_reinforce_loss"  # module paths stay as given
+    monkeypatch.chdir(worker_dir)  # where the relative path names no file
+    adv_fn = ADVANTAGES.get(cfg.advantage)
+    out = adv_fn(AdvantageInputs(torch.tensor([1.0, 0.0]), torch.ones(2, 1), torch.tensor([0, 0]), AlgorithmConfig()))
+    torch.testing.assert_close(out.advantages[:, 0], torch.tensor([1.0, -1.0]))
 
 
 @pytest.mark.parametrize("name", ["ppo_clip", "gspo", "cispo"])

@@ -28,11 +28,21 @@ def test_jsonl_and_parquet_rows(tmp_path: Path) -> None:
     assert records[0].prompt_ids == tok("1+2=", add_special_tokens=False)["input_ids"]
 
 
-def test_missing_columns_are_named(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "row,message",
+    [
+        # ground_truth is present: only the prompt/messages check can reject this row.
+        ({"question": "1+1=", "ground_truth": "2"}, "a row needs a 'prompt' or 'messages' column; it has ['ground_truth', 'question']"),
+        ({"prompt": "1+1="}, "a row needs a 'ground_truth' column; it has ['prompt']"),
+    ],
+)
+def test_missing_columns_are_named(tmp_path: Path, row: dict, message: str) -> None:
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"question": "1+1="}) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl row 0: a row needs a 'prompt' or 'messages'|ground_truth"):
+    bad.write_text(json.dumps({"prompt": "2+2=", "ground_truth": "4"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(ValueError) as info:
         load_prompt_records([str(bad)], "unused", build_tiny_tokenizer(), 16, 0)
+    # The whole message, with the file and the row that lacks the column.
+    assert str(info.value) == f"{bad} row 1: {message}"
 
 
 def test_synthetic_source() -> None:

@@ -47,11 +47,15 @@ def load_hf_model(path: str, cfg: ModelConfig, device: str, head: str) -> nn.Mod
     ``head="lm"``: the causal LM. ``head="value"``: the same backbone with a freshly
     initialised scalar head per token (a critic), as ``AutoModelForTokenClassification``.
     """
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     kwargs = {"dtype": torch.float32, "attn_implementation": pick_attention(device), "trust_remote_code": cfg.trust_remote_code}
     if head == "value":
-        return AutoModelForTokenClassification.from_pretrained(path, num_labels=1, **kwargs)
+        # No dropout before the value head (HF defaults it to 0.1): values in the update must
+        # be those compute_values gave, which the clipped value loss compares them with.
+        config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=cfg.trust_remote_code)
+        config.classifier_dropout = 0.0
+        return AutoModelForTokenClassification.from_pretrained(path, config=config, **kwargs)
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
