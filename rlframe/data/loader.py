@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlframe.data.prompts import PromptRecord
@@ -62,9 +63,16 @@ def build_prompt_batch(records: list[PromptRecord], n: int, first_group: int, pa
         ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
         mask[i, width - len(r.prompt_ids) :] = 1
     groups = torch.arange(first_group, first_group + len(records))
+    # Filled one by one: numpy would read a list of equally long turn lists as a 2-D array.
+    messages = np.empty(len(records), dtype=object)
+    for i, r in enumerate(records):
+        messages[i] = r.messages if r.messages is not None else [{"role": "user", "content": r.prompt}]
     batch = Batch(
         {"prompt_ids": ids, "prompt_mask": mask, "group": groups},
-        {"prompt": [r.prompt for r in records], "ground_truth": [r.ground_truth for r in records], "extra": [r.extra for r in records]},
+        {
+            "prompt": [r.prompt for r in records], "ground_truth": [r.ground_truth for r in records],
+            "extra": [r.extra for r in records], "messages": messages,
+        },
     ).repeat(n)
     copies = torch.arange(len(batch)) % n
     seeds = [hash((seed, int(g), int(c))) & 0x7FFFFFFF for g, c in zip(batch["group"], copies)]
