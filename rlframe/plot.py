@@ -54,6 +54,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = read_metrics(run_dir)
     panels = [*PANELS, ("time per stage (s)", stage_keys(rows))]
@@ -73,6 +74,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
         else:
             ax.text(0.5, 0.5, "not logged by this run", ha="center", va="center", transform=ax.transAxes, color="gray")
     axes[-1].set_xlabel("step")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(str(run_dir), fontsize=10)
     fig.tight_layout()
     target = out or run_dir / "curves.png"
