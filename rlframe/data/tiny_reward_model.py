@@ -33,7 +33,7 @@ def resolve_reward_model_path(path: str, cache_dir: Path | None = None) -> str:
         return path
     seed_text = path[len(TINY_RM_PREFIX) :] or "0"
     if not seed_text.isdigit():
-        raise ValueError(f"reward.model.path {path!r}: use 'tiny-rm:<integer seed>', e.g. 'tiny-rm:0'")
+        raise ValueError(f"{path!r}: use 'tiny-rm:<integer seed>', e.g. 'tiny-rm:0'")
     spec = TinyModelSpec(seed=int(seed_text))
     key = hashlib.sha1(json.dumps([asdict(spec), CHARACTERS, CHAT_TEMPLATE]).encode()).hexdigest()[:12]
     target = (cache_dir or default_cache_dir()) / f"tiny-qwen2-rm-{key}"
