@@ -231,7 +231,8 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits
             inp.seek(0)
             start = time.monotonic()
             proc = subprocess.Popen(
-                command, stdin=inp, stdout=out, stderr=err, cwd=work, env=scrubbed_env(work), start_new_session=True
+                command, stdin=inp, stdout=out, stderr=err, cwd=work, env=scrubbed_env(work), start_new_session=True,
+                preexec_fn=die_with_parent,
             )
             try:
                 code_or_none: int | None = proc.wait(timeout=limits.wall_s)
@@ -245,6 +246,26 @@ def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return SandboxResult(classify(code_or_none), code_or_none, stdout, stderr, wall, isolation)
+
+
+def find_prctl() -> object | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Resolved here, not in the forked child, which should do as little as possible.
+PRCTL = find_prctl()
+
+
+def die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the process that started it dies. A reward
+    worker killed for running past reward.timeout_s must not leave its sandbox running."""
+    if PRCTL is not None:
+        PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -261,9 +282,22 @@ def make_pids_cgroup(processes: int) -> Path | None:
     root = find_pids_cgroup_root()
     if root is None:
         return None
+    remove_stale_cgroups(root)
     group = Path(tempfile.mkdtemp(prefix="rlframe-sandbox-", dir=root))
     (group / "pids.max").write_text(str(processes + 3))
     return group
+
+
+def remove_stale_cgroups(root: Path, age_s: float = 60.0) -> None:
+    """Remove sandbox cgroups left by killed reward workers. rmdir refuses a cgroup that still
+    holds processes, and a minute is far longer than joining a new one takes."""
+    now = time.time()
+    for group in root.glob("rlframe-sandbox-*"):
+        try:
+            if now - group.stat().st_mtime > age_s:
+                group.rmdir()
+        except OSError:
+            pass
 
 
 def remove_pids_cgroup(group: Path) -> None:

@@ -153,3 +153,18 @@ def test_without_namespaces_limits_still_hold_and_it_says_so(
     hog = run_python("x = bytearray(1 << 30)\n", limits=SandboxLimits(memory_mb=256))
     assert hog.status == "error" and "MemoryError" in hog.stderr
     assert sandbox_processes() == []
+
+
+def test_a_killed_reward_worker_takes_its_sandbox_with_it() -> None:
+    from rlframe.config import RewardConfig
+    from rlframe.rewards import RuleScorer
+
+    scorer = RuleScorer("code_tests", RewardConfig(num_workers=1, timeout_s=1.5, on_error="zero"))
+    try:
+        tests = {"tests": ["assert True"], "time_limit_s": 60}
+        out = scorer.score(["import time\ntime.sleep(60)"], [""], [tests])
+        assert out.timeouts == [True]
+        time.sleep(0.5)
+        assert sandbox_processes() == []
+    finally:
+        scorer.close()
