@@ -25,9 +25,11 @@ from rlframe.protocol import Batch
 from workers.engines.fsdp import pick_attention, pick_dtype
 
 
-def shard_scoring_model(model: nn.Module, dtype: torch.dtype) -> None:
-    """FSDP2 over all ranks: each decoder layer, then the root (embeddings, norm, score head)."""
-    mesh = init_device_mesh("cuda" if next(model.parameters()).is_cuda else "cpu", (dist.get_world_size(),))
+def shard_scoring_model(model: nn.Module, device: str, dtype: torch.dtype) -> None:
+    """FSDP2 over all ranks: each decoder layer, then the root (embeddings, norm, score head).
+
+    Sharding happens on CPU; ``to(device)`` then moves only the local shards."""
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     backbone = getattr(model, model.base_model_prefix, model)
     for layer in getattr(backbone, "layers", []):
@@ -67,7 +69,7 @@ class RewardModelWorker(Worker):
         if model.config.pad_token_id is None:
             model.config.pad_token_id = self.pad_id  # HF refuses batches > 1 without one
         model.eval()
-        shard_scoring_model(model, dtype)
+        shard_scoring_model(model, device, dtype)
         self.model = model.to(device)
         # The per-token scores, read at each row's last real token (whatever the pad id is).
         self.token_scores: torch.Tensor | None = None
