@@ -31,6 +31,8 @@ class RunInputs:
     """The validation prompts; None when validation is off."""
     resume_from: Path | None
     """The checkpoint the run continues from; None for a fresh run."""
+    reward_model_path: str | None = None
+    """The reward model's directory (``tiny-rm:N`` built) or hub id; None without one."""
 
 
 def check_run_inputs(cfg: Config) -> RunInputs:
@@ -40,6 +42,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     from rlframe.validation import split_validation_records
 
     check_plugins(cfg)
+    reward_model_path = check_reward_inputs(cfg)
     # A run directory in use is resumed or refused, never overwritten.
     resume_from = resolve_resume(cfg)
     model_path, tokenizer = load_model_files(cfg)
@@ -50,7 +53,64 @@ def check_run_inputs(cfg: Config) -> RunInputs:
         records, val_records = split_validation_records(records, cfg, tokenizer)
     except ValueError as e:
         raise ConfigError("data.val_files" if cfg.data.val_files else "data.val_size", str(e)) from None
-    return RunInputs(model_path, tokenizer, records, val_records, resume_from)
+    return RunInputs(model_path, tokenizer, records, val_records, resume_from, reward_model_path)
+
+
+# Rule rewards that need more than the standard library, and the package each needs.
+REWARD_PACKAGES = {"math_verify": "math_verify"}
+
+
+def check_reward_inputs(cfg: Config) -> str | None:
+    """The rule reward's package is installed, the sandbox says what isolation it has, and the
+    reward model (if any) is a one-label classifier whose worker class loads. Returns the
+    reward model's path (``tiny-rm:N`` built), or None."""
+    import importlib.util
+
+    r = cfg.reward
+    package = REWARD_PACKAGES.get(r.fn)
+    if r.uses_rule and package is not None and importlib.util.find_spec(package) is None:
+        raise ConfigError("reward.fn", f"{r.fn} needs the {package.replace('_', '-')} package: pip install {package.replace('_', '-')}")
+    if r.uses_rule and r.fn == "code_tests":
+        from rlframe.rewards.sandbox import warn_if_not_isolated
+
+        isolation = warn_if_not_isolated()
+        print(f"rlframe: sandbox: namespaces={'on' if isolation.namespaces else 'off'}, processes bounded by {isolation.process_cap}", file=sys.stderr)
+    if not r.uses_model:
+        return None
+    return check_reward_model(cfg)
+
+
+def check_reward_model(cfg: Config) -> str:
+    from rlframe.algorithms.registry import load_class
+    from rlframe.data.tiny_reward_model import is_tiny_reward_model, resolve_reward_model_path
+
+    rm = cfg.reward.model
+    assert rm.path is not None
+    try:
+        load_class(rm.worker_cls)
+    except Exception as e:
+        raise ConfigError("reward.model.worker_cls", describe_load_error(e)) from None
+    try:
+        path = resolve_reward_model_path(rm.path)
+    except ValueError as e:
+        raise ConfigError("reward.model.path", str(e)) from None
+    local = Path(path).expanduser()
+    if not local.exists() and not is_tiny_reward_model(rm.path) and not looks_like_model_id(path):
+        raise ConfigError("reward.model.path", f"no such folder {path}")
+    if local.exists() and not (local / "config.json").is_file():
+        raise ConfigError("reward.model.path", f"{path} holds no config.json: point it at a saved model folder")
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=rm.trust_remote_code)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError("reward.model.path", f"{path!r} cannot be loaded as a model (offline, or a typo?): {reason}") from None
+    if config.num_labels != 1:
+        raise ConfigError(
+            "reward.model.path", f"{path} has {config.num_labels} labels; a reward model is a classifier with one (num_labels=1)"
+        )
+    return path
 
 
 def check_plugins(cfg: Config) -> None:

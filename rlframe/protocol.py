@@ -23,7 +23,9 @@ def as_column(values: Sequence[Any] | np.ndarray) -> np.ndarray:
     if isinstance(values, np.ndarray):
         return values
     column = np.empty(len(values), dtype=object)
-    column[:] = list(values)
+    # One by one: a slice assignment would read equally long lists (chat turns) as a 2-D array.
+    for i, value in enumerate(values):
+        column[i] = value
     return column
 
 

@@ -1,4 +1,4 @@
-"""Metric sinks (console, metrics.jsonl, wandb), stage timers and the rollout log."""
+"""Metric sinks (console, metrics.jsonl, TensorBoard, wandb), stage timers and the rollout log."""
 
 from __future__ import annotations
 
@@ -50,6 +50,7 @@ class Tracker:
         self.run_config, self.project, self.experiment = run_config, project, experiment
         self.wandb_run: Any = None
         self.wandb_run_id: str | None = None
+        self.tensorboard: Any = None
 
     def start_wandb(self) -> None:
         """Open the wandb run on first use, so a resumed run can first load the id it continues."""
@@ -61,6 +62,13 @@ class Tracker:
             id=self.wandb_run_id, resume="allow" if self.wandb_run_id else None,
         )
         self.wandb_run_id = self.wandb_run.id
+
+    def start_tensorboard(self, first_step: int) -> None:
+        """Event files in ``<output_dir>/tensorboard``. Events at or after the first step logged
+        now are purged: a resumed run replaces what the crashed run logged after its checkpoint."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.tensorboard = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"), purge_step=first_step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"wandb_run_id": self.wandb_run_id}
@@ -77,6 +85,12 @@ class Tracker:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
         if "console" in self.loggers:
             print(format_console_line(step, self.total_steps, metrics), flush=True)
+        if "tensorboard" in self.loggers:
+            if self.tensorboard is None:
+                self.start_tensorboard(step)
+            for key, value in metrics.items():
+                self.tensorboard.add_scalar(key, value, global_step=step)
+            self.tensorboard.flush()
         if self.wandb_run is not None:
             self.wandb_run.log(metrics, step=step)
 
@@ -86,6 +100,8 @@ class Tracker:
                 f.write(json.dumps({"step": step, **row}) + "\n")
 
     def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
 

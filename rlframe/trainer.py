@@ -8,10 +8,12 @@ the actor worker group (see ``workers/hybrid.py``).
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs, place_on_last_token
@@ -24,7 +26,7 @@ from rlframe.controller.cluster import init_ray, resolve_device
 from rlframe.data.loader import PromptLoader
 from rlframe.preflight import RunInputs
 from rlframe.protocol import Batch
-from rlframe.rewards import REWARDS, compute_rewards
+from rlframe.rewards import RuleScorer
 from rlframe.rollout import ExperienceProducer
 from rlframe.rollout.sampling import split_uniform_groups  # noqa: F401  (its old home; tests import it here)
 from rlframe.tracking import StageTimer, Tracker
@@ -36,13 +38,16 @@ class Trainer:
 
     def __init__(
         self, cfg: Config, actor: Any, critic: Any | None, tokenizer: Any, loader: PromptLoader, tracker: Tracker,
-        checkpointer: Checkpointer | None = None, validator: Validator | None = None,
+        checkpointer: Checkpointer | None = None, validator: Validator | None = None, reward_model: Any | None = None,
     ) -> None:
         self.cfg, self.actor, self.critic = cfg, actor, critic
         self.tokenizer, self.loader, self.tracker = tokenizer, loader, tracker
         self.advantage_fn = ADVANTAGES.get(cfg.algorithm.advantage)
         self.reward_name = resolve_reward_name(cfg)
-        self.reward_fn = REWARDS.get(self.reward_name)
+        self.rule_scorer = RuleScorer(self.reward_name, cfg.reward) if cfg.reward.uses_rule else None
+        self.reward_model = reward_model
+        # The reward model scores on its workers while the driver runs the rule reward.
+        self.reward_model_thread = ThreadPoolExecutor(1, thread_name_prefix="reward-model") if reward_model is not None else None
         self.use_ref = cfg.algorithm.uses_reference
         self.experience = ExperienceProducer(cfg, actor.generate, tokenizer, loader, self.compute_rewards)
         a = cfg.algorithm
@@ -118,18 +123,54 @@ class Trainer:
         return metrics | collect_step_metrics(batch, timer)
 
     def compute_rewards(self, batch: Batch) -> Batch:
+        """Add ``score`` (``reward.weight`` x the rule reward + ``reward.model.weight`` x the
+        reward model's score), ``reward`` (score + overlong shaping) and the decoded ``response``.
+
+        Also per row: ``rule_score``, ``reward_errors`` and ``reward_timeouts`` (1 where the
+        rule reward failed and scored 0 under ``reward.on_error=zero``) and ``rm_score``.
+        """
+        r = self.cfg.reward
         texts = [self.decode(ids, mask) for ids, mask in zip(batch["response_ids"], batch["response_mask"])]
-        samples = [{"prompt": p, **extra} for p, extra in zip(batch["prompt"], batch["extra"])]
-        scores = torch.tensor(
-            compute_rewards(self.reward_fn, self.reward_name, texts, list(batch["ground_truth"]), samples)
-        )
+        pending_rm = self.start_reward_model(batch, texts)
+        score = torch.zeros(len(batch))
+        parts: dict[str, torch.Tensor] = {}
+        if self.rule_scorer is not None:
+            samples = [{"prompt": p, **extra} for p, extra in zip(batch["prompt"], batch["extra"])]
+            rule = self.rule_scorer.score(texts, list(batch["ground_truth"]), samples)
+            parts |= {
+                "rule_score": torch.tensor(rule.scores),
+                "reward_errors": torch.tensor(rule.errors, dtype=torch.float32),
+                "reward_timeouts": torch.tensor(rule.timeouts, dtype=torch.float32),
+            }
+            score += r.weight * parts["rule_score"]
+        if pending_rm is not None:
+            parts["rm_score"] = pending_rm.result()
+            score += r.model.weight * parts["rm_score"]
         # Sampled tokens against their budget: observations in a multi-turn response do not count.
-        penalty = compute_overlong_penalty(batch["loss_mask"].sum(1), self.cfg.rollout.max_tokens, self.cfg.reward)
+        penalty = compute_overlong_penalty(batch["loss_mask"].sum(1), self.cfg.rollout.max_tokens, r)
         return Batch(
-            batch.tensors | {"score": scores, "reward": scores + penalty},
+            batch.tensors | parts | {"score": score, "reward": score + penalty},
             batch.columns | {"response": texts},
             batch.meta,
         )
+
+    def start_reward_model(self, batch: Batch, texts: list[str]) -> Future[torch.Tensor] | None:
+        """Send prompts (as chat turns) and responses to the reward-model group, in the background."""
+        if self.reward_model is None or self.reward_model_thread is None:
+            return None
+        if "messages" in batch:
+            messages = batch["messages"]
+        else:
+            messages = [[{"role": "user", "content": p}] for p in batch["prompt"]]
+        request = Batch(columns={"messages": as_object_column(messages), "response": texts})
+        return self.reward_model_thread.submit(lambda: self.reward_model.compute_rm_scores(request)["rm_score"])
+
+    def close(self) -> None:
+        """Stop the reward processes and the reward-model thread."""
+        if self.rule_scorer is not None:
+            self.rule_scorer.close()
+        if self.reward_model_thread is not None:
+            self.reward_model_thread.shutdown(wait=False, cancel_futures=True)
 
     def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> str:
         """The response text without its closing EOS. Other special tokens stay visible, so
@@ -187,6 +228,14 @@ def compute_overlong_penalty(lengths: torch.Tensor, max_tokens: int, cfg: Reward
     return -cfg.overlong_penalty * (excess / cfg.overlong_buffer).clamp(max=1)
 
 
+def as_object_column(values: Any) -> np.ndarray:
+    """A column of python objects (lists of chat turns) filled one row at a time."""
+    column = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        column[i] = value
+    return column
+
+
 def average(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """Mean of each metric over the ranks."""
     return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in per_rank[0]}
@@ -218,9 +267,22 @@ def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
         "rollout/logprob_diff": float(diff),
         "rollout/weights_version": float(batch.meta.get("weights_version", 0)),
     }
+    metrics |= collect_reward_metrics(batch)
     metrics |= timer.metrics()
     tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
     metrics["perf/tokens_per_s"] = tokens / metrics["timing_s/step"]
+    return metrics
+
+
+def collect_reward_metrics(batch: Batch) -> dict[str, float]:
+    """Failed rule-reward samples (counts) and the means of the reward's parts, when present."""
+    metrics = {}
+    for key, name in (("reward_errors", "reward/errors"), ("reward_timeouts", "reward/timeouts")):
+        if key in batch.tensors:
+            metrics[name] = float(batch[key].sum())
+    for key, name in (("rule_score", "reward/rule_mean"), ("rm_score", "reward/model_mean")):
+        if key in batch.tensors:
+            metrics[name] = float(batch[key].float().mean())
     return metrics
 
 
@@ -261,24 +323,24 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
 
     model_path, tokenizer, resume_from = inputs.model_path, inputs.tokenizer, inputs.resume_from
     records, val_records = inputs.records, inputs.val_records
-    pool, tracker, groups = None, None, []
+    pool, tracker, trainer, groups = None, None, None, []
     try:
         device = resolve_device(cfg.trainer.device)
         out = prepare_output_dir(cfg, None if resume_from is None else read_driver_state(resume_from)["step"])
-        # The critic, when there is one, shares the actor's bundles (half of each).
+        # The critic and the reward model, when there are, share the actor's bundles.
         pool = ResourcePool(
             nnodes=cfg.trainer.nnodes,
             procs_per_node=cfg.trainer.procs_per_node,
             device=device,
             cpus_per_proc=cfg.trainer.cpus_per_proc,
-            max_colocate=2 if cfg.critic.enable else 1,
+            max_colocate=1 + int(bool(cfg.critic.enable)) + int(cfg.reward.uses_model),
             name="actor_rollout",
         )
         pool.create()
 
-        def start(role: str, worker_cls: str) -> WorkerGroup:
+        def start(role: str, worker_cls: str, path: str = model_path) -> WorkerGroup:
             group = WorkerGroup(
-                pool, load_class(worker_cls), role=role, init_args=(cfg, model_path, device),
+                pool, load_class(worker_cls), role=role, init_args=(cfg, path, device),
                 call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device),
             )
             groups.append(group)
@@ -286,6 +348,9 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
 
         actor = start("actor", cfg.actor.worker_cls)
         critic = start("critic", cfg.critic.worker_cls) if cfg.critic.enable else None
+        reward_model = None
+        if inputs.reward_model_path is not None:
+            reward_model = start("reward_model", cfg.reward.model.worker_cls, inputs.reward_model_path)
         tracker = Tracker(out, cfg.trainer.loggers, cfg.trainer.total_steps, cfg, cfg.trainer.project, cfg.trainer.experiment)
         loader = PromptLoader(records, cfg.data.batch_size, cfg.trainer.seed)
         checkpointer = Checkpointer(
@@ -294,12 +359,14 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             cfg.trainer.export_hf,
         )
         validator = Validator(val_records, cfg, tokenizer) if val_records else None
-        trainer = Trainer(cfg, actor, critic, tokenizer, loader, tracker, checkpointer, validator)
+        trainer = Trainer(cfg, actor, critic, tokenizer, loader, tracker, checkpointer, validator, reward_model)
         if resume_from is not None:
             trainer.load_state_dict(checkpointer.load(resume_from))
             print(f"rlframe: resumed from {resume_from} at step {trainer.step_count}", flush=True)
         return trainer.fit()
     finally:
+        if trainer is not None:
+            trainer.close()
         if tracker is not None:
             tracker.close()
         for group in groups:

@@ -25,6 +25,7 @@ from rlframe.config.sections import (
     ModelConfig,
     RayConfig,
     RewardConfig,
+    RewardModelConfig,
     RolloutConfig,
     RolloutEngineName,
     TrainerConfig,
@@ -33,7 +34,7 @@ from rlframe.config.sections import (
 
 __all__ = [
     "ActorConfig", "AgentConfig", "AlgorithmConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "Device",
-    "ModelConfig", "RayConfig", "RewardConfig", "RolloutConfig", "RolloutEngineName", "TrainerConfig",
+    "ModelConfig", "RayConfig", "RewardConfig", "RewardModelConfig", "RolloutConfig", "RolloutEngineName", "TrainerConfig",
     "ValConfig", "build_config", "check_batch_sizes", "first_line", "require", "require_choice",
     "require_positive",
 ]

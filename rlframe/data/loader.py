@@ -66,7 +66,9 @@ def build_prompt_batch(records: list[PromptRecord], n: int, first_group: int, pa
         {"prompt_ids": ids, "prompt_mask": mask, "group": groups},
         {
             "prompt": [r.prompt for r in records], "ground_truth": [r.ground_truth for r in records],
-            "extra": [r.extra for r in records], "messages": [r.messages for r in records],
+            "extra": [r.extra for r in records],
+            # Synthetic prompts have no turns of their own: the prompt text is one user turn.
+            "messages": [r.messages or [{"role": "user", "content": r.prompt}] for r in records],
         },
     ).repeat(n)
     copies = torch.arange(len(batch)) % n

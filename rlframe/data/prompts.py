@@ -24,7 +24,8 @@ class PromptRecord:
     extra: dict[str, Any]
     """Every other column of the row, passed to the reward function."""
     messages: list[dict[str, Any]] = field(default_factory=list)
-    """The row's chat turns before the template (what a multi-turn env opens with)."""
+    """The row's chat turns before any template: what a multi-turn env opens with, and what a
+    reward model renders with its own template. Empty for synthetic tasks."""
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

@@ -1,0 +1,83 @@
+"""A tiny random-initialised reward model, built like the tiny policy (see ``tiny_model.py``).
+
+``reward.model.path: tiny-rm:<seed>`` builds (once, then caches) a Qwen2
+``ForSequenceClassification`` with one label and the tiny character tokenizer, plus a chat
+template of its own (``user: ...\\nassistant: ...\\n``), so the reward-model worker's path
+through its own tokenizer and template runs in tests without a download. Its scores are
+random but fixed by the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from rlframe.data.tiny_model import CHARACTERS, TinyModelSpec, build_tiny_tokenizer, default_cache_dir
+
+TINY_RM_PREFIX = "tiny-rm:"
+# Only characters of the tiny vocabulary, so the rendered chat has no unknown tokens.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
+def is_tiny_reward_model(path: str) -> bool:
+    return path.startswith(TINY_RM_PREFIX)
+
+
+def resolve_reward_model_path(path: str, cache_dir: Path | None = None) -> str:
+    """A loadable reward-model directory: ``tiny-rm:<seed>`` is built on first use."""
+    if not is_tiny_reward_model(path):
+        return path
+    seed_text = path[len(TINY_RM_PREFIX) :] or "0"
+    if not seed_text.isdigit():
+        raise ValueError(f"{path!r}: use 'tiny-rm:<integer seed>', e.g. 'tiny-rm:0'")
+    spec = TinyModelSpec(seed=int(seed_text))
+    key = hashlib.sha1(json.dumps([asdict(spec), CHARACTERS, CHAT_TEMPLATE]).encode()).hexdigest()[:12]
+    target = (cache_dir or default_cache_dir()) / f"tiny-qwen2-rm-{key}"
+    if not (target / "config.json").exists():
+        build_tiny_reward_model(spec, target)
+    return str(target)
+
+
+def build_tiny_reward_model(spec: TinyModelSpec, target: Path) -> None:
+    """Write a random-initialised one-label Qwen2 sequence classifier and its tokenizer.
+
+    Written to a temporary folder first and renamed, so concurrent builders never see a
+    half-written model.
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_positions,
+        num_labels=1,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForSequenceClassification(config)
+    # The default init leaves the score head near zero; scale it so rewards differ visibly.
+    torch.nn.init.normal_(model.score.weight, std=1.0)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    try:
+        staging.rename(target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)  # another process finished first

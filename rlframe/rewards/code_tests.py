@@ -1,0 +1,91 @@
+"""``code_tests``: run the response's program against the row's test cases in the sandbox.
+
+Test cases come from the row's ``tests`` column, else from ``ground_truth`` (either as a
+JSON string or already parsed), in one of two styles:
+
+- stdin/stdout: ``{"inputs": ["1 2\\n", ...], "outputs": ["3\\n", ...]}`` or a list of
+  ``{"input": ..., "output": ...}``: the program reads the input and must print the output
+  (compared line by line, trailing spaces ignored);
+- assert: ``{"asserts": ["assert add(1, 2) == 3", ...]}`` or a plain list of such strings:
+  each runs after the program's code.
+
+The score is the fraction of test cases passed; each case is one sandboxed run (see
+:mod:`rlframe.rewards.sandbox`) of at most ``time_limit_s`` seconds (a row's
+``time_limit_s`` column, else 5). The program is the last fenced code block of the
+response (```` ```python ````), or the whole response when it has none.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from rlframe.rewards.registry import REWARDS
+from rlframe.rewards.sandbox import SandboxLimits, run_python, warn_if_not_isolated
+
+FENCED = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
+DEFAULT_TIME_LIMIT_S = 5.0
+
+
+@dataclass
+class TestCase:
+    stdin: str
+    """Input fed to the program (stdin style), or empty."""
+    expected_stdout: str | None
+    """What the program must print (stdin style); None for an assert."""
+    check: str
+    """Code appended to the program (assert style), or empty."""
+
+
+def extract_program(response: str) -> str:
+    """The last fenced code block, else the whole response."""
+    blocks = FENCED.findall(response)
+    return blocks[-1] if blocks else response
+
+
+def parse_test_cases(spec: Any) -> list[TestCase]:
+    """Test cases from a row's ``tests`` value or ground truth (see the module docstring)."""
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError:
+            raise ValueError(f"test cases must be JSON (stdin/stdout or asserts), got {spec[:80]!r}") from None
+    if isinstance(spec, dict) and "inputs" in spec and "outputs" in spec:
+        if len(spec["inputs"]) != len(spec["outputs"]):
+            raise ValueError(f"{len(spec['inputs'])} inputs but {len(spec['outputs'])} outputs")
+        return [TestCase(str(i), str(o), "") for i, o in zip(spec["inputs"], spec["outputs"])]
+    if isinstance(spec, dict) and "asserts" in spec:
+        spec = spec["asserts"]
+    if isinstance(spec, list) and spec and all(isinstance(c, dict) and "input" in c for c in spec):
+        return [TestCase(str(c["input"]), str(c["output"]), "") for c in spec]
+    if isinstance(spec, list) and spec and all(isinstance(c, str) for c in spec):
+        return [TestCase("", None, c) for c in spec]
+    raise ValueError(
+        "test cases must be {'inputs': [...], 'outputs': [...]}, [{'input', 'output'}, ...], "
+        f"{{'asserts': [...]}} or a list of assert strings; got {str(spec)[:80]!r}"
+    )
+
+
+def normalise_output(text: str) -> list[str]:
+    return [line.rstrip() for line in text.strip().splitlines()]
+
+
+def run_test_case(program: str, case: TestCase, limits: SandboxLimits) -> bool:
+    code = program if not case.check else f"{program}\n\n{case.check}\n"
+    result = run_python(code, case.stdin, limits)
+    if not result.ok:
+        return False
+    return case.expected_stdout is None or normalise_output(result.stdout) == normalise_output(case.expected_stdout)
+
+
+@REWARDS.register("code_tests")
+def score_code_tests(response: str, ground_truth: str, sample: dict[str, Any]) -> float:
+    """Fraction of the row's test cases the response's program passes."""
+    warn_if_not_isolated()
+    cases = parse_test_cases(sample["tests"] if "tests" in sample else ground_truth)
+    limit = float(sample.get("time_limit_s") or DEFAULT_TIME_LIMIT_S)
+    limits = SandboxLimits(wall_s=limit, cpu_s=max(1, int(limit) + 1))
+    program = extract_program(response)
+    return sum(run_test_case(program, case, limits) for case in cases) / len(cases)
