@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -83,8 +84,9 @@ def score_with_fsdp(checkpoint: str, samples: list[dict]) -> list[list[float]]:
     from workers.engines.checkpointing import load_engine
     from workers.engines.fsdp import FSDPEngine, OptimizerSpec
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("MASTER_PORT", "29611"), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("gloo")
+    # A one-process group meets through a file: a TCP port picked in advance can be taken by then.
+    store = Path(tempfile.mkdtemp()) / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     # The run's initial weights, then the checkpoint's state on top (what a resumed worker does).
     path = resolve_model_path("tiny:0")
     engine = FSDPEngine(path, ModelConfig(path=path), OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 1), "cpu")
