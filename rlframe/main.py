@@ -134,8 +134,10 @@ def run(cfg: Config) -> None:
     """Start or join Ray and run the training loop. Heavy imports happen here, after validation.
 
     A worker or reward failure ends the run with its own message (role, rank, method and
-    the worker's traceback), not with a driver traceback around it.
+    the worker's traceback), not with a driver traceback around it; so does a placement the
+    cluster cannot satisfy (one line, within seconds when it never could).
     """
+    from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
     from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
@@ -147,7 +149,7 @@ def run(cfg: Config) -> None:
     except ConfigError as e:
         print(f"rlframe: config error: {e}", file=sys.stderr)
         sys.exit(2)
-    except (WorkerError, RewardError) as e:
+    except (WorkerError, RewardError, PlacementError) as e:
         print(f"rlframe: {e}", file=sys.stderr)
         sys.exit(1)
 

@@ -22,6 +22,7 @@ from rlframe.algorithms.registry import load_class
 from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_logs, write_hf_config
 from rlframe.config import Config, RewardConfig
 from rlframe.controller.cluster import init_ray, resolve_device
+from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
 from rlframe.data.loader import PromptLoader, build_prompt_batch
 from rlframe.preflight import RunInputs
 from rlframe.protocol import Batch
@@ -307,18 +308,21 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     ``inputs`` come from :func:`rlframe.preflight.check_run_inputs`, run before Ray starts.
     Returns the metrics of every step (also written to ``metrics.jsonl``).
     """
-    started = init_ray(cfg.ray)
-    import ray
-
-    from rlframe.controller.placement import ResourcePool
-    from rlframe.controller.worker_group import WorkerGroup
-
     model_path, tokenizer, resume_from = inputs.model_path, inputs.tokenizer, inputs.resume_from
     records, val_records = inputs.records, inputs.val_records
+    out = prepare_output_dir(cfg, None if resume_from is None else read_driver_state(resume_from)["step"])
+    logs = route_driver_logs(out, cfg.trainer.log_level)
+    started = False
     pool, tracker, groups = None, None, []
     try:
+        started = init_ray(cfg.ray)
+        import ray
+
+        from rlframe.controller.placement import ResourcePool
+        from rlframe.controller.worker_group import WorkerGroup
+
         device = resolve_device(cfg.trainer.device)
-        out = prepare_output_dir(cfg, None if resume_from is None else read_driver_state(resume_from)["step"])
+        print(format_startup_summary(describe_run(cfg, model_path, device, out, logs, started)), flush=True)
         # The critic, when there is one, shares the actor's bundles (half of each).
         pool = ResourcePool(
             nnodes=cfg.trainer.nnodes,
@@ -328,12 +332,12 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             max_colocate=2 if cfg.critic.enable else 1,
             name="actor_rollout",
         )
-        pool.create()
+        pool.create(timeout_s=cfg.ray.placement_timeout_s)
 
         def start(role: str, worker_cls: str) -> WorkerGroup:
             group = WorkerGroup(
                 pool, load_class(worker_cls), role=role, init_args=(cfg, model_path, device),
-                call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device),
+                call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device) | logs.worker_env(),
             )
             groups.append(group)
             return group
@@ -362,3 +366,4 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             pool.remove()
         if started:
             ray.shutdown()
+        logs.close()

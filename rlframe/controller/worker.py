@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rlframe.controller.dispatch import Dispatch, dispatch
+from rlframe.logs import route_worker_logs
 
 
 class Worker:
@@ -24,6 +25,8 @@ class Worker:
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.role = os.environ.get("RLFRAME_ROLE", type(self).__name__)
+        # Before any engine starts: its output belongs in the run's logs/, not the console.
+        self.log_path = route_worker_logs(self.role, self.rank)
 
     def init_process_group(self, device: str, timeout_s: float = 1800.0) -> None:
         """Join the group's default process group: nccl on cuda, gloo on cpu."""
