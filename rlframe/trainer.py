@@ -338,6 +338,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             group = WorkerGroup(
                 pool, load_class(worker_cls), role=role, init_args=(cfg, model_path, device),
                 call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device) | logs.worker_env(),
+                rollout_tp_size=cfg.rollout.tensor_parallel_size,
             )
             groups.append(group)
             return group

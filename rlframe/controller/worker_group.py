@@ -45,6 +45,7 @@ class WorkerGroup:
         call_timeout_s: the longest wait for one call.
         start_timeout_s: the longest wait for the actors to start (imports, model loading).
         env: extra environment variables for every worker process.
+        rollout_tp_size: ranks per rollout tensor-parallel group, for ``ROLLOUT_DP_SPLIT``.
     """
 
     def __init__(
@@ -57,9 +58,11 @@ class WorkerGroup:
         call_timeout_s: float = 3600.0,
         start_timeout_s: float = 900.0,
         env: dict[str, str] | None = None,
+        rollout_tp_size: int = 1,
     ) -> None:
         self.role = role
         self.world_size = pool.world_size
+        self.rollout_tp_size = rollout_tp_size
         self.call_timeout_s = call_timeout_s
         self.methods = find_dispatch_methods(worker_cls)
         self.actors = self.start_actors(pool, worker_cls, init_args, env or {})
@@ -102,7 +105,7 @@ class WorkerGroup:
         mode = self.methods.get(method)
         if mode is None:
             raise AttributeError(f"{self.role} workers have no @dispatch method {method!r}; they have {sorted(self.methods)}")
-        fan_out = split_call(mode, self.world_size, args, kwargs)
+        fan_out = split_call(mode, self.world_size, args, kwargs, self.rollout_tp_size)
         if mode is Dispatch.ONE_TO_ALL and self.world_size > 1:
             # Serialise shared arguments once rather than once per rank; Ray resolves
             # top-level ObjectRef arguments back to values in the worker.

@@ -1,7 +1,11 @@
-"""vLLM as an in-process rollout engine, one per rank (``external_launcher``).
+"""vLLM as an in-process rollout engine (``external_launcher``), in the training processes.
 
-Each rank's engine joins the trainer's process group as its own data-parallel replica
-(tensor parallel size 1), so the trainer and the engine share one process and one device.
+The engine adopts the trainer's process group as its world. With
+``rollout.tensor_parallel_size`` TP, vLLM cuts that world into groups of TP consecutive
+ranks; each group holds one engine sharded across its ranks, and the groups are data-parallel
+replicas. Every rank of a group must call ``generate`` with the same prompts and seeds (the
+dispatch layer sends them the same rows) and must consume the same weight stream (each rank's
+loader keeps its shard of every full tensor).
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ class VLLMRollout:
 
         extra = {"enable_sleep_mode": True, "gpu_memory_utilization": cfg.gpu_memory_utilization} if device == "cuda" else {}
         self.sleep_level = cfg.sleep_level
+        # Level 2 is treated as discarding on every device, also where vLLM's sleep is a
+        # no-op (CPU), so CPU runs take the same weight-reload path as GPU runs.
+        self.discards_weights_on_sleep = cfg.sleep_level == 2
         self.device = device
         self.llm = LLM(
             model=path,
             skip_tokenizer_init=True,
             distributed_executor_backend="external_launcher",
-            tensor_parallel_size=1,
+            tensor_parallel_size=cfg.tensor_parallel_size,
             dtype=dtype,
             max_model_len=max_model_len,
             enforce_eager=device == "cpu",
