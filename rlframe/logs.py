@@ -66,6 +66,7 @@ class DriverLogs:
     level: str
     handlers: list[logging.Handler] = field(default_factory=list)
     root_level: int = logging.WARNING
+    root_handlers: list[logging.Handler] = field(default_factory=list)
     ray_handlers: list[logging.Handler] = field(default_factory=list)
     ray_propagate: bool = False
 
@@ -97,6 +98,8 @@ class DriverLogs:
             root.removeHandler(handler)
             handler.close()
         root.setLevel(self.root_level)
+        for handler in self.root_handlers:
+            root.addHandler(handler)
         ray_logger = logging.getLogger("ray")
         for handler in self.ray_handlers:
             ray_logger.addHandler(handler)
@@ -120,6 +123,11 @@ def route_driver_logs(run_dir: Path, level: str) -> DriverLogs:
     console.setFormatter(logging.Formatter(CONSOLE_FORMAT))
     console.addFilter(ConsoleFilter())
     routing.handlers = [file_handler, console]
+    # Handlers set up before (Hydra's job logging prints INFO to stdout) would bypass the
+    # console threshold; they are put back by close().
+    routing.root_handlers = list(root.handlers)
+    for handler in routing.root_handlers:
+        root.removeHandler(handler)
     for handler in routing.handlers:
         root.addHandler(handler)
     root.setLevel(min(file_handler.level, console.level))

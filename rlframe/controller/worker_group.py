@@ -13,7 +13,9 @@ even while other ranks are still blocked in a collective with the dead one.
 
 from __future__ import annotations
 
+import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -23,6 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rlframe.controller.dispatch import Dispatch, collect_results, find_dispatch_methods, split_call
 from rlframe.controller.placement import ResourcePool
+from rlframe.controller.worker import RENDEZVOUS_FILE_ENV
 
 
 class WorkerError(RuntimeError):
@@ -76,10 +79,17 @@ class WorkerGroup:
         self, pool: ResourcePool, worker_cls: type, init_args: tuple[Any, ...], env: dict[str, str]
     ) -> list[Any]:
         master_addr, master_port = pool.find_master_address()
+        # One node: rendezvous through a file there, so nothing listens on the network.
+        rendezvous = (
+            {RENDEZVOUS_FILE_ENV: f"{tempfile.gettempdir()}/rlframe_rendezvous_{uuid.uuid4().hex}"}
+            if pool.nnodes == 1
+            else {}
+        )
         remote_cls = ray.remote(worker_cls)
         actors = []
         for rank in range(self.world_size):
             rank_env = {
+                **rendezvous,
                 "RANK": str(rank),
                 "WORLD_SIZE": str(self.world_size),
                 # Ray narrows CUDA_VISIBLE_DEVICES to the actor's GPU, so it is always device 0.
