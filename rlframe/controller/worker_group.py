@@ -25,7 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rlframe.controller.dispatch import Dispatch, collect_results, find_dispatch_methods, split_call
 from rlframe.controller.placement import ResourcePool
-from rlframe.controller.worker import RENDEZVOUS_FILE_ENV
+from rlframe.controller.worker import GROUP_ID_ENV, RENDEZVOUS_FILE_ENV
 
 
 class WorkerError(RuntimeError):
@@ -79,11 +79,10 @@ class WorkerGroup:
         self, pool: ResourcePool, worker_cls: type, init_args: tuple[Any, ...], env: dict[str, str]
     ) -> list[Any]:
         master_addr, master_port = pool.find_master_address()
+        group_id = uuid.uuid4().hex
         # One node: rendezvous through a file there, so nothing listens on the network.
         rendezvous = (
-            {RENDEZVOUS_FILE_ENV: f"{tempfile.gettempdir()}/rlframe_rendezvous_{uuid.uuid4().hex}"}
-            if pool.nnodes == 1
-            else {}
+            {RENDEZVOUS_FILE_ENV: f"{tempfile.gettempdir()}/rlframe_rendezvous_{group_id}"} if pool.nnodes == 1 else {}
         )
         remote_cls = ray.remote(worker_cls)
         actors = []
@@ -98,6 +97,8 @@ class WorkerGroup:
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 "RLFRAME_ROLE": self.role,
+                # Names what the group's ranks share on a node (vLLM's CPU shared memory).
+                GROUP_ID_ENV: group_id,
                 **env,
             }
             actor = remote_cls.options(

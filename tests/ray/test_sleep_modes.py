@@ -125,9 +125,10 @@ def test_generate_without_sync_never_samples_from_discarded_weights(tmp_path: Pa
     model_path = resolve_model_path("tiny:0", cache_dir=tmp_path)
     pool = ResourcePool(nnodes=1, procs_per_node=1, device="cpu", cpus_per_proc=1)
     pool.create(timeout_s=60)
-    group = WorkerGroup(pool, LoggedHybridWorker, role="actor", init_args=(cfg, model_path, "cpu"),
-                        call_timeout_s=600, env=worker_env(cfg, "cpu"))
+    group = None
     try:
+        group = WorkerGroup(pool, LoggedHybridWorker, role="actor", init_args=(cfg, model_path, "cpu"),
+                            call_timeout_s=600, env=worker_env(cfg, "cpu"))
         # Round 1: the engine is awake with the checkpoint's weights; it sleeps afterwards.
         _, gap = generate_and_gap(group, 1)
         assert group.take_calls() == [["generate", "sleep"]] and gap < 1e-4
@@ -152,5 +153,6 @@ def test_generate_without_sync_never_samples_from_discarded_weights(tmp_path: Pa
             else:
                 assert discarded == 0.0
     finally:
-        group.shutdown()
+        if group is not None:
+            group.shutdown()
         pool.remove()

@@ -23,6 +23,9 @@ class VLLMRollout:
     def __init__(self, path: str, cfg: RolloutConfig, device: str, max_model_len: int, seed: int, dtype: torch.dtype):
         # Must be set before vLLM reads its environment: the engine lives in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's CPU TP communicator names its /dev/shm segments after this; segments left by
+        # a killed run under the default (empty) name make the next TP engine fail (EEXIST).
+        os.environ.setdefault("VLLM_DIST_IDENT", "rlframe-" + os.environ.get("RLFRAME_GROUP_ID", str(os.getpid())))
         if device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb))
         from vllm import LLM
