@@ -1,7 +1,7 @@
 """Two virtual Ray nodes on this machine (``ray.cluster_utils.Cluster``), driven from here.
 
 ``python tests/e2e/two_node_cluster.py RESULT.json [CLI override ...]``: starts a head node
-and a second node with one CPU each, places a real 2-node resource pool and reports where
+and a second node with two CPUs each, places a real 2-node resource pool and reports where
 its ranks landed, then runs ``python -m rlframe.main`` with the given overrides against the
 cluster (``ray.address``) and writes everything to RESULT.json. Run as a separate process
 because a pytest session may already be connected to another Ray.
@@ -39,8 +39,10 @@ def place_pool() -> dict:
 
 def main() -> None:
     result_path, *overrides = sys.argv[1:]
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
+    # Two CPUs per node: both one-CPU groups would fit on either node, so only the spreading
+    # (not a lack of room) puts them on different nodes.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()
     try:
         ray.init(address=cluster.address, log_to_driver=False)
