@@ -186,7 +186,7 @@ def check_placeable(pool: ResourcePool) -> None:
         else f"only {len(capable)} node(s) of {len(nodes)} can hold {need}"
     )
     raise PlacementError(
-        f"{pool.describe()} ({need} per node), which this cluster can never place: {why}. Lower "
+        f"{pool.describe()} ({need} per node), which the cluster could not place and never can: {why}. Lower "
         "trainer.procs_per_node / trainer.cpus_per_proc / trainer.nnodes or add nodes."
     )
 
