@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_origin, get_type_hints
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -99,17 +99,19 @@ def check_override_keys(args: list[str]) -> None:
         if key == "recipe" and prefix == "+":
             continue
         if prefix:
-            check_schema_key(key)
+            if check_schema_key(key) and prefix in ("+", "++"):
+                continue  # a new key of a free-form mapping (+agent.env_kwargs.NAME=VALUE)
             raise ConfigError(
                 key, f"set schema keys as {key}=VALUE, without {prefix!r} (only +recipe=NAME takes a '+')"
             )
         check_schema_key(key)
 
 
-def check_schema_key(key: str) -> None:
-    """Raise ConfigError unless the dotted ``key`` names a field of the schema."""
+def check_schema_key(key: str) -> bool:
+    """Raise ConfigError unless the dotted ``key`` names a field of the schema; True when it
+    lies inside a free-form mapping such as ``agent.env_kwargs``."""
     if key.startswith("hydra."):
-        return
+        return False
     node: Any = Config
     walked: list[str] = []
     for part in key.split("."):
@@ -119,7 +121,10 @@ def check_schema_key(key: str) -> None:
             allowed = ", ".join(sorted(names)) or "none (it is a value, not a section)"
             raise ConfigError(key, f"unknown key; keys allowed in {where}: {allowed}")
         walked.append(part)
+        if get_origin(get_type_hints(node)[part]) is dict:
+            return True  # a free-form mapping (agent.env_kwargs): its keys are the plug-in's
         node = schema_type(node, part)
+    return False
 
 
 
@@ -133,12 +138,13 @@ def schema_type(owner: type, name: str) -> Any:
 def run(cfg: Config) -> None:
     """Start or join Ray and run the training loop. Heavy imports happen here, after validation.
 
-    A worker or reward failure ends the run with its own message (role, rank, method and
-    the worker's traceback), not with a driver traceback around it; so does a placement the
-    cluster cannot satisfy (one line, within seconds when it never could).
+    A worker, reward or environment failure ends the run with its own message (role, rank,
+    method and the worker's traceback; the env, sample and turn), not with a driver traceback;
+    so does a placement the cluster cannot satisfy (one line, within seconds when it never could).
     """
     from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
+    from rlframe.envs import EnvError
     from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
     from rlframe.trainer import run_training
@@ -149,7 +155,7 @@ def run(cfg: Config) -> None:
     except ConfigError as e:
         print(f"rlframe: config error: {e}", file=sys.stderr)
         sys.exit(2)
-    except (WorkerError, RewardError, PlacementError) as e:
+    except (WorkerError, RewardError, EnvError, PlacementError) as e:
         print(f"rlframe: {e}", file=sys.stderr)
         sys.exit(1)
 

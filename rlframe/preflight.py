@@ -43,6 +43,8 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     # A run directory in use is resumed or refused, never overwritten.
     resume_from = resolve_resume(cfg)
     model_path, tokenizer = load_model_files(cfg)
+    check_agent(cfg, tokenizer)
+    check_sequence_length(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:
         records, val_records = split_validation_records(records, cfg, tokenizer)
@@ -77,6 +79,61 @@ def check_plugins(cfg: Config) -> None:
             load_class(path)
         except Exception as e:
             raise ConfigError(key, describe_load_error(e)) from None
+
+
+def check_agent(cfg: Config, tokenizer: Any) -> None:
+    """``rollout.agent`` loads; for multi_turn, ``agent.env`` loads, one env builds from
+    ``agent.env_kwargs``, and the chat template can place an observation after a model turn."""
+    from rlframe.envs import ENVS, ChatFormat, EnvError, get_tools
+    from rlframe.rollout import AGENTS
+
+    try:
+        AGENTS.get(cfg.rollout.agent)
+    except Exception as e:
+        raise ConfigError("rollout.agent", describe_load_error(e)) from None
+    if not cfg.agent.env:
+        return
+    try:
+        factory = ENVS.get(cfg.agent.env)
+    except Exception as e:
+        raise ConfigError("agent.env", describe_load_error(e)) from None
+    try:
+        env = factory(**cfg.agent.env_kwargs)
+    except Exception as e:
+        raise ConfigError("agent.env_kwargs", f"{cfg.agent.env} cannot be built with {cfg.agent.env_kwargs}: {type(e).__name__}: {e}") from None
+    for method in ("reset", "step"):
+        if not callable(getattr(env, method, None)):
+            raise ConfigError("agent.env", f"{cfg.agent.env} builds a {type(env).__name__}, which has no {method}() method")
+    try:
+        ChatFormat(tokenizer, tools=get_tools(env)).observation_ids([{"role": "user", "content": "x"}], cfg.agent.max_obs_tokens)
+    except EnvError as e:
+        raise ConfigError("agent.env", f"the model's chat template cannot carry observations: {e}") from None
+    except Exception as e:  # a template may reject a role or the tools
+        raise ConfigError("agent.env", f"the model's chat template fails on an observation message: {type(e).__name__}: {e}") from None
+
+
+def check_sequence_length(cfg: Config, model_path: str) -> None:
+    """The longest prompt + response must fit the model's positions (vLLM refuses to start
+    otherwise, after Ray). Multi-turn responses hold observations too."""
+    from transformers import AutoConfig
+
+    from rlframe.config.agent import compute_response_width, is_multi_turn
+
+    try:
+        limit = getattr(AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
+                        "max_position_embeddings", None)
+    except Exception:  # a model id whose config is not reachable: vLLM will say
+        return
+    width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
+    longest = cfg.data.max_prompt_length + width
+    if limit is not None and longest > limit:
+        parts = f"data.max_prompt_length {cfg.data.max_prompt_length} + rollout.max_tokens {cfg.rollout.max_tokens}"
+        if is_multi_turn(cfg.rollout.agent):
+            parts += f" + (agent.max_turns - 1) * agent.max_obs_tokens = {width - cfg.rollout.max_tokens}"
+        raise ConfigError(
+            "agent.max_obs_tokens" if is_multi_turn(cfg.rollout.agent) else "rollout.max_tokens",
+            f"{parts} = {longest} tokens exceeds the model's {limit} positions",
+        )
 
 
 def describe_load_error(error: BaseException) -> str:

@@ -17,16 +17,17 @@ import torch
 from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs, place_on_last_token
 from rlframe.algorithms.losses import KLController, apply_kl_penalty
 from rlframe.algorithms.mismatch import compute_mismatch_metrics
-from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlframe.algorithms.registry import load_class
 from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_logs, write_hf_config
 from rlframe.config import Config, RewardConfig
 from rlframe.controller.cluster import init_ray, resolve_device
+from rlframe.data.loader import PromptLoader
 from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
-from rlframe.data.loader import PromptLoader, build_prompt_batch
 from rlframe.preflight import RunInputs
 from rlframe.protocol import Batch
 from rlframe.rewards import REWARDS, compute_rewards
+from rlframe.rollout import ExperienceProducer
+from rlframe.rollout.sampling import split_uniform_groups  # noqa: F401  (its old home; tests import it here)
 from rlframe.tracking import StageTimer, Tracker
 from rlframe.validation import Validator
 
@@ -44,11 +45,10 @@ class Trainer:
         self.reward_name = resolve_reward_name(cfg)
         self.reward_fn = REWARDS.get(self.reward_name)
         self.use_ref = cfg.algorithm.uses_reference
-        self.use_baseline = cfg.algorithm.advantage in NEEDS_GREEDY_BASELINE
+        self.experience = ExperienceProducer(cfg, actor.generate, tokenizer, loader, self.compute_rewards)
         a = cfg.algorithm
         self.kl_ctrl = KLController(a.kl_reward_coef, a.kl_reward_ctrl, a.kl_target, a.kl_horizon)
         self.step_count = 0
-        self.groups_served = 0
         self.checkpointer, self.validator = checkpointer, validator
 
     def fit(self) -> list[dict[str, float]]:
@@ -57,12 +57,12 @@ class Trainer:
         t = self.cfg.trainer
         history = []
         if self.validator is not None and t.val_before_train and self.step_count == 0:
-            self.tracker.log(0, self.validator.run(self.actor.generate, self.compute_rewards))
+            self.tracker.log(0, self.validator.run(self.experience.generate, self.experience.score))
         while self.step_count < t.total_steps:
             self.step_count += 1
             metrics = self.step()
             if self.validator is not None and self.is_due(t.val_every):
-                metrics |= self.validator.run(self.actor.generate, self.compute_rewards)
+                metrics |= self.validator.run(self.experience.generate, self.experience.score)
             self.tracker.log(self.step_count, metrics)
             history.append(metrics)
             if self.checkpointer is not None and self.is_due(t.save_every):
@@ -77,7 +77,7 @@ class Trainer:
         """The driver's part of a checkpoint (JSON-serialisable)."""
         return {
             "step": self.step_count,
-            "groups_served": self.groups_served,
+            "groups_served": self.experience.groups_served,
             "seed": self.cfg.trainer.seed,
             "loader": self.loader.state_dict(),
             "kl_ctrl": self.kl_ctrl.state_dict(),
@@ -85,7 +85,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step_count, self.groups_served = int(state["step"]), int(state["groups_served"])
+        self.step_count, self.experience.groups_served = int(state["step"]), int(state["groups_served"])
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.tracker.load_state_dict(state["tracker"])
@@ -94,7 +94,8 @@ class Trainer:
         timer = StageTimer()
         metrics: dict[str, float] = {}
         with timer("step"):
-            batch = self.generate_and_score(timer, metrics)
+            # gen, reward (and baseline): prompts -> scored responses, by the configured agent.
+            batch = self.experience.next_batch(timer, metrics)
             with timer("old_logprob"):
                 batch = batch.union(self.actor.compute_logprobs(batch))
             if self.use_ref:
@@ -103,9 +104,6 @@ class Trainer:
             if self.critic is not None:
                 with timer("values"):
                     batch = batch.union(self.critic.compute_values(batch))
-            if self.use_baseline:
-                with timer("baseline"):
-                    batch = self.add_greedy_baseline(batch)
             with timer("adv"):
                 batch = self.compute_advantages(batch, metrics)
             if self.critic is not None:
@@ -120,49 +118,14 @@ class Trainer:
         metrics |= compute_mismatch_metrics(batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm)
         return metrics | collect_step_metrics(batch, timer)
 
-    def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> Batch:
-        """Generate and reward one batch; with DAPO's dynamic sampling, keep only groups whose
-        rewards differ and draw more prompts until ``data.batch_size`` such groups are in."""
-        wanted, n = self.cfg.data.batch_size, self.cfg.rollout.n
-        kept: list[Batch] = []
-        dropped: list[Batch] = []
-        rounds = 0
-        while rounds < self.cfg.algorithm.max_sampling_rounds:
-            rounds += 1
-            prompts = self.next_prompts()
-            with timer("gen"):
-                batch = prompts.union(self.actor.generate(prompts))
-            with timer("reward"):
-                batch = self.compute_rewards(batch)
-            if not self.cfg.algorithm.dynamic_sampling:
-                return batch
-            informative, uniform = split_uniform_groups(batch, n)
-            kept += informative
-            dropped += uniform
-            if len(kept) >= wanted:
-                break
-        metrics["rollout/sampling_rounds"] = float(rounds)
-        metrics["rollout/kept_group_frac"] = len(kept) / max(1, len(kept) + len(dropped))
-        # Still short after the last round: fill up with uniform groups, which carry no
-        # GRPO-style signal but keep the batch the size the update expects.
-        return Batch.concat((kept + dropped)[:wanted])
-
-    def next_prompts(self) -> Batch:
-        records = self.loader.next_records()
-        batch = build_prompt_batch(
-            records, self.cfg.rollout.n, self.groups_served, self.tokenizer.pad_token_id, self.cfg.trainer.seed
-        )
-        self.groups_served += len(records)
-        batch.meta |= {"stop_token_ids": [self.tokenizer.eos_token_id], "pad_token_id": self.tokenizer.pad_token_id}
-        return batch
-
     def compute_rewards(self, batch: Batch) -> Batch:
         texts = [self.decode(ids, mask) for ids, mask in zip(batch["response_ids"], batch["response_mask"])]
         samples = [{"prompt": p, **extra} for p, extra in zip(batch["prompt"], batch["extra"])]
         scores = torch.tensor(
             compute_rewards(self.reward_fn, self.reward_name, texts, list(batch["ground_truth"]), samples)
         )
-        penalty = compute_overlong_penalty(batch["response_mask"].sum(1), self.cfg.rollout.max_tokens, self.cfg.reward)
+        # Sampled tokens against their budget: observations in a multi-turn response do not count.
+        penalty = compute_overlong_penalty(batch["loss_mask"].sum(1), self.cfg.rollout.max_tokens, self.cfg.reward)
         return Batch(
             batch.tensors | {"score": scores, "reward": scores + penalty},
             batch.columns | {"response": texts},
@@ -176,15 +139,6 @@ class Trainer:
         if tokens and tokens[-1] == self.tokenizer.eos_token_id:
             tokens = tokens[:-1]
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
-
-    def add_greedy_baseline(self, batch: Batch) -> Batch:
-        """ReMax: the reward of one greedy response per prompt, shared by its group."""
-        n = self.cfg.rollout.n
-        prompts = batch.select(["prompt_ids", "prompt_mask", "group", "prompt", "ground_truth", "extra", "seed"])
-        prompts = prompts.rows(list(range(0, len(batch), n)))
-        prompts.meta |= {"greedy": True}
-        greedy = self.compute_rewards(prompts.union(self.actor.generate(prompts)))
-        return batch.with_tensors(baseline=greedy["reward"].repeat_interleave(n))
 
     def compute_advantages(self, batch: Batch, metrics: dict[str, float]) -> Batch:
         mask = batch["loss_mask"]
@@ -223,14 +177,6 @@ class Trainer:
             for i in range(keep)
         ]
         self.tracker.log_rollouts(self.step_count, rows)
-
-
-def split_uniform_groups(batch: Batch, n: int) -> tuple[list[Batch], list[Batch]]:
-    """The batch's groups (n consecutive rows each), split by whether their rewards differ."""
-    informative, uniform = [], []
-    for group in batch.split(n):
-        (informative if bool((group["reward"] != group["reward"][0]).any()) else uniform).append(group)
-    return informative, uniform
 
 
 def compute_overlong_penalty(lengths: torch.Tensor, max_tokens: int, cfg: RewardConfig) -> torch.Tensor:

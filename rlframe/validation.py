@@ -113,9 +113,10 @@ class Validator:
         self.sources = [str(e["data_source"]) for e in extras] if has_source else None
 
     def run(self, generate: Callable[[Batch], Batch], score: Callable[[Batch], Batch]) -> dict[str, float]:
-        """``generate``: the actor group's generate; ``score``: adds ``score`` and ``reward``."""
-        batch = score(self.prompts.union(generate(self.prompts)))
+        """``generate``: prompt rows -> the rows with their responses (the run's agent);
+        ``score``: adds ``score`` and ``reward``."""
+        batch = score(generate(self.prompts))
         return compute_validation_metrics(
-            batch["score"], batch["reward"], batch["response_mask"].sum(1), self.cfg.val.n,
+            batch["score"], batch["reward"], batch["loss_mask"].sum(1), self.cfg.val.n,
             self.cfg.val.pass_threshold, self.sources,
         )

@@ -21,6 +21,7 @@ from rlframe.algorithms.losses import (
 )
 from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
 from rlframe.config import ActorConfig, Config, RolloutEngineName
+from rlframe.config.agent import compute_response_width
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
@@ -75,9 +76,10 @@ class HybridWorker(Worker):
             return HFRollout(model_path, self.device, dtype, self.cfg.model.trust_remote_code, self.cfg.rollout.sleep_level)
         from workers.engines.vllm_rollout import VLLMRollout
 
-        max_len = self.cfg.data.max_prompt_length + self.cfg.rollout.max_tokens
+        r = self.cfg.rollout
+        max_len = self.cfg.data.max_prompt_length + compute_response_width(r.max_tokens, r.agent, self.cfg.agent)
         # Equal inside a tensor-parallel group (its ranks run one engine), different across them.
-        seed = self.cfg.trainer.seed + self.rank // self.cfg.rollout.tensor_parallel_size
+        seed = self.cfg.trainer.seed + self.rank // r.tensor_parallel_size
         return VLLMRollout(model_path, self.cfg.rollout, self.device, max_len, seed, dtype)
 
     # -- mode switch ---------------------------------------------------------------------
@@ -132,20 +134,28 @@ class HybridWorker(Worker):
 
     @dispatch(Dispatch.ROLLOUT_DP_SPLIT)
     def generate(self, prompts: Batch) -> Batch:
-        """One response per row: ``response_ids``, ``response_mask``, ``loss_mask``,
-        ``rollout_logprobs``. In a single turn every response token was sampled, so the
-        loss mask equals the response mask."""
+        """One sampled turn per row, in one engine call: ``response_ids``, ``response_mask``,
+        ``loss_mask``, ``rollout_logprobs``. Every token of a turn was sampled, so the loss
+        mask equals the response mask (a multi-turn agent adds observations on the driver).
+
+        Optional inputs: a ``max_tokens`` tensor (each row's cap, e.g. what is left of a
+        multi-turn budget); meta ``greedy`` (ReMax baselines), ``temperature`` (validation),
+        ``more_turns`` (an episode goes on: leave the engine awake for the next turn).
+        """
         self.enter_rollout_mode()
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])]
+        per_row = tuple(int(m) for m in prompts["max_tokens"]) if "max_tokens" in prompts else None
         spec = SamplingSpec(
             max_tokens=self.cfg.rollout.max_tokens,
             # Greedy for baselines (ReMax); validation may set its own temperature.
             temperature=0.0 if prompts.meta.get("greedy") else prompts.meta.get("temperature", self.cfg.rollout.temperature),
             top_p=self.cfg.rollout.top_p,
             stop_token_ids=tuple(prompts.meta["stop_token_ids"]),
+            max_tokens_per_row=per_row,
         )
         samples = self.rollout.generate(rows, [int(s) for s in prompts["seed"]], spec)
-        self.enter_train_mode()
+        if not prompts.meta.get("more_turns"):
+            self.enter_train_mode()
         width, pad = self.cfg.rollout.max_tokens, int(prompts.meta["pad_token_id"])
         ids = torch.full((len(samples), width), pad, dtype=torch.long)
         logprobs = torch.zeros(len(samples), width)

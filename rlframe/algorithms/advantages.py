@@ -61,14 +61,17 @@ ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
 
 
 def place_on_last_token(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """[B] scores -> [B, T] zeros with each score on its response's last token.
+    """[B] scores -> [B, T] zeros with each score on its response's last masked token.
 
+    The last 1 of the mask, not its count: a multi-turn loss mask has gaps (observations).
     A zero-length response has no token to carry its score and gets none.
     """
     out = torch.zeros(mask.shape, dtype=torch.float32)
-    lengths = mask.sum(-1).long()
-    rows = torch.nonzero(lengths > 0).squeeze(-1)
-    out[rows, lengths[rows] - 1] = scores[rows].float()
+    present = mask > 0
+    rows = torch.nonzero(present.any(-1)).squeeze(-1)
+    positions = torch.arange(mask.shape[-1]).expand(mask.shape)
+    last = torch.where(present, positions, -1).max(-1).values
+    out[rows, last[rows]] = scores[rows].float()
     return out
 
 
@@ -82,11 +85,15 @@ def whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def compute_reverse_cumsum(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """G_t = r_t + gamma * G_{t+1} over the masked response tokens."""
+    """G_t = r_t + gamma * G_{t+1} over the masked response tokens.
+
+    Unmasked tokens are skipped, not zeroed: the return flows across a multi-turn response's
+    observations into the earlier turns (after the response, padding holds it at 0).
+    """
     returns = torch.zeros_like(rewards)
     running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running * mask[:, t]
+        running = torch.where(mask[:, t] > 0, rewards[:, t] + gamma * running, running)
         returns[:, t] = running
     return returns * mask
 
@@ -210,6 +217,10 @@ def compute_gae_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
 
     delta_t = r_t + gamma V_{t+1} - V_t (V after the last token is 0);
     A_t = delta_t + gamma lambda A_{t+1}; returns (the critic's targets) = A + V, unwhitened.
+
+    Multi-turn: values and advantages live on ``loss_mask`` tokens only. An observation
+    between two turns is skipped, as if absent: the last token of a turn bootstraps from the
+    value of the next turn's first token, so the final reward reaches every turn.
     """
     if inputs.values is None:
         raise ValueError("gae needs critic values (AdvantageInputs.values); enable the critic")
@@ -221,8 +232,12 @@ def compute_gae_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     next_advantage, next_value = torch.zeros(batch), torch.zeros(batch)
     for t in reversed(range(length)):
         delta = rewards[:, t] + cfg.gamma * next_value - values[:, t]
-        advantages[:, t] = (delta + cfg.gamma * cfg.lam * next_advantage) * mask[:, t]
-        # Padding after a response carries nothing back into it.
-        next_advantage, next_value = advantages[:, t], values[:, t]
+        advantage = delta + cfg.gamma * cfg.lam * next_advantage
+        advantages[:, t] = advantage * mask[:, t]
+        # Unmasked tokens pass the later ones through: padding after a response carries the
+        # initial zeros, an observation carries the next turn's value and advantage.
+        real = mask[:, t] > 0
+        next_advantage = torch.where(real, advantage, next_advantage)
+        next_value = torch.where(real, values[:, t], next_value)
     returns = (advantages + values) * mask
     return AdvantageOutputs(whiten(advantages, mask), returns)

@@ -8,10 +8,12 @@ allowed, so a bad run stops before Ray starts. Workers receive these dataclasses
 DictConfig.
 
 The schema is split by topic: :mod:`~rlframe.config.sections` (model, data, rollout, actor,
-critic, reward, trainer, val, ray), :mod:`~rlframe.config.algorithm`, and
+critic, reward, trainer, val, ray), :mod:`~rlframe.config.algorithm`, :mod:`~rlframe.config.agent`
+(multi-turn episodes), and
 :mod:`~rlframe.config.schema` (the root ``Config`` and ``build_config``). Import from here.
 """
 
+from rlframe.config.agent import AgentConfig
 from rlframe.config.algorithm import AlgorithmConfig
 from rlframe.config.checks import ConfigError, first_line, require, require_choice, require_positive
 from rlframe.config.schema import Config, build_config, check_batch_sizes
@@ -30,7 +32,7 @@ from rlframe.config.sections import (
 )
 
 __all__ = [
-    "ActorConfig", "AlgorithmConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "Device",
+    "ActorConfig", "AgentConfig", "AlgorithmConfig", "Config", "ConfigError", "CriticConfig", "DataConfig", "Device",
     "ModelConfig", "RayConfig", "RewardConfig", "RolloutConfig", "RolloutEngineName", "TrainerConfig",
     "ValConfig", "build_config", "check_batch_sizes", "first_line", "require", "require_choice",
     "require_positive",

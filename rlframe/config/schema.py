@@ -8,6 +8,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlframe.algorithms.names import GROUP_RELATIVE, NEEDS_CRITIC
+from rlframe.config.agent import AgentConfig
 from rlframe.config.algorithm import AlgorithmConfig
 from rlframe.config.checks import ConfigError, first_line, require
 from rlframe.config.sections import (
@@ -28,6 +29,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -51,6 +53,12 @@ class Config:
         )
         check_batch_sizes(self)
         check_tensor_parallel(self)
+        require(
+            self.rollout.agent != "multi_turn" or bool(self.agent.env),
+            "agent.env",
+            "rollout.agent=multi_turn needs an environment: a registered name (calculator, guess_number) "
+            "or pkg.module:factory / path/to/file.py:factory",
+        )
         if a.loss_agg_norm == 0:
             a.loss_agg_norm = self.rollout.max_tokens
         validates = self.trainer.val_every > 0 or self.trainer.val_before_train

@@ -86,16 +86,23 @@ class RolloutConfig:
     """KV-cache size of each vLLM engine on CPU machines, in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
     sleep_level: int = 1
     """vLLM sleep during training on cuda: 1 frees the KV cache and offloads weights to CPU RAM,
-    2 frees both (weights are re-sent by the sync). No-op on CPU."""
+    2 frees both; a generate that no weight sync precedes then pushes the weights again. vLLM's
+    sleep is a no-op on CPU, but level 2 still takes the reload path there."""
     weight_sync_bucket_mb: int = 512
     """Largest bucket of gathered full tensors held at once during the weight sync."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallelism: this many consecutive ranks on one node hold one engine
     sharded between them and generate the same prompts; must divide trainer.procs_per_node."""
+    agent: str = "single_turn"
+    """How a prompt becomes a response: single_turn (one sample), multi_turn (turns against
+    ``agent.env``, observations masked out of the loss), or your own agent as
+    ``pkg.module:function`` / ``path/to/file.py:function`` (see rlframe.rollout.agents)."""
 
     def __post_init__(self) -> None:
         # Dataclasses built in Python (tests, user code) may pass plain strings.
         self.engine = RolloutEngineName(self.engine)
+        # The name is checked against the registry by rlframe.preflight.
+        self.agent = absolutize(self.agent)
         require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
         require_positive(self.max_tokens, "rollout.max_tokens")
         require(self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}")

@@ -64,7 +64,10 @@ def build_prompt_batch(records: list[PromptRecord], n: int, first_group: int, pa
     groups = torch.arange(first_group, first_group + len(records))
     batch = Batch(
         {"prompt_ids": ids, "prompt_mask": mask, "group": groups},
-        {"prompt": [r.prompt for r in records], "ground_truth": [r.ground_truth for r in records], "extra": [r.extra for r in records]},
+        {
+            "prompt": [r.prompt for r in records], "ground_truth": [r.ground_truth for r in records],
+            "extra": [r.extra for r in records], "messages": [r.messages for r in records],
+        },
     ).repeat(n)
     copies = torch.arange(len(batch)) % n
     seeds = [hash((seed, int(g), int(c))) & 0x7FFFFFFF for g, c in zip(batch["group"], copies)]

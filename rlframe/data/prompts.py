@@ -8,7 +8,7 @@ when it has one, so instruct models see prompts the way they were trained on.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,8 @@ class PromptRecord:
     ground_truth: str
     extra: dict[str, Any]
     """Every other column of the row, passed to the reward function."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The row's chat turns before the template (what a multi-turn env opens with)."""
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -69,14 +71,18 @@ def parse_rows(path: Path) -> list[Any]:
     return rows
 
 
+def read_messages(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """A row's chat turns: its ``messages``, a ``prompt`` list, or a ``prompt`` text as one user turn."""
+    if "messages" in row:
+        return row["messages"]
+    if "prompt" in row:
+        return row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
+    raise ValueError(f"{where}: a row needs a 'prompt' or 'messages' column; it has {sorted(row)}")
+
+
 def render_prompt(row: dict[str, Any], tokenizer: Any, where: str) -> str:
     """The prompt text of a row, through the chat template when the tokenizer has one."""
-    if "messages" in row:
-        messages = row["messages"]
-    elif "prompt" in row:
-        messages = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
-    else:
-        raise ValueError(f"{where}: a row needs a 'prompt' or 'messages' column; it has {sorted(row)}")
+    messages = read_messages(row, where)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "".join(m["content"] for m in messages)
@@ -118,7 +124,7 @@ def tokenize_prompts(rows: list[tuple[dict[str, Any], str]], tokenizer: Any, max
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) <= max_prompt_length:
             extra = {k: v for k, v in row.items() if k not in ("prompt", "messages", "ground_truth")}
-            records.append(PromptRecord(text, ids, str(row["ground_truth"]), extra))
+            records.append(PromptRecord(text, ids, str(row["ground_truth"]), extra, read_messages(row, where)))
     return PromptSet(records, len(rows) - len(records))
 
 

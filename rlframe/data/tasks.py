@@ -50,8 +50,20 @@ TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
     "reverse": make_reverse,
     "count": make_count,
 }
-TASK_NAMES = (*TASKS, "mixed")
-"""What ``data.task`` accepts: each task, or ``mixed`` (all of them in turn)."""
+GUESS_HIGH = 9
+
+
+def make_guess(rng: random.Random) -> tuple[str, str]:
+    # The secret is only the ground truth: the prompt is the same for every secret, so the
+    # model must use the env's higher/lower feedback (rollout.agent=multi_turn,
+    # agent.env=guess_number).
+    return f"guess 0-{GUESS_HIGH}:", str(rng.randint(0, GUESS_HIGH))
+
+
+ENV_TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"guess": make_guess}
+"""Tasks scored by an environment rather than a rule; not part of ``mixed``."""
+TASK_NAMES = (*TASKS, "mixed", *ENV_TASKS)
+"""What ``data.task`` accepts: each task, ``mixed`` (the rule-scored ones in turn), or an env task."""
 
 
 def generate_examples(task: str, count: int, seed: int) -> list[Example]:
@@ -60,9 +72,10 @@ def generate_examples(task: str, count: int, seed: int) -> list[Example]:
         raise ValueError(f"unknown synthetic task {task!r}; choose from {list(TASK_NAMES)}")
     rng = random.Random(seed)
     names = list(TASKS) if task == "mixed" else [task]
+    makers = TASKS | ENV_TASKS
     examples = []
     for i in range(count):
         name = names[i % len(names)]
-        prompt, answer = TASKS[name](rng)
+        prompt, answer = makers[name](rng)
         examples.append(Example(prompt, answer, name))
     return examples

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -16,6 +16,15 @@ class SamplingSpec:
     top_p: float
     stop_token_ids: tuple[int, ...]
     """Generation ends after any of these tokens (the EOS), which is kept in the response."""
+    max_tokens_per_row: tuple[int, ...] | None = None
+    """Row i's own cap (a multi-turn episode's remaining budget); None: ``max_tokens`` for all."""
+
+    def max_tokens_at(self, row: int) -> int:
+        return self.max_tokens if self.max_tokens_per_row is None else self.max_tokens_per_row[row]
+
+    def for_row(self, row: int) -> SamplingSpec:
+        """The spec of one row, with that row's ``max_tokens``."""
+        return replace(self, max_tokens=self.max_tokens_at(row), max_tokens_per_row=None)
 
 
 @dataclass

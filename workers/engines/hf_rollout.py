@@ -25,7 +25,7 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec) -> list[RolloutSample]:
-        return [self.generate_one(p, s, spec) for p, s in zip(prompts, seeds, strict=True)]
+        return [self.generate_one(p, s, spec.for_row(i)) for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))]
 
     def generate_one(self, prompt: list[int], seed: int, spec: SamplingSpec) -> RolloutSample:
         generator = torch.Generator(device=self.device).manual_seed(seed)

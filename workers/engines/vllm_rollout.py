@@ -18,6 +18,8 @@ import torch
 from rlframe.config import RolloutConfig
 from workers.engines.base import RolloutSample, SamplingSpec
 
+CPU_MAX_NUM_SEQS = 256
+
 
 class VLLMRollout:
     def __init__(self, path: str, cfg: RolloutConfig, device: str, max_model_len: int, seed: int, dtype: torch.dtype):
@@ -31,6 +33,12 @@ class VLLMRollout:
         from vllm import LLM
 
         extra = {"enable_sleep_mode": True, "gpu_memory_utilization": cfg.gpu_memory_utilization} if device == "cuda" else {}
+        if device == "cpu":
+            # Never split a prompt over engine steps on CPU: a chunked prefill makes vLLM rewind
+            # the request's seeded generator, which CPU generators cannot do (RuntimeError "CPU
+            # Generator does not use offset"). Long multi-turn contexts hit the 4096 default.
+            extra["max_num_batched_tokens"] = CPU_MAX_NUM_SEQS * max_model_len
+            extra["max_num_seqs"] = CPU_MAX_NUM_SEQS
         self.sleep_level = cfg.sleep_level
         # Level 2 is treated as discarding on every device, also where vLLM's sleep is a
         # no-op (CPU), so CPU runs take the same weight-reload path as GPU runs.
@@ -60,13 +68,13 @@ class VLLMRollout:
                 n=1,
                 temperature=spec.temperature,
                 top_p=spec.top_p,
-                max_tokens=spec.max_tokens,
+                max_tokens=spec.max_tokens_at(i),
                 stop_token_ids=list(spec.stop_token_ids),
                 logprobs=0,
                 seed=seed,
                 detokenize=False,
             )
-            for seed in seeds
+            for i, seed in enumerate(seeds)
         ]
         outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         samples = []

@@ -1,0 +1,76 @@
+"""The ``agent`` section: multi-turn episodes against an environment (``rollout.agent``).
+
+The agent itself is chosen by ``rollout.agent`` (single_turn, multi_turn, or a user's
+function); this section sets the environment and the limits of an episode. Names and paths
+are resolved and checked by :mod:`rlframe.preflight`, before Ray starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlframe.algorithms.registry import absolutize
+from rlframe.config.checks import require, require_choice, require_positive
+
+ENV_ERROR_POLICIES = ("raise", "fail_episode")
+
+
+@dataclass
+class AgentConfig:
+    env: str = ""
+    """Environment for ``rollout.agent=multi_turn``: a registered name (calculator,
+    guess_number) or ``pkg.module:factory`` / ``path/to/file.py:factory``."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the environment factory (one environment per trajectory)."""
+    max_turns: int = 4
+    """Model turns per episode; the episode ends after this many even if the env goes on."""
+    max_tokens_per_turn: int = 0
+    """Cap on one turn's sampled tokens; 0: a turn may use all that is left of
+    ``rollout.max_tokens`` (the episode's budget of sampled tokens)."""
+    close_cut_turns: bool = False
+    """A turn that reaches ``agent.max_tokens_per_turn`` without its end-of-turn token: false
+    ends the episode there; true closes the turn with the end-of-turn token (not sampled, so
+    loss mask 0) and goes on with the observation."""
+    max_obs_tokens: int = 256
+    """Longest observation (the chat template's tokens between two model turns); longer
+    tool results are cut to fit."""
+    step_timeout_s: float = 60.0
+    """Longest wait for one env step (or reset)."""
+    on_env_error: str = "raise"
+    """An env that raises or times out: ``raise`` stops the run with an error naming the env
+    and the sample; ``fail_episode`` ends that episode with reward 0 and counts it in
+    ``agent/env_failures``."""
+    env_reward_weight: float = 1.0
+    """Score = env_reward_weight * (sum of the env's step rewards) + rule_reward_weight *
+    (the ``reward.fn`` score of the decoded response)."""
+    rule_reward_weight: float = 1.0
+    """Weight of the rule reward (``reward.fn``) in a multi-turn score; 0 leaves the env alone."""
+    max_concurrent_envs: int = 256
+    """Env steps of one turn that run at once (threads for sync envs, tasks for async ones)."""
+
+    def __post_init__(self) -> None:
+        # The name is checked against the registry by rlframe.preflight.
+        self.env = absolutize(self.env) if self.env else ""
+        require(self.max_turns >= 1, "agent.max_turns", f"must be >= 1, got {self.max_turns}")
+        for key, value in (("max_tokens_per_turn", self.max_tokens_per_turn), ("env_reward_weight", self.env_reward_weight),
+                           ("rule_reward_weight", self.rule_reward_weight)):
+            require(value >= 0, f"agent.{key}", f"must be >= 0, got {value}")
+        require_positive(self.max_obs_tokens, "agent.max_obs_tokens")
+        require_positive(self.step_timeout_s, "agent.step_timeout_s")
+        require_choice(self.on_env_error, ENV_ERROR_POLICIES, "agent.on_env_error")
+        require_positive(self.max_concurrent_envs, "agent.max_concurrent_envs")
+
+
+def is_multi_turn(agent: str) -> bool:
+    """Whether ``rollout.agent`` interleaves observations with sampled tokens (anything but
+    single_turn: a user's agent may, so its responses get the multi-turn width)."""
+    return agent != "single_turn"
+
+
+def compute_response_width(max_tokens: int, agent: str, cfg: AgentConfig) -> int:
+    """Columns of ``response_ids``: the sampled-token budget, plus room for an observation
+    between each two turns when the agent is multi-turn."""
+    if not is_multi_turn(agent):
+        return max_tokens
+    return max_tokens + (cfg.max_turns - 1) * cfg.max_obs_tokens

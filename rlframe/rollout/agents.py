@@ -1,0 +1,56 @@
+"""Agents: how prompts become responses (``rollout.agent``).
+
+An agent is a function ``agent(prompts: Batch, ctx: AgentContext) -> Batch`` that returns
+the prompt rows with their responses. It may call ``ctx.generate`` (the actor group's
+``generate``: one engine call over all rows given, DP-split across ranks) as often as it
+likes; each call samples one turn for the rows it is given, up to the row's ``max_tokens``.
+
+The batch it returns holds, per row: ``prompt_ids``/``prompt_mask`` (left-padded; an agent
+may replace them, e.g. to add tool schemas), ``response_ids`` (right-padded to
+:func:`rlframe.config.agent.compute_response_width`), ``response_mask`` (1 on every real
+response token), ``loss_mask`` (1 on tokens the policy sampled), ``rollout_logprobs`` (the
+engine's log-probs of sampled tokens, 0 elsewhere) and the column ``finish_reason``;
+optionally ``env_reward``/``env_failed`` and the ``agent_*`` counters of
+:func:`rlframe.rollout.producer.collect_agent_metrics`.
+
+Built-ins: ``single_turn`` and ``multi_turn`` (:mod:`rlframe.rollout.multi_turn`). Your own:
+``rollout.agent=pkg.module:my_agent`` or ``path/to/file.py:my_agent``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rlframe.algorithms.registry import Registry
+from rlframe.config import Config
+from rlframe.protocol import Batch
+
+
+@dataclass
+class AgentContext:
+    generate: Callable[[Batch], Batch]
+    """The actor group's generate: prompt rows (``prompt_ids``, ``prompt_mask``, ``seed``,
+    optional ``max_tokens``; meta ``stop_token_ids``, ``pad_token_id``) -> one turn each."""
+    tokenizer: Any
+    """The model's tokenizer (driver side)."""
+    config: Config
+
+
+AgentFn = Callable[[Batch, AgentContext], Batch]
+AGENTS: Registry[AgentFn] = Registry("rollout agent")
+
+
+@AGENTS.register("single_turn")
+def run_single_turn(prompts: Batch, ctx: AgentContext) -> Batch:
+    """One sampled response per row: every response token is the policy's."""
+    return prompts.union(ctx.generate(prompts))
+
+
+@AGENTS.register("multi_turn")
+def run_multi_turn(prompts: Batch, ctx: AgentContext) -> Batch:
+    """Turns against ``agent.env`` (see :mod:`rlframe.rollout.multi_turn`)."""
+    from rlframe.rollout.multi_turn import run_episodes
+
+    return run_episodes(prompts, ctx)

@@ -1,0 +1,128 @@
+"""The experience producer: the next scored Batch of a training step.
+
+It draws prompts, runs the agent (``rollout.agent``), scores the result with the trainer's
+reward stage, and, per algorithm, runs DAPO's sampling rounds and ReMax's greedy
+baseline. The Trainer only asks for :meth:`ExperienceProducer.next_batch`.
+
+Rewards in a multi-turn batch combine as
+``score = agent.rule_reward_weight * reward.fn(decoded response) + agent.env_reward_weight * env_reward``
+(``env_reward``: the sum of the env's step rewards); ``reward`` = score + DAPO's overlong
+penalty; an episode failed by its env (``agent.on_env_error=fail_episode``) gets 0 for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
+from rlframe.config import Config
+from rlframe.config.agent import AgentConfig
+from rlframe.data.loader import PromptLoader, build_prompt_batch
+from rlframe.protocol import Batch
+from rlframe.rollout.agents import AGENTS, AgentContext
+from rlframe.rollout.sampling import run_sampling_rounds
+from rlframe.tracking import StageTimer
+
+PROMPT_KEYS = ("prompt_ids", "prompt_mask", "group", "prompt", "ground_truth", "extra", "seed", "messages")
+
+
+def combine_rewards(batch: Batch, cfg: AgentConfig) -> Batch:
+    """Add the env's reward to the rule score (see the module docstring); single-turn
+    batches, which carry no ``env_reward``, are returned as they are."""
+    if "env_reward" not in batch:
+        return batch
+    rule = batch["score"].float()
+    penalty = batch["reward"].float() - rule
+    score = cfg.rule_reward_weight * rule + cfg.env_reward_weight * batch["env_reward"].float()
+    failed = batch["env_failed"].bool()
+    zero = torch.zeros_like(score)
+    return batch.with_tensors(
+        rule_score=rule, score=torch.where(failed, zero, score), reward=torch.where(failed, zero, score + penalty)
+    )
+
+
+def collect_agent_metrics(batch: Batch) -> dict[str, float]:
+    """``agent/*`` metrics of a batch from an agent that reports them (empty otherwise)."""
+    if "agent_turns" not in batch:
+        return {}
+    return {
+        "agent/turns/mean": float(batch["agent_turns"].mean()),
+        "agent/tool_calls/mean": float(batch["agent_tool_calls"].mean()),
+        "agent/tool_errors": float(batch["agent_tool_errors"].sum()),
+        "agent/obs_tokens/mean": float(batch["agent_obs_tokens"].mean()),
+        "agent/obs_truncated": float(batch["agent_obs_cut"].sum()),
+        "agent/env_failures": float(batch["env_failed"].sum()),
+        "agent/env_reward/mean": float(batch["env_reward"].mean()),
+    }
+
+
+class ExperienceProducer:
+    """Args:
+        cfg: the run's config.
+        generate: the actor group's ``generate`` (one turn for the rows given).
+        tokenizer: the model's tokenizer.
+        loader: the prompt loader.
+        compute_rewards: the trainer's reward stage (adds ``score`` and ``reward``).
+    """
+
+    def __init__(
+        self, cfg: Config, generate: Callable[[Batch], Batch], tokenizer: Any, loader: PromptLoader,
+        compute_rewards: Callable[[Batch], Batch],
+    ) -> None:
+        self.cfg, self.tokenizer, self.loader = cfg, tokenizer, loader
+        self.compute_rewards = compute_rewards
+        self.agent = AGENTS.get(cfg.rollout.agent)
+        self.context = AgentContext(generate, tokenizer, cfg)
+        self.use_baseline = cfg.algorithm.advantage in NEEDS_GREEDY_BASELINE
+        self.groups_served = 0
+
+    def next_batch(self, timer: StageTimer, metrics: dict[str, float]) -> Batch:
+        """Generated, scored (and for ReMax baselined) responses for one step."""
+
+        def draw() -> Batch:
+            prompts = self.next_prompts()
+            with timer("gen"):
+                batch = self.generate(prompts)
+            with timer("reward"):
+                return self.score(batch)
+
+        a = self.cfg.algorithm
+        if a.dynamic_sampling:
+            n, wanted = self.cfg.rollout.n, self.cfg.data.batch_size
+            batch, stats = run_sampling_rounds(draw, n, wanted, a.max_sampling_rounds)
+            metrics |= stats
+        else:
+            batch = draw()
+        metrics |= collect_agent_metrics(batch)
+        if self.use_baseline:
+            with timer("baseline"):
+                batch = self.add_greedy_baseline(batch)
+        return batch
+
+    def generate(self, prompts: Batch) -> Batch:
+        """The prompt rows with their responses, by the configured agent."""
+        return self.agent(prompts, self.context)
+
+    def score(self, batch: Batch) -> Batch:
+        """The trainer's reward stage, then the env's reward added in."""
+        return combine_rewards(self.compute_rewards(batch), self.cfg.agent)
+
+    def next_prompts(self) -> Batch:
+        records = self.loader.next_records()
+        batch = build_prompt_batch(
+            records, self.cfg.rollout.n, self.groups_served, self.tokenizer.pad_token_id, self.cfg.trainer.seed
+        )
+        self.groups_served += len(records)
+        batch.meta |= {"stop_token_ids": [self.tokenizer.eos_token_id], "pad_token_id": self.tokenizer.pad_token_id}
+        return batch
+
+    def add_greedy_baseline(self, batch: Batch) -> Batch:
+        """ReMax: the reward of one greedy episode per prompt, shared by its group."""
+        n = self.cfg.rollout.n
+        prompts = batch.select([k for k in PROMPT_KEYS if k in batch]).rows(list(range(0, len(batch), n)))
+        prompts.meta |= {"greedy": True}
+        greedy = self.score(self.generate(prompts))
+        return batch.with_tensors(baseline=greedy["reward"].repeat_interleave(n))

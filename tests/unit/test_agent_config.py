@@ -1,0 +1,43 @@
+"""Agent keys: checked by the schema, and what they point at checked before Ray starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rlframe.config import AgentConfig, Config, ConfigError, RolloutConfig
+from rlframe.config.agent import compute_response_width
+from tests.unit.test_config import run_cli
+
+TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "test_multi_turn.py"
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("rollout.agent=no_such_pkg.agents:mine", "rollout.agent: cannot be loaded: ModuleNotFoundError"),
+        ("rollout.agent=three_turn", "rollout.agent: unknown rollout agent 'three_turn'; registered: ['multi_turn', 'single_turn']"),
+        ("agent.env=chess", "agent.env: unknown environment 'chess'; registered: ['calculator', 'guess_number']"),
+        (f"agent.env={TEMPLATE_LESS_ENV}:NoSuchEnv", "has no function 'NoSuchEnv'"),
+        ("+agent.env_kwargs.colour=red", "agent.env_kwargs: guess_number cannot be built with"),
+        ("agent.on_env_error=ignore", "agent.on_env_error: must be one of ['raise', 'fail_episode']"),
+        ("+agent.max_turn=3", "agent.max_turn: unknown key; keys allowed in agent:"),
+        ("agent.max_obs_tokens=256", "agent.max_obs_tokens: data.max_prompt_length 16 + rollout.max_tokens 4 + (agent.max_turns - 1) * agent.max_obs_tokens = 768 = 788 tokens exceeds the model's 512 positions"),
+    ],
+)
+def test_bad_agent_inputs_fail_before_ray_with_one_line(override: str, message: str) -> None:
+    result = run_cli("+recipe=agent_tiny", override)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "ray-must-not-start" not in result.stderr
+
+
+def test_multi_turn_needs_an_env_and_widens_responses() -> None:
+    with pytest.raises(ConfigError, match="agent.env: rollout.agent=multi_turn needs an environment"):
+        Config(rollout=RolloutConfig(agent="multi_turn"))
+    agent = AgentConfig(env="guess_number", max_turns=3, max_obs_tokens=10)
+    assert compute_response_width(8, "multi_turn", agent) == 8 + 2 * 10
+    assert compute_response_width(8, "single_turn", agent) == 8
+    assert RolloutConfig(agent="my_agents.py:run").agent.startswith("/")  # paths made absolute for workers

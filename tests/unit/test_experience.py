@@ -1,0 +1,70 @@
+"""The experience producer on the driver: prompts -> agent -> scores, DAPO rounds, ReMax
+baseline, the loader position. A scripted single-turn policy stands in for the actor group."""
+
+from __future__ import annotations
+
+import torch
+
+from rlframe.config import ActorConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig
+from rlframe.data.loader import PromptLoader
+from rlframe.data.prompts import PromptRecord
+from rlframe.data.tiny_model import build_tiny_tokenizer
+from rlframe.protocol import Batch
+from rlframe.rollout import ExperienceProducer
+from rlframe.tracking import StageTimer
+
+TOKENIZER = build_tiny_tokenizer()
+
+
+def generate(prompts: Batch) -> Batch:
+    """One token per row: greedy rows answer 1, sampled rows the parity of their seed."""
+    rows = len(prompts)
+    token = torch.ones(rows, dtype=torch.long) if prompts.meta.get("greedy") else torch.tensor(
+        [int(s) % 2 for s in prompts["seed"]]
+    )
+    ids = torch.stack([token, torch.zeros(rows, dtype=torch.long)], 1)
+    mask = torch.tensor([[1.0, 0.0]] * rows)
+    return Batch(
+        {"response_ids": ids, "response_mask": mask, "loss_mask": mask.clone(), "rollout_logprobs": -mask},
+        {"finish_reason": ["stop"] * rows},
+    )
+
+
+def score(batch: Batch) -> Batch:
+    reward = batch["response_ids"][:, 0].float()
+    return batch.with_tensors(score=reward, reward=reward)
+
+
+def make_producer(**algorithm: object) -> ExperienceProducer:
+    cfg = Config(
+        model=ModelConfig(path="tiny:0"),
+        data=DataConfig(batch_size=2, max_prompt_length=8),
+        rollout=RolloutConfig(n=4, max_tokens=2),
+        actor=ActorConfig(mini_batch_size=8, micro_batch_size=8),
+        algorithm=AlgorithmConfig(**algorithm),
+    )
+    records = [PromptRecord(f"{i}+1=", TOKENIZER(f"{i}+1=")["input_ids"], str(i + 1), {}) for i in range(8)]
+    return ExperienceProducer(cfg, generate, TOKENIZER, PromptLoader(records, 2, seed=0), score)
+
+
+def test_dynamic_sampling_rounds_and_the_loader_position() -> None:
+    producer = make_producer(dynamic_sampling=True, max_sampling_rounds=4)
+    metrics: dict[str, float] = {}
+    batch = producer.next_batch(StageTimer(), metrics)
+    rounds = metrics["rollout/sampling_rounds"]
+    assert len(batch) == 8 and 1 <= rounds <= 4
+    assert producer.groups_served == 2 * rounds  # every round drew a fresh batch of prompts
+    groups = batch["group"].view(-1, 4)
+    assert (groups == groups[:, :1]).all()  # whole groups, in rows of n
+    informative = [bool((r != r[0]).any()) for r in batch["reward"].view(-1, 4)]
+    assert informative == sorted(informative, reverse=True)  # informative groups first
+
+
+def test_remax_baseline_is_the_greedy_reward_per_group() -> None:
+    producer = make_producer(advantage="remax")
+    metrics: dict[str, float] = {}
+    timer = StageTimer()
+    batch = producer.next_batch(timer, metrics)
+    assert batch["baseline"].tolist() == [1.0] * 8
+    assert "timing_s/baseline" in timer.metrics() and "timing_s/gen" in timer.metrics()
+    assert "rollout/sampling_rounds" not in metrics and producer.groups_served == 2

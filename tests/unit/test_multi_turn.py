@@ -1,0 +1,257 @@
+"""The multi-turn episode loop on the driver, with a scripted policy in place of the engine
+(the real engine runs in tests/ray/test_multi_turn.py): exact id concatenation, masks,
+budgets, limits, env failures, concurrency; and the advantage estimators across observations."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs, compute_reverse_cumsum, place_on_last_token
+from rlframe.config import ActorConfig, AgentConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig
+from rlframe.data.loader import build_prompt_batch
+from rlframe.data.prompts import PromptRecord
+from rlframe.data.tiny_model import build_tiny_tokenizer
+from rlframe.envs import EnvError, StepResult
+from rlframe.protocol import Batch
+from rlframe.rollout import AgentContext, collect_agent_metrics, combine_rewards
+from rlframe.rollout.multi_turn import run_episodes
+
+TOKENIZER = build_tiny_tokenizer()
+EOS = TOKENIZER.eos_token_id
+
+
+def encode(text: str) -> list[int]:
+    return TOKENIZER(text, add_special_tokens=False)["input_ids"]
+
+
+class ScriptedPolicy:
+    """Stands in for the actor group's generate. Row r (told apart by its prompt) answers turn
+    k with ``turns[r][k]`` (cut at the row's max_tokens); log-prob of a token = -(its id)/100.
+    Records each call's contexts and caps."""
+
+    def __init__(self, prompts: list[str], turns: list[list[str]], width: int) -> None:
+        self.prompts = [encode(p) for p in prompts]
+        self.turns = turns
+        self.width = width
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, batch: Batch) -> Batch:
+        contexts = [ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"])]
+        caps = batch["max_tokens"].tolist()
+        self.calls.append({"contexts": contexts, "max_tokens": caps, "meta": dict(batch.meta)})
+        ids = torch.zeros(len(contexts), self.width, dtype=torch.long)
+        mask, logprobs, reasons = torch.zeros(len(contexts), self.width), torch.zeros(len(contexts), self.width), []
+        for i, (context, cap) in enumerate(zip(contexts, caps)):
+            row = next(r for r, p in enumerate(self.prompts) if context[: len(p)] == p)
+            turn = sum(1 for c in self.calls if any(ctx[: len(self.prompts[row])] == self.prompts[row] for ctx in c["contexts"])) - 1
+            text = self.turns[row][turn]
+            sampled = (encode(text.removesuffix("<eos>")) + ([EOS] if text.endswith("<eos>") else []))[:cap]
+            ids[i, : len(sampled)] = torch.tensor(sampled)
+            mask[i, : len(sampled)] = 1
+            logprobs[i, : len(sampled)] = -torch.tensor(sampled, dtype=torch.float) / 100
+            reasons.append("stop" if sampled and sampled[-1] == EOS else "length")
+        return Batch(
+            {"response_ids": ids, "response_mask": mask, "loss_mask": mask.clone(), "rollout_logprobs": logprobs},
+            {"finish_reason": reasons}, {"weights_version": 3},
+        )
+
+
+def make_config(env: str, n_prompts: int, max_tokens: int = 12, **agent: Any) -> Config:
+    agent = {"max_turns": 4, "max_obs_tokens": 16} | agent
+    return Config(
+        model=ModelConfig(path="tiny:0"),
+        data=DataConfig(batch_size=n_prompts, max_prompt_length=16),
+        rollout=RolloutConfig(agent="multi_turn", n=1, max_tokens=max_tokens),
+        agent=AgentConfig(env=env, **agent),
+        actor=ActorConfig(mini_batch_size=n_prompts, micro_batch_size=n_prompts),
+        algorithm=AlgorithmConfig(advantage="reinforce_pp"),
+    )
+
+
+def make_prompts(prompts: list[str], truths: list[str]) -> Batch:
+    records = [PromptRecord(p, encode(p), t, {}, [{"role": "user", "content": p}]) for p, t in zip(prompts, truths)]
+    batch = build_prompt_batch(records, 1, 0, TOKENIZER.pad_token_id, seed=5)
+    batch.meta |= {"stop_token_ids": [EOS], "pad_token_id": TOKENIZER.pad_token_id}
+    return batch
+
+
+def run(cfg: Config, policy: ScriptedPolicy, prompts: Batch) -> Batch:
+    return run_episodes(prompts, AgentContext(policy, TOKENIZER, cfg))
+
+
+GUESS = "guess_number"
+HINTS = {"hint_format": " {hint}:"}
+
+
+def test_ids_concatenate_exactly_and_observations_are_masked() -> None:
+    prompts = ["a:", "b:"]
+    policy = ScriptedPolicy(prompts, [["5<eos>", "8<eos>", "7<eos>"], ["3<eos>", "9", "x"]], width=12)
+    cfg = make_config(GUESS, 2, env_kwargs=HINTS, max_turns=3)
+    batch = run(cfg, policy, make_prompts(prompts, ["7", "4"]))
+
+    # Row 0 finds 7 on turn 3; row 1 stops after turn 2, which its budget did not cut but
+    # which ended without <eos>: a cut turn ends the episode.
+    turns0 = [encode("5") + [EOS], encode("8") + [EOS], encode("7") + [EOS]]
+    obs0 = [encode(" higher:"), encode(" lower:")]
+    expected0 = turns0[0] + obs0[0] + turns0[1] + obs0[1] + turns0[2]
+    n0 = len(expected0)
+    assert batch["response_ids"][0, :n0].tolist() == expected0
+    assert batch["loss_mask"][0, :n0].tolist() == [1] * 2 + [0] * len(obs0[0]) + [1] * 2 + [0] * len(obs0[1]) + [1] * 2
+    assert batch["response_mask"][0].sum() == n0 and batch["loss_mask"][0, n0:].sum() == 0
+    # Sampled log-probs are the engine's, unchanged; observations carry 0.
+    sampled = batch["response_ids"][0][batch["loss_mask"][0].bool()]
+    torch.testing.assert_close(batch["rollout_logprobs"][0][batch["loss_mask"][0].bool()], -sampled.float() / 100)
+    assert batch["rollout_logprobs"][0][(batch["response_mask"][0] - batch["loss_mask"][0]).bool()].eq(0).all()
+
+    # Token in, token out: each turn's context is exactly the previous context + sampled + observation ids.
+    prompt0 = encode("a:")
+    assert policy.calls[0]["contexts"][0] == prompt0
+    assert policy.calls[1]["contexts"][0] == prompt0 + turns0[0] + obs0[0]
+    assert policy.calls[2]["contexts"][0] == prompt0 + turns0[0] + obs0[0] + turns0[1] + obs0[1]
+    assert all(call["meta"]["more_turns"] for call in policy.calls)
+
+    assert batch["env_reward"].tolist() == [1.0, 0.0]
+    assert batch["agent_turns"].tolist() == [3.0, 2.0]
+    assert list(batch["finish_reason"]) == ["stop", "length"]
+    assert batch.meta["weights_version"] == 3
+    assert batch["prompt_ids"][0][batch["prompt_mask"][0].bool()].tolist() == prompt0
+
+
+def test_each_turn_gets_what_is_left_of_the_budget() -> None:
+    policy = ScriptedPolicy(["a:"], [["12<eos>", "34<eos>", "56<eos>"]], width=7)
+    batch = run(make_config(GUESS, 1, max_tokens=7, env_kwargs=HINTS), policy, make_prompts(["a:"], ["9"]))
+    assert [c["max_tokens"] for c in policy.calls] == [[7], [4], [1]]
+    assert batch["loss_mask"].sum() == 7 and batch["agent_turns"].item() == 3
+    assert batch["finish_reason"][0] == "length"
+    # The observation after the last turn is dropped: the response ends with sampled tokens.
+    last = int(batch["response_mask"][0].sum()) - 1
+    assert batch["loss_mask"][0, last] == 1
+
+
+def test_max_turns_and_per_turn_cap_with_closed_turns() -> None:
+    policy = ScriptedPolicy(["a:"], [["55", "66", "77"]], width=12)
+    cfg = make_config(GUESS, 1, env_kwargs=HINTS, max_turns=2, max_tokens_per_turn=1, close_cut_turns=True)
+    batch = run(cfg, policy, make_prompts(["a:"], ["9"]))
+    assert [c["max_tokens"] for c in policy.calls] == [[1], [1]]
+    # The cut turn is closed with <eos> that the policy did not sample: loss mask 0.
+    expected = encode("5") + [EOS] + encode(" higher:") + encode("6")
+    n = len(expected)
+    assert batch["response_ids"][0, :n].tolist() == expected
+    assert batch["loss_mask"][0, :n].tolist() == [1, 0] + [0] * len(encode(" higher:")) + [1]
+    assert batch["agent_turns"].item() == 2
+
+
+class SleepyEnv:
+    def __init__(self, seconds: float = 1.0) -> None:
+        self.seconds = seconds
+
+    def reset(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": sample["prompt"]}]
+
+    def step(self, action: str) -> StepResult:
+        time.sleep(self.seconds)
+        return StepResult([{"role": "user", "content": " ok:"}], 0.5, False, {"tool_calls": 1, "tool_errors": 0})
+
+
+class AsyncSleepyEnv(SleepyEnv):
+    async def step(self, action: str) -> StepResult:  # type: ignore[override]
+        await asyncio.sleep(self.seconds)
+        return StepResult([], 0.5, True, {})
+
+
+class BrokenEnv(SleepyEnv):
+    def step(self, action: str) -> StepResult:
+        if "2" in action:
+            raise RuntimeError("the sandbox crashed")
+        return super().step(action)
+
+
+@pytest.mark.parametrize("env", ["SleepyEnv", "AsyncSleepyEnv"])
+def test_env_steps_of_a_turn_run_concurrently(env: str) -> None:
+    prompts = [f"{i}:" for i in range(64)]
+    policy = ScriptedPolicy(prompts, [["1<eos>"]] * 64, width=4)
+    cfg = make_config(f"tests.unit.test_multi_turn:{env}", 64, max_tokens=4, max_turns=1)
+    start = time.perf_counter()
+    batch = run(cfg, policy, make_prompts(prompts, ["0"] * 64))
+    seconds = time.perf_counter() - start
+    print(f"{env}: 64 envs sleeping 1 s each finished a turn in {seconds:.2f} s")
+    assert seconds < 5 and batch["env_reward"].tolist() == [0.5] * 64
+
+
+def test_env_errors_name_the_env_and_sample_or_fail_the_episode() -> None:
+    prompts = ["a:", "b:"]
+    policy = ScriptedPolicy(prompts, [["1<eos>", "1<eos>"], ["2<eos>", "2<eos>"]], width=6)
+    env = "tests.unit.test_multi_turn:BrokenEnv"
+    with pytest.raises(EnvError, match=r"BrokenEnv step failed on sample 1 at turn 1 .*'b:'.*RuntimeError: the sandbox crashed"):
+        run(make_config(env, 2, max_tokens=6, env_kwargs={"seconds": 0}), policy, make_prompts(prompts, ["0", "0"]))
+
+    policy = ScriptedPolicy(prompts, [["1<eos>", "1<eos>"], ["2<eos>", "2<eos>"]], width=6)
+    cfg = make_config(env, 2, max_tokens=6, env_kwargs={"seconds": 0}, on_env_error="fail_episode", max_turns=2)
+    batch = run(cfg, policy, make_prompts(prompts, ["0", "0"]))
+    assert batch["env_failed"].tolist() == [0.0, 1.0] and batch["agent_turns"].tolist() == [2.0, 1.0]
+    scored = combine_rewards(batch.with_tensors(score=torch.tensor([0.25, 0.25]), reward=torch.tensor([0.25, 0.25])), cfg.agent)
+    assert scored["score"].tolist() == [1.25, 0.0] and scored["reward"].tolist() == [1.25, 0.0]
+    metrics = collect_agent_metrics(batch)
+    assert metrics["agent/env_failures"] == 1 and metrics["agent/turns/mean"] == 1.5
+    assert metrics["agent/tool_calls/mean"] == 1.0 and metrics["agent/tool_errors"] == 0
+
+
+def test_env_timeouts_end_as_errors() -> None:
+    policy = ScriptedPolicy(["a:"], [["1<eos>"]], width=4)
+    cfg = make_config("tests.unit.test_multi_turn:SleepyEnv", 1, max_tokens=4, env_kwargs={"seconds": 3}, step_timeout_s=0.2)
+    start = time.perf_counter()
+    with pytest.raises(EnvError, match=r"TimeoutError: no answer within 0.2 s"):
+        run(cfg, policy, make_prompts(["a:"], ["0"]))
+    assert time.perf_counter() - start < 2
+
+
+def test_rewards_combine_with_weights_and_the_overlong_penalty_stays() -> None:
+    batch = Batch({
+        "score": torch.tensor([1.0, 0.0]), "reward": torch.tensor([0.5, -0.5]),
+        "env_reward": torch.tensor([2.0, 1.0]), "env_failed": torch.tensor([0.0, 0.0]),
+    })
+    out = combine_rewards(batch, AgentConfig(env="guess_number", rule_reward_weight=0.5, env_reward_weight=2.0))
+    assert out["score"].tolist() == [4.5, 2.0] and out["reward"].tolist() == [4.0, 1.5]
+    assert out["rule_score"].tolist() == [1.0, 0.0]
+
+
+# -- advantages over a loss mask with observation gaps ----------------------------------
+
+MASK = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]])  # turn, observation, turn, padding
+
+
+def test_score_goes_on_the_last_sampled_token() -> None:
+    placed = place_on_last_token(torch.tensor([3.0]), MASK)
+    assert placed.tolist() == [[0, 0, 0, 0, 0, 3.0, 0]]
+
+
+def test_returns_flow_across_observations() -> None:
+    rewards = place_on_last_token(torch.tensor([1.0]), MASK)
+    returns = compute_reverse_cumsum(rewards, MASK, gamma=0.5)
+    assert returns.tolist() == [[0.125, 0.25, 0, 0, 0.5, 1.0, 0]]
+
+
+def test_gae_skips_observations_and_reaches_the_first_turn() -> None:
+    values = torch.tensor([[0.1, 0.2, 9.0, 9.0, 0.3, 0.4, 9.0]])
+    cfg = AlgorithmConfig(gamma=1.0, lam=1.0)
+    out = ADVANTAGES.get("gae")(AdvantageInputs(torch.tensor([1.0]), MASK, torch.tensor([0]), cfg, values=values * MASK))
+    # gamma = lambda = 1: returns are the final reward on every sampled token, observations 0.
+    torch.testing.assert_close(out.returns, torch.tensor([[1.0, 1.0, 0, 0, 1.0, 1.0, 0]]))
+    # Single-turn rows are unchanged by the gap handling: padding carries zeros.
+    single = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    out1 = ADVANTAGES.get("gae")(AdvantageInputs(torch.tensor([1.0]), single, torch.tensor([0]), cfg, values=torch.tensor([[0.5, 0.5, 0.5, 0.0]])))
+    torch.testing.assert_close(out1.returns, torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
+
+
+def test_readme_env_example_retries_until_right() -> None:
+    policy = ScriptedPolicy(["3+4="], [["6<eos>", "7<eos>", "7<eos>"]], width=9)
+    cfg = make_config("tests/plugins/retry_env.py:RetryEnv", 1, max_tokens=9, max_turns=3, max_obs_tokens=32)
+    batch = run(cfg, policy, make_prompts(["3+4="], ["7"]))
+    expected = encode("6") + [EOS] + encode(" wrong, try again:") + encode("7") + [EOS]
+    assert batch["response_ids"][0, : len(expected)].tolist() == expected
+    assert batch["env_reward"].item() == 1.0 and batch["agent_turns"].item() == 2
