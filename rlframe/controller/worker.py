@@ -19,8 +19,6 @@ from rlframe.logs import route_worker_logs
 
 
 RENDEZVOUS_FILE_ENV = "RLFRAME_RENDEZVOUS_FILE"
-GROUP_ID_ENV = "RLFRAME_GROUP_ID"
-"""Equal on every rank of one worker group, different for every group ever started."""
 
 
 def find_loopback_interface() -> str | None:

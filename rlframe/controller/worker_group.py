@@ -25,7 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rlframe.controller.dispatch import Dispatch, collect_results, find_dispatch_methods, split_call
 from rlframe.controller.placement import ResourcePool
-from rlframe.controller.worker import GROUP_ID_ENV, RENDEZVOUS_FILE_ENV
+from rlframe.controller.worker import RENDEZVOUS_FILE_ENV
 
 
 class WorkerError(RuntimeError):
@@ -97,8 +97,6 @@ class WorkerGroup:
                 "MASTER_ADDR": master_addr,
                 "MASTER_PORT": str(master_port),
                 "RLFRAME_ROLE": self.role,
-                # Names what the group's ranks share on a node (vLLM's CPU shared memory).
-                GROUP_ID_ENV: group_id,
                 **env,
             }
             actor = remote_cls.options(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -25,9 +26,8 @@ class VLLMRollout:
     def __init__(self, path: str, cfg: RolloutConfig, device: str, max_model_len: int, seed: int, dtype: torch.dtype):
         # Must be set before vLLM reads its environment: the engine lives in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        # vLLM's CPU TP communicator names its /dev/shm segments after this; segments left by
-        # a killed run under the default (empty) name make the next TP engine fail (EEXIST).
-        os.environ.setdefault("VLLM_DIST_IDENT", "rlframe-" + os.environ.get("RLFRAME_GROUP_ID", str(os.getpid())))
+        if device == "cpu" and cfg.tensor_parallel_size > 1:
+            remove_stale_cpu_shm(int(os.environ.get("RANK", "0")), cfg.tensor_parallel_size)
         if device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb))
         from vllm import LLM
@@ -98,3 +98,34 @@ class VLLMRollout:
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.llm.wake_up(tags=tags)
+
+
+def remove_stale_cpu_shm(rank: int, tp: int) -> None:
+    """Delete this rank's leftover /dev/shm segment of vLLM's CPU tensor-parallel all-reduce.
+
+    With ``external_launcher`` vLLM names the segment after the TP group alone (the same name
+    in every run) and creates it exclusively; a rank killed without shutting its engine down
+    (how Ray stops actors) leaves it behind, and the next TP engine on this machine fails with
+    ``create shm in SHMManager failed. errno: 17``. A segment that no live process maps is
+    stale and removed; one in use (another TP run on this machine) is left alone.
+    """
+    first = rank - rank % tp
+    group = "[" + "-".join(str(r) for r in range(first, first + tp)) + "]"
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return
+    for segment in shm.glob(f"*-cpushm_{rank}"):
+        if group in segment.name and segment.stat().st_uid == os.getuid() and not is_mapped(str(segment)):
+            segment.unlink(missing_ok=True)
+
+
+def is_mapped(path: str) -> bool:
+    """Whether a process whose memory map this user may read maps ``path``. The segments are
+    created ``0600``, so only processes of their owner, whose maps are readable, can map them."""
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            if path in maps.read_text():
+                return True
+        except OSError:  # gone meanwhile, or another user's process
+            continue
+    return False
