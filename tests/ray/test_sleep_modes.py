@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from rlframe.config import ActorConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
 from rlframe.controller.dispatch import Dispatch, dispatch
