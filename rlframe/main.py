@@ -139,8 +139,10 @@ def run(cfg: Config) -> None:
     """Start or join Ray and run the training loop. Heavy imports happen here, after validation.
 
     A worker, reward or environment failure ends the run with its own message (role, rank,
-    method and the worker's traceback; the env, sample and turn), not with a driver traceback.
+    method and the worker's traceback; the env, sample and turn), not with a driver traceback;
+    so does a placement the cluster cannot satisfy (one line, within seconds when it never could).
     """
+    from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
     from rlframe.envs import EnvError
     from rlframe.preflight import check_run_inputs
@@ -153,7 +155,7 @@ def run(cfg: Config) -> None:
     except ConfigError as e:
         print(f"rlframe: config error: {e}", file=sys.stderr)
         sys.exit(2)
-    except (WorkerError, RewardError, EnvError) as e:
+    except (WorkerError, RewardError, EnvError, PlacementError) as e:
         print(f"rlframe: {e}", file=sys.stderr)
         sys.exit(1)
 

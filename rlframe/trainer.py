@@ -24,6 +24,7 @@ from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_log
 from rlframe.config import Config, RewardConfig
 from rlframe.controller.cluster import init_ray, resolve_device
 from rlframe.data.loader import PromptLoader
+from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
 from rlframe.preflight import RunInputs
 from rlframe.protocol import Batch
 from rlframe.rewards import RuleScorer
@@ -315,18 +316,21 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     ``inputs`` come from :func:`rlframe.preflight.check_run_inputs`, run before Ray starts.
     Returns the metrics of every step (also written to ``metrics.jsonl``).
     """
-    started = init_ray(cfg.ray)
-    import ray
-
-    from rlframe.controller.placement import ResourcePool
-    from rlframe.controller.worker_group import WorkerGroup
-
     model_path, tokenizer, resume_from = inputs.model_path, inputs.tokenizer, inputs.resume_from
     records, val_records = inputs.records, inputs.val_records
+    out = prepare_output_dir(cfg, None if resume_from is None else read_driver_state(resume_from)["step"])
+    logs = route_driver_logs(out, cfg.trainer.log_level)
+    started = False
     pool, tracker, trainer, groups = None, None, None, []
     try:
+        started = init_ray(cfg.ray)
+        import ray
+
+        from rlframe.controller.placement import ResourcePool
+        from rlframe.controller.worker_group import WorkerGroup
+
         device = resolve_device(cfg.trainer.device)
-        out = prepare_output_dir(cfg, None if resume_from is None else read_driver_state(resume_from)["step"])
+        print(format_startup_summary(describe_run(cfg, model_path, device, out, logs, started)), flush=True)
         # The critic and the reward model, when there are, share the actor's bundles.
         pool = ResourcePool(
             nnodes=cfg.trainer.nnodes,
@@ -336,12 +340,13 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             max_colocate=1 + int(bool(cfg.critic.enable)) + int(cfg.reward.uses_model),
             name="actor_rollout",
         )
-        pool.create()
+        pool.create(timeout_s=cfg.ray.placement_timeout_s)
 
         def start(role: str, worker_cls: str, path: str = model_path) -> WorkerGroup:
             group = WorkerGroup(
                 pool, load_class(worker_cls), role=role, init_args=(cfg, path, device),
-                call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device),
+                call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device) | logs.worker_env(),
+                rollout_tp_size=cfg.rollout.tensor_parallel_size,
             )
             groups.append(group)
             return group
@@ -375,3 +380,4 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             pool.remove()
         if started:
             ray.shutdown()
+        logs.close()

@@ -64,6 +64,7 @@ class HybridWorker(Worker):
         self.weights_version = 0
         # The engine starts awake with the checkpoint's weights: the first stage is rollout.
         self.mode = "rollout"
+        self.rollout_weights_valid = True
         if cfg.actor.offload:
             self.actor.offload()
 
@@ -72,34 +73,66 @@ class HybridWorker(Worker):
         if self.cfg.rollout.engine is RolloutEngineName.hf:
             from workers.engines.hf_rollout import HFRollout
 
-            return HFRollout(model_path, self.device, dtype, self.cfg.model.trust_remote_code)
+            return HFRollout(model_path, self.device, dtype, self.cfg.model.trust_remote_code, self.cfg.rollout.sleep_level)
         from workers.engines.vllm_rollout import VLLMRollout
 
         r = self.cfg.rollout
         max_len = self.cfg.data.max_prompt_length + compute_response_width(r.max_tokens, r.agent, self.cfg.agent)
-        return VLLMRollout(model_path, self.cfg.rollout, self.device, max_len, self.cfg.trainer.seed, dtype)
+        # Equal inside a tensor-parallel group (its ranks run one engine), different across them.
+        seed = self.cfg.trainer.seed + self.rank // r.tensor_parallel_size
+        return VLLMRollout(model_path, self.cfg.rollout, self.device, max_len, seed, dtype)
 
     # -- mode switch ---------------------------------------------------------------------
+    #
+    # Two modes: "rollout" (engine awake, FSDP state offloaded when actor.offload) and
+    # "train" (engine asleep). ``rollout_weights_valid`` says whether waking the engine
+    # restores usable weights: a level-2 sleep discards them, so the next wake must be
+    # followed by a weight push. sync_weights always pushes; every other way into rollout
+    # mode (a second DAPO sampling round, ReMax's greedy baseline, generation during critic
+    # warm-up, validation) pushes only when the weights were discarded. The pushed weights
+    # are the actor's, which on those paths equal the last synced ones.
 
     def enter_rollout_mode(self) -> None:
         if self.mode == "rollout":
             return
-        if self.cfg.actor.offload:
-            self.actor.offload()
-        self.rollout.wake_up()
+        if self.rollout_weights_valid:
+            if self.cfg.actor.offload:
+                self.actor.offload()
+            self.rollout.wake_up()
+        else:
+            self.push_weights()
         self.mode = "rollout"
 
     def enter_train_mode(self) -> None:
         if self.mode == "train":
             return
         self.rollout.sleep()
+        if self.rollout.discards_weights_on_sleep:
+            self.rollout_weights_valid = False
         if self.cfg.actor.offload:
             self.actor.reload()
         self.mode = "train"
 
+    def push_weights(self) -> None:
+        """Stream the actor's weights into the sleeping engine and wake it fully.
+
+        Order matters on a GPU: wake the engine's weights only, load them from the (still
+        resident) FSDP shards, offload FSDP, and only then re-allocate the KV cache, so
+        old weights, new weights and the KV cache never share the device at once. Every
+        rank streams every full tensor in the same order (the gathers are collectives);
+        with tensor parallelism each rank's vLLM loader keeps its own shard.
+        """
+        self.rollout.wake_up(tags=["weights"])
+        bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
+        self.rollout.load_weights(self.actor.iter_full_weights(bucket_bytes))
+        self.rollout_weights_valid = True
+        if self.cfg.actor.offload:
+            self.actor.offload()
+        self.rollout.wake_up(tags=["kv_cache"])
+
     # -- stages --------------------------------------------------------------------------
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.ROLLOUT_DP_SPLIT)
     def generate(self, prompts: Batch) -> Batch:
         """One sampled turn per row, in one engine call: ``response_ids``, ``response_mask``,
         ``loss_mask``, ``rollout_logprobs``. Every token of a turn was sampled, so the loss
@@ -216,19 +249,9 @@ class HybridWorker(Worker):
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> int:
-        """Stream the trained weights into the rollout engine; returns the new version.
-
-        Order matters on a GPU: wake the engine's weights only, load them from the (still
-        resident) FSDP shards, offload FSDP, and only then re-allocate the KV cache, so
-        old weights, new weights and the KV cache never share the device at once.
-        """
+        """Stream the trained weights into the rollout engine; returns the new version."""
         self.enter_train_mode()
-        self.rollout.wake_up(tags=["weights"])
-        bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
-        self.rollout.load_weights(self.actor.iter_full_weights(bucket_bytes))
-        if self.cfg.actor.offload:
-            self.actor.offload()
-        self.rollout.wake_up(tags=["kv_cache"])
+        self.push_weights()
         self.mode = "rollout"
         self.weights_version += 1
         return self.weights_version

@@ -52,6 +52,7 @@ class Config:
             f"{a.pass_k} exceeds the responses per prompt, rollout.n = {self.rollout.n}",
         )
         check_batch_sizes(self)
+        check_tensor_parallel(self)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",
@@ -74,6 +75,23 @@ class Config:
             "critic.enable",
             f"algorithm.advantage={self.algorithm.advantage} needs a critic; set critic.enable=true (or null)",
         )
+
+
+def check_tensor_parallel(cfg: Config) -> None:
+    """A TP group is consecutive ranks on one node: its size must divide the ranks per node
+    (and therefore the world size)."""
+    tp, per_node = cfg.rollout.tensor_parallel_size, cfg.trainer.procs_per_node
+    require(
+        per_node % tp == 0,
+        "rollout.tensor_parallel_size",
+        f"{tp} must divide trainer.procs_per_node = {per_node}: the ranks of one vLLM engine "
+        "share a node",
+    )
+    require(
+        tp == 1 or cfg.rollout.engine.value == "vllm",
+        "rollout.tensor_parallel_size",
+        f"{tp} > 1 needs rollout.engine=vllm (the hf engine is not sharded)",
+    )
 
 
 def check_batch_sizes(cfg: Config) -> None:

@@ -86,9 +86,13 @@ class RolloutConfig:
     """KV-cache size of each vLLM engine on CPU machines, in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
     sleep_level: int = 1
     """vLLM sleep during training on cuda: 1 frees the KV cache and offloads weights to CPU RAM,
-    2 frees both (weights are re-sent by the sync). No-op on CPU."""
+    2 frees both; a generate that no weight sync precedes then pushes the weights again. vLLM's
+    sleep is a no-op on CPU, but level 2 still takes the reload path there."""
     weight_sync_bucket_mb: int = 512
     """Largest bucket of gathered full tensors held at once during the weight sync."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallelism: this many consecutive ranks on one node hold one engine
+    sharded between them and generate the same prompts; must divide trainer.procs_per_node."""
     agent: str = "single_turn"
     """How a prompt becomes a response: single_turn (one sample), multi_turn (turns against
     ``agent.env``, observations masked out of the loss), or your own agent as
@@ -105,6 +109,7 @@ class RolloutConfig:
         require(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
         require(self.sleep_level in (1, 2), "rollout.sleep_level", f"must be 1 or 2, got {self.sleep_level}")
         require_positive(self.weight_sync_bucket_mb, "rollout.weight_sync_bucket_mb")
+        require_positive(self.tensor_parallel_size, "rollout.tensor_parallel_size")
         require_positive(self.cpu_kv_cache_gb, "rollout.cpu_kv_cache_gb")
         require(
             0 < self.gpu_memory_utilization < 1,
@@ -302,6 +307,9 @@ class TrainerConfig:
     """Run validation every this many steps (and after the last step); 0 turns it off."""
     val_before_train: bool = False
     """Run validation once before the first step (logged at step 0)."""
+    log_level: str = "warning"
+    """Console threshold: debug, info, warning or error. Everything at INFO and above (DEBUG
+    with debug) also goes to the files under ``<output_dir>/logs/``."""
 
     def __post_init__(self) -> None:
         self.device = Device(self.device)
@@ -321,6 +329,8 @@ class TrainerConfig:
             f"must be >= 1, got {self.procs_per_node}",
         )
         require(self.cpus_per_proc >= 1, "trainer.cpus_per_proc", f"must be >= 1, got {self.cpus_per_proc}")
+        levels = ("debug", "info", "warning", "error")
+        require(self.log_level in levels, "trainer.log_level", f"must be one of {levels}, got {self.log_level!r}")
         sinks = ("console", "jsonl", "tensorboard", "wandb")
         unknown = [x for x in self.loggers if x not in sinks]
         require(not unknown, "trainer.loggers", f"unknown {unknown}; choose from {sinks}")
@@ -355,7 +365,11 @@ class RayConfig:
     """Start the dashboard with a local Ray. It listens on 127.0.0.1 only."""
     call_timeout_s: float = 3600.0
     """Longest wait for one worker call before it is reported as hung."""
+    placement_timeout_s: float = 600.0
+    """Longest wait for the workers' resources when the cluster could provide them later (in
+    use, or an autoscaler adding nodes). A request no node could ever hold fails at once."""
 
     def __post_init__(self) -> None:
         require_positive(self.call_timeout_s, "ray.call_timeout_s")
+        require_positive(self.placement_timeout_s, "ray.placement_timeout_s")
 

@@ -1,18 +1,23 @@
 """Starting or joining Ray, and resolving ``trainer.device=auto`` against the cluster.
 
-This module imports Ray lazily: :func:`init_ray` must be able to set Ray's environment
-before Ray is first imported.
+A Ray that rlframe starts itself is a private, single-machine cluster: it lives on the
+loopback interface and dies with its driver. This module imports Ray lazily so that it can
+set Ray's environment before Ray is first imported.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 from rlframe.config import Device, RayConfig
 
-# Read once by ray._private.ray_constants at import. Off, a node's address is loopback.
+# Read by ray._private.ray_constants at import (and patched below when Ray is already
+# imported). Off, Ray takes 127.0.0.1 as this machine's address instead of asking the
+# network which interface reaches the outside.
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+LOOPBACK = "127.0.0.1"
 
 
 def will_start_local_ray(cfg: RayConfig) -> bool:
@@ -22,29 +27,68 @@ def will_start_local_ray(cfg: RayConfig) -> bool:
 def init_ray(cfg: RayConfig) -> bool:
     """Join the cluster ``cfg.address`` (or RAY_ADDRESS) names, else start a local one.
 
-    A locally started Ray lives on loopback only: its node address, the dashboard (when
-    ``ray.include_dashboard``) and the workers' rendezvous all use 127.0.0.1, so nothing
-    listens on or talks to the machine's network interfaces. Returns True when this call
-    started a local Ray, which the caller then shuts down.
+    A locally started Ray is bound to 127.0.0.1: its node address (so the GCS, the raylet,
+    the object manager and every worker's gRPC server listen on loopback only), the
+    dashboard (when ``ray.include_dashboard``) and the workers' rendezvous. A reaper process
+    stops it if the driver dies without shutting it down (SIGKILL). Ray's driver logging is
+    left to the handlers :func:`rlframe.logs.route_driver_logs` installed. Returns True when
+    this call started a local Ray, which the caller then shuts down.
     """
     local = will_start_local_ray(cfg)
-    if local and "ray" not in sys.modules:
-        os.environ.setdefault(LOOPBACK_ENV, "0")
+    if local:
+        os.environ[LOOPBACK_ENV] = "0"
     import ray
 
     if ray.is_initialized():
         return False
     if not local:
-        ray.init(address=cfg.address or os.environ["RAY_ADDRESS"], log_to_driver=True)
+        ray.init(address=cfg.address or os.environ["RAY_ADDRESS"], log_to_driver=True, configure_logging=False)
         return False
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
     ray.init(
         address="local",
         num_cpus=cfg.num_cpus,
         include_dashboard=cfg.include_dashboard,
-        dashboard_host="127.0.0.1",
+        dashboard_host=LOOPBACK,
+        _node_ip_address=LOOPBACK,
         log_to_driver=True,
+        configure_logging=False,
     )
+    start_reaper()
     return True
+
+
+def start_reaper() -> subprocess.Popen:
+    """Start :mod:`rlframe.controller.reaper` for the local cluster this process started.
+
+    Ray's GCS and raylet follow their driver down, but its dashboard and runtime-env agents
+    were seen alive 80 s after a SIGKILL of the driver. The reaper runs in its own session
+    (a kill of the driver's process group does not reach it) and holds none of the
+    driver's pipes, so whoever reads the driver's output still sees it end.
+    """
+    import ray
+
+    node = ray._private.worker._global_node
+    roots = [str(info.process.pid) for infos in node.all_processes.values() for info in infos if info.process]
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlframe.controller.reaper", str(os.getpid()), node.get_session_dir_path(), *roots],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+
+
+def describe_cluster(started_here: bool) -> str:
+    """One line for the start-up summary: which Ray, where."""
+    import ray
+
+    context = ray.get_runtime_context()
+    resources = ray.cluster_resources()
+    nodes = sum(1 for n in ray.nodes() if n["Alive"])
+    total = f"{nodes} node(s), {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs"
+    if started_here:
+        return f"local Ray started here on {LOOPBACK} ({total}); stopped when this run ends"
+    return f"joined {context.gcs_address} ({total}); left running"
 
 
 def resolve_device(requested: Device) -> str:

@@ -1,7 +1,7 @@
 """How one driver call fans out to the ranks of a worker group and how results come back.
 
 A worker method declares its mode once with ``@dispatch(Dispatch.X)``; the worker group
-then exposes it on the driver as a plain function. Three modes are enough:
+then exposes it on the driver as a plain function. Four modes are enough:
 
 - ``ONE_TO_ALL``: every rank gets the same arguments; the result is the list of the ranks'
   results (rank order).
@@ -9,6 +9,10 @@ then exposes it on the driver as a plain function. Three modes are enough:
   chunked, one chunk per rank; other arguments go to every rank as they are. A Batch result
   must have one row per input row; the ranks' results are concatenated and the padding
   rows stripped. Other results come back as a list.
+- ``ROLLOUT_DP_SPLIT``: ``DP_SPLIT`` over the rollout's data-parallel groups. With rollout
+  tensor parallelism TP, ranks ``[g*TP, (g+1)*TP)`` hold one engine: the Batch is split into
+  ``world / TP`` chunks, every rank of group ``g`` gets chunk ``g`` (same rows, same seeds),
+  and the result of each group's first rank is collected. With TP = 1 it is ``DP_SPLIT``.
 - ``RANK_ZERO``: only rank 0 runs the method; its result is returned.
 """
 
@@ -29,6 +33,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Dispatch(Enum):
     ONE_TO_ALL = "one_to_all"
     DP_SPLIT = "dp_split"
+    ROLLOUT_DP_SPLIT = "rollout_dp_split"
     RANK_ZERO = "rank_zero"
 
 
@@ -68,15 +73,29 @@ class FanOut:
     calls: list[RankCall]
     padding: int = 0
     chunk_rows: int = 0
+    group_size: int = 1
+    """Ranks that got the same chunk (the rollout TP size); one result per group is kept."""
 
 
-def split_call(mode: Dispatch, world_size: int, args: tuple, kwargs: dict) -> FanOut:
-    """Turn one driver call into per-rank calls according to ``mode``."""
+def split_call(mode: Dispatch, world_size: int, args: tuple, kwargs: dict, tp_size: int = 1) -> FanOut:
+    """Turn one driver call into per-rank calls according to ``mode``; ``tp_size`` is the
+    rollout tensor-parallel size that ``ROLLOUT_DP_SPLIT`` groups ranks by."""
     if mode is Dispatch.RANK_ZERO:
         return FanOut([RankCall(0, args, kwargs)])
     if mode is Dispatch.ONE_TO_ALL:
         return FanOut([RankCall(r, args, kwargs) for r in range(world_size)])
+    group = tp_size if mode is Dispatch.ROLLOUT_DP_SPLIT else 1
+    if world_size % group:
+        raise ValueError(f"world size {world_size} is not a multiple of the tensor-parallel size {group}")
+    fan_out = split_batches(world_size // group, args, kwargs)
+    # Rank r belongs to group r // TP and gets that group's chunk.
+    calls = [RankCall(r, fan_out.calls[r // group].args, fan_out.calls[r // group].kwargs) for r in range(world_size)]
+    return FanOut(calls, fan_out.padding, fan_out.chunk_rows, group)
 
+
+def split_batches(parts: int, args: tuple, kwargs: dict) -> FanOut:
+    """Pad every Batch argument to a multiple of ``parts`` and chunk it: one call per part,
+    other arguments repeated as they are."""
     batches = [a for a in (*args, *kwargs.values()) if isinstance(a, Batch)]
     if not batches:
         raise TypeError("a DP_SPLIT method needs at least one Batch argument")
@@ -84,21 +103,21 @@ def split_call(mode: Dispatch, world_size: int, args: tuple, kwargs: dict) -> Fa
     if len(sizes) > 1:
         raise ValueError(f"DP_SPLIT Batch arguments have different lengths: {sorted(sizes)}")
     rows = sizes.pop()
-    padding = (-rows) % world_size
+    padding = (-rows) % parts
 
     def chunks(value: Any) -> list[Any]:
         if isinstance(value, Batch):
-            padded, _ = value.pad_to_multiple(world_size)
-            return padded.chunk(world_size)
-        return [value] * world_size
+            padded, _ = value.pad_to_multiple(parts)
+            return padded.chunk(parts)
+        return [value] * parts
 
     split_args = [chunks(a) for a in args]
     split_kwargs = {k: chunks(v) for k, v in kwargs.items()}
     calls = [
-        RankCall(r, tuple(a[r] for a in split_args), {k: v[r] for k, v in split_kwargs.items()})
-        for r in range(world_size)
+        RankCall(p, tuple(a[p] for a in split_args), {k: v[p] for k, v in split_kwargs.items()})
+        for p in range(parts)
     ]
-    return FanOut(calls, padding, (rows + padding) // world_size)
+    return FanOut(calls, padding, (rows + padding) // parts)
 
 
 def collect_results(mode: Dispatch, fan_out: FanOut, results: list[Any]) -> Any:
@@ -107,12 +126,14 @@ def collect_results(mode: Dispatch, fan_out: FanOut, results: list[Any]) -> Any:
         return results[0]
     if mode is Dispatch.ONE_TO_ALL:
         return results
+    # The other ranks of a TP group computed the same rows.
+    results = results[:: fan_out.group_size]
     if not all(isinstance(r, Batch) for r in results):
         return results
-    for rank, result in enumerate(results):
+    for index, result in enumerate(results):
         if len(result) != fan_out.chunk_rows:
             raise ValueError(
-                f"rank {rank} returned {len(result)} rows for {fan_out.chunk_rows} input rows; "
+                f"rank {index * fan_out.group_size} returned {len(result)} rows for {fan_out.chunk_rows} input rows; "
                 "a DP_SPLIT method must return one row per input row"
             )
     merged = Batch.concat(results)

@@ -13,7 +13,9 @@ even while other ranks are still blocked in a collective with the dead one.
 
 from __future__ import annotations
 
+import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -23,6 +25,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rlframe.controller.dispatch import Dispatch, collect_results, find_dispatch_methods, split_call
 from rlframe.controller.placement import ResourcePool
+from rlframe.controller.worker import RENDEZVOUS_FILE_ENV
 
 
 class WorkerError(RuntimeError):
@@ -45,6 +48,7 @@ class WorkerGroup:
         call_timeout_s: the longest wait for one call.
         start_timeout_s: the longest wait for the actors to start (imports, model loading).
         env: extra environment variables for every worker process.
+        rollout_tp_size: ranks per rollout tensor-parallel group, for ``ROLLOUT_DP_SPLIT``.
     """
 
     def __init__(
@@ -57,9 +61,11 @@ class WorkerGroup:
         call_timeout_s: float = 3600.0,
         start_timeout_s: float = 900.0,
         env: dict[str, str] | None = None,
+        rollout_tp_size: int = 1,
     ) -> None:
         self.role = role
         self.world_size = pool.world_size
+        self.rollout_tp_size = rollout_tp_size
         self.call_timeout_s = call_timeout_s
         self.methods = find_dispatch_methods(worker_cls)
         self.actors = self.start_actors(pool, worker_cls, init_args, env or {})
@@ -73,10 +79,16 @@ class WorkerGroup:
         self, pool: ResourcePool, worker_cls: type, init_args: tuple[Any, ...], env: dict[str, str]
     ) -> list[Any]:
         master_addr, master_port = pool.find_master_address()
+        group_id = uuid.uuid4().hex
+        # One node: rendezvous through a file there, so nothing listens on the network.
+        rendezvous = (
+            {RENDEZVOUS_FILE_ENV: f"{tempfile.gettempdir()}/rlframe_rendezvous_{group_id}"} if pool.nnodes == 1 else {}
+        )
         remote_cls = ray.remote(worker_cls)
         actors = []
         for rank in range(self.world_size):
             rank_env = {
+                **rendezvous,
                 "RANK": str(rank),
                 "WORLD_SIZE": str(self.world_size),
                 # Ray narrows CUDA_VISIBLE_DEVICES to the actor's GPU, so it is always device 0.
@@ -102,7 +114,7 @@ class WorkerGroup:
         mode = self.methods.get(method)
         if mode is None:
             raise AttributeError(f"{self.role} workers have no @dispatch method {method!r}; they have {sorted(self.methods)}")
-        fan_out = split_call(mode, self.world_size, args, kwargs)
+        fan_out = split_call(mode, self.world_size, args, kwargs, self.rollout_tp_size)
         if mode is Dispatch.ONE_TO_ALL and self.world_size > 1:
             # Serialise shared arguments once rather than once per rank; Ray resolves
             # top-level ObjectRef arguments back to values in the worker.

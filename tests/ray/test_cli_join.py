@@ -28,7 +28,8 @@ def test_cli_joins_running_cluster(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, timeout=600, env=dict(os.environ), cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "Started a local Ray instance" not in result.stdout + result.stderr
+    assert f"rlframe: ray      joined {address}" in result.stdout
+    assert "Started a local Ray instance" not in (tmp_path / "logs" / "driver.log").read_text()
     assert json.loads((tmp_path / "metrics.jsonl").read_text())["step"] == 1
     # The joined cluster outlives the job: same nodes, still answering.
     assert len(ray.nodes()) == nodes_before and ray.cluster_resources()["CPU"] == 4

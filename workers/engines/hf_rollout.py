@@ -10,12 +10,18 @@ from workers.engines.base import RolloutSample, SamplingSpec
 
 
 class HFRollout:
-    def __init__(self, path: str, device: str, dtype: torch.dtype, trust_remote_code: bool = False):
+    """``sleep_level`` as in vLLM: 1 keeps the weights across a sleep (nothing to free on a
+    host), 2 frees them; the next ``wake_up`` allocates uninitialised storage that only
+    ``load_weights`` makes valid again, the contract vLLM's level 2 has on a GPU."""
+
+    def __init__(self, path: str, device: str, dtype: torch.dtype, trust_remote_code: bool = False, sleep_level: int = 1):
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
         self.model.to(device).eval()
         self.device = device
+        self.discards_weights_on_sleep = sleep_level == 2
+        self.shapes: dict[str, torch.Size] = {}
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec) -> list[RolloutSample]:
@@ -47,10 +53,19 @@ class HFRollout:
                 params[name].copy_(tensor)
 
     def sleep(self) -> None:
-        pass
+        if not self.discards_weights_on_sleep or self.shapes:
+            return
+        # named_parameters() yields a tied weight once, so ties survive the re-allocation.
+        for name, param in self.model.named_parameters():
+            self.shapes[name] = param.shape
+            param.data = torch.empty(0, dtype=param.dtype, device=param.device)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
-        pass
+        if not self.shapes or (tags is not None and "weights" not in tags):
+            return
+        for name, param in self.model.named_parameters():
+            param.data = torch.empty(self.shapes[name], dtype=param.dtype, device=param.device)
+        self.shapes = {}
 
 
 def sample_token(logp: torch.Tensor, spec: SamplingSpec, generator: torch.Generator) -> int:

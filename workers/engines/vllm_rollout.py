@@ -1,13 +1,18 @@
-"""vLLM as an in-process rollout engine, one per rank (``external_launcher``).
+"""vLLM as an in-process rollout engine (``external_launcher``), in the training processes.
 
-Each rank's engine joins the trainer's process group as its own data-parallel replica
-(tensor parallel size 1), so the trainer and the engine share one process and one device.
+The engine adopts the trainer's process group as its world. With
+``rollout.tensor_parallel_size`` TP, vLLM cuts that world into groups of TP consecutive
+ranks; each group holds one engine sharded across its ranks, and the groups are data-parallel
+replicas. Every rank of a group must call ``generate`` with the same prompts and seeds (the
+dispatch layer sends them the same rows) and must consume the same weight stream (each rank's
+loader keeps its shard of every full tensor).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
@@ -21,6 +26,8 @@ class VLLMRollout:
     def __init__(self, path: str, cfg: RolloutConfig, device: str, max_model_len: int, seed: int, dtype: torch.dtype):
         # Must be set before vLLM reads its environment: the engine lives in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if device == "cpu" and cfg.tensor_parallel_size > 1:
+            remove_stale_cpu_shm(int(os.environ.get("RANK", "0")), cfg.tensor_parallel_size)
         if device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb))
         from vllm import LLM
@@ -33,12 +40,15 @@ class VLLMRollout:
             extra["max_num_batched_tokens"] = CPU_MAX_NUM_SEQS * max_model_len
             extra["max_num_seqs"] = CPU_MAX_NUM_SEQS
         self.sleep_level = cfg.sleep_level
+        # Level 2 is treated as discarding on every device, also where vLLM's sleep is a
+        # no-op (CPU), so CPU runs take the same weight-reload path as GPU runs.
+        self.discards_weights_on_sleep = cfg.sleep_level == 2
         self.device = device
         self.llm = LLM(
             model=path,
             skip_tokenizer_init=True,
             distributed_executor_backend="external_launcher",
-            tensor_parallel_size=1,
+            tensor_parallel_size=cfg.tensor_parallel_size,
             dtype=dtype,
             max_model_len=max_model_len,
             enforce_eager=device == "cpu",
@@ -88,3 +98,34 @@ class VLLMRollout:
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.llm.wake_up(tags=tags)
+
+
+def remove_stale_cpu_shm(rank: int, tp: int) -> None:
+    """Delete this rank's leftover /dev/shm segment of vLLM's CPU tensor-parallel all-reduce.
+
+    With ``external_launcher`` vLLM names the segment after the TP group alone (the same name
+    in every run) and creates it exclusively; a rank killed without shutting its engine down
+    (how Ray stops actors) leaves it behind, and the next TP engine on this machine fails with
+    ``create shm in SHMManager failed. errno: 17``. A segment that no live process maps is
+    stale and removed; one in use (another TP run on this machine) is left alone.
+    """
+    first = rank - rank % tp
+    group = "[" + "-".join(str(r) for r in range(first, first + tp)) + "]"
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        return
+    for segment in shm.glob(f"*-cpushm_{rank}"):
+        if group in segment.name and segment.stat().st_uid == os.getuid() and not is_mapped(str(segment)):
+            segment.unlink(missing_ok=True)
+
+
+def is_mapped(path: str) -> bool:
+    """Whether a process whose memory map this user may read maps ``path``. The segments are
+    created ``0600``, so only processes of their owner, whose maps are readable, can map them."""
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            if path in maps.read_text():
+                return True
+        except OSError:  # gone meanwhile, or another user's process
+            continue
+    return False
