@@ -26,6 +26,7 @@ from rlframe.data.loader import PromptLoader, build_prompt_batch
 from rlframe.preflight import RunInputs
 from rlframe.protocol import Batch
 from rlframe.rewards import REWARDS, compute_rewards
+from rlframe.sequence_layout import balance_ranks, count_row_tokens
 from rlframe.tracking import StageTimer, Tracker
 from rlframe.validation import Validator
 
@@ -94,8 +95,9 @@ class Trainer:
         metrics: dict[str, float] = {}
         with timer("step"):
             batch = self.generate_and_score(timer, metrics)
-            with timer("old_logprob"):
-                batch = batch.union(self.actor.compute_logprobs(batch))
+            if self.needs_old_logprob_pass():
+                with timer("old_logprob"):
+                    batch = batch.union(self.actor.compute_logprobs(batch))
             if self.use_ref:
                 with timer("ref"):
                     batch = batch.union(self.actor.compute_ref_logprobs(batch))
@@ -109,15 +111,49 @@ class Trainer:
                 batch = self.compute_advantages(batch, metrics)
             if self.critic is not None:
                 with timer("update_critic"):
-                    metrics |= average(self.critic.update(batch))
+                    metrics |= average(self.critic.update(batch.rows(self.order_for_ranks(batch))))
             if self.step_count > self.cfg.critic.warmup_steps or self.critic is None:
                 with timer("update"):
-                    metrics |= average(self.actor.update(batch))
+                    batch = self.update_actor(batch, metrics)
                 with timer("sync"):
                     self.actor.sync_weights()
         self.log_rollouts(batch)
         metrics |= compute_mismatch_metrics(batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm)
         return metrics | collect_step_metrics(batch, timer)
+
+    def needs_old_logprob_pass(self) -> bool:
+        """Old log-probs need their own forward pass unless the update is exactly on-policy:
+        one epoch of one mini-batch starts from the weights that the old log-probs are
+        taken with, so the update's own log-probs (detached) are the same numbers. The
+        in-reward KL reads them before the update, and without an actor update this step
+        (critic warm-up) nothing would compute them."""
+        a, actor = self.cfg.algorithm, self.cfg.actor
+        one_pass = actor.epochs == 1 and actor.mini_batch_size == self.cfg.data.batch_size * self.cfg.rollout.n
+        actor_updates = self.critic is None or self.step_count > self.cfg.critic.warmup_steps
+        return a.recompute_old_logprobs or not one_pass or self.kl_ctrl.value > 0 or not actor_updates
+
+    def order_for_ranks(self, batch: Batch) -> torch.Tensor:
+        """A row order giving each data-parallel rank about the same tokens of every
+        mini-batch (see :func:`rlframe.sequence_layout.balance_ranks`)."""
+        world = self.cfg.trainer.world_size
+        if world == 1:
+            return torch.arange(len(batch))
+        costs = count_row_tokens(batch, self.cfg.actor.pack_sequences)
+        return balance_ranks(costs, world, self.cfg.actor.mini_batch_size)
+
+    def update_actor(self, batch: Batch, metrics: dict[str, float]) -> Batch:
+        """One policy update on rank-balanced rows (its metrics go into ``metrics``). After
+        an on-policy update without an old-log-prob pass, the update's own log-probs come
+        back and become ``old_logprobs``."""
+        order = self.order_for_ranks(batch)
+        per_rank = self.actor.update(batch.rows(order))
+        own = [m.pop("old_logprobs") for m in per_rank if "old_logprobs" in m]
+        metrics |= average(per_rank)
+        if "old_logprobs" in batch:
+            return batch
+        old = torch.empty(batch["response_mask"].shape)
+        old[order] = torch.cat(own)
+        return batch.with_tensors(old_logprobs=old)
 
     def generate_and_score(self, timer: StageTimer, metrics: dict[str, float]) -> Batch:
         """Generate and reward one batch; with DAPO's dynamic sampling, keep only groups whose
