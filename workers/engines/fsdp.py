@@ -191,8 +191,10 @@ class FSDPEngine:
     def compute_token_values(self, layout: SequenceLayout) -> torch.Tensor:
         """[N] value-head outputs at the positions that predict the selected tokens (critic)."""
         layout = layout.to(self.device)
+        # use_cache=False: with a cache, transformers does not look for packed sequences.
         out = self.model(
-            input_ids=layout.input_ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids
+            input_ids=layout.input_ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
+            use_cache=False,
         )
         return out.logits.reshape(-1, out.logits.shape[-1]).index_select(0, layout.predict_index)[:, 0].float()
 
