@@ -44,7 +44,7 @@ def main() -> None:
     variants = {
         "before (padded rows, old-log-prob pass)": (args.before_code, []),
         "after, defaults (packed, pass skipped)": (here, []),
-        "after, + token budget 2048, chunk 1024": (here, ["actor.max_tokens_per_micro_batch=2048", "actor.logprob_chunk_size=1024"]),
+        "after, + token budget 1024, chunk 1024": (here, ["actor.max_tokens_per_micro_batch=1024", "actor.logprob_chunk_size=1024"]),
     }
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -98,11 +98,14 @@ def measure(variant: str, vocab: int, tokens: int, chunk: int, device: str, grad
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def compare_grads(a: str, b: str) -> float:
+def compare(a: str, b: str) -> tuple[float, float]:
+    """Largest absolute difference of the gradients (hidden states, head), and of the values
+    (log-probs, entropy), between two runs."""
     import torch
 
     x, y = torch.load(a), torch.load(b)
-    return max(float((x[k] - y[k]).abs().max()) for k in x)
+    diff = {k: float((x[k] - y[k]).abs().max()) for k in x}
+    return max(diff["hidden"], diff["head"]), max(diff["logprobs"], diff["entropy"])
 
 
 def main() -> None:
@@ -120,7 +123,7 @@ def main() -> None:
         return
     print(f"loss-path peak memory, hidden {HIDDEN}, fp32, chunk {args.chunk} tokens, device {args.device}")
     print(f"{'vocab':>7} {'tokens':>6} | {'unchunked GiB':>13} {'(extra)':>8} | {'chunked GiB':>11} {'(extra)':>8} | "
-          f"{'ratio':>5} {'extra ratio':>11} | {'max |grad diff|':>15} | s unchunked / chunked")
+          f"{'ratio':>5} {'extra ratio':>11} | {'|grad diff|':>11} {'|value diff|':>12} | s unchunked / chunked")
     with tempfile.TemporaryDirectory() as tmp:
         for vocab in args.vocabs:
             for tokens in args.tokens:
@@ -132,11 +135,11 @@ def main() -> None:
                           f"{estimate_unchunked_gib(vocab, tokens):.1f} GiB > --max-gib {args.max_gib}")
                     continue
                 plain = measure("unchunked", vocab, tokens, args.chunk, args.device, plain_path)
-                diff = compare_grads(chunked_path, plain_path)
+                grad_diff, value_diff = compare(chunked_path, plain_path)
                 print(f"{vocab:>7} {tokens:>6} | {plain['peak'] / 2**30:>13.2f} {plain['extra'] / 2**30:>8.2f} | "
                       f"{chunked['peak'] / 2**30:>11.2f} {chunked['extra'] / 2**30:>8.2f} | "
                       f"{chunked['peak'] / plain['peak']:>5.2f} {chunked['extra'] / plain['extra']:>11.2f} | "
-                      f"{diff:>15.2e} | {plain['seconds']:.1f} / {chunked['seconds']:.1f}", flush=True)
+                      f"{grad_diff:>11.2e} {value_diff:>12.2e} | {plain['seconds']:.1f} / {chunked['seconds']:.1f}", flush=True)
 
 
 def _cuda() -> bool:

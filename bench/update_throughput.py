@@ -96,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--micro", type=int, default=8, help="rows per padded micro-batch")
-    parser.add_argument("--budget", type=int, default=0, help="tokens per packed micro-batch (default: micro x padded width)")
+    parser.add_argument("--budget", type=int, default=1024, help="tokens per packed micro-batch (0: micro x padded width)")
     parser.add_argument("--chunk", type=int, default=0, help="actor.logprob_chunk_size for both variants")
     parser.add_argument("--hidden", type=int, default=0, help="0: the tiny model tiny:0")
     parser.add_argument("--layers", type=int, default=2)
