@@ -43,8 +43,8 @@ def main() -> None:
     here = str(Path(__file__).resolve().parents[1])
     variants = {
         "before (padded rows, old-log-prob pass)": (args.before_code, []),
-        "after, defaults (packed, pass skipped)": (here, []),
-        "after, + token budget 1024, chunk 1024": (here, ["actor.max_tokens_per_micro_batch=1024", "actor.logprob_chunk_size=1024"]),
+        "after, defaults (pass skipped)": (here, []),
+        "after, packed, budget 1024, chunk 1024": (here, ["actor.pack_sequences=true", "actor.max_tokens_per_micro_batch=1024", "actor.logprob_chunk_size=1024"]),
     }
     results = {}
     with tempfile.TemporaryDirectory() as tmp:

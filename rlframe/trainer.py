@@ -134,11 +134,12 @@ class Trainer:
 
     def order_for_ranks(self, batch: Batch) -> torch.Tensor:
         """A row order giving each data-parallel rank about the same tokens of every
-        mini-batch (see :func:`rlframe.sequence_layout.balance_ranks`)."""
+        mini-batch (see :func:`rlframe.sequence_layout.balance_ranks`), counted in real
+        tokens whether or not the workers pack them."""
         world = self.cfg.trainer.world_size
         if world == 1:
             return torch.arange(len(batch))
-        costs = count_row_tokens(batch, self.cfg.actor.pack_sequences)
+        costs = count_row_tokens(batch, packed=True)
         return balance_ranks(costs, world, self.cfg.actor.mini_batch_size)
 
     def update_actor(self, batch: Batch, metrics: dict[str, float]) -> Batch:

@@ -17,6 +17,7 @@ from rlframe.sequence_layout import build_layout
 from workers.engines.fsdp import (
     FSDPEngine,
     OptimizerSpec,
+    resolve_packing,
     run_minibatch_updates,
     split_micro_batches,
 )
@@ -49,6 +50,7 @@ class CriticWorker(Worker):
         c = cfg.critic
         spec = OptimizerSpec(c.lr, c.weight_decay, c.grad_clip, c.lr_warmup_steps, "constant", count_optimizer_steps(cfg))
         self.engine = FSDPEngine(model_path, cfg.model, spec, device, head="value")
+        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
 
     @dispatch(Dispatch.DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:
@@ -57,8 +59,8 @@ class CriticWorker(Worker):
         values = torch.zeros(batch["response_ids"].shape)
         batch = batch.with_tensors(row_index=torch.arange(len(batch)))
         with torch.no_grad():
-            for micro in split_micro_batches(batch, self.cfg.actor, self.device):
-                layout = build_layout(micro, self.cfg.actor.pack_sequences)
+            for micro in split_micro_batches(batch, self.cfg.actor, self.device, self.packed):
+                layout = build_layout(micro, self.packed)
                 values[micro["row_index"]] = layout.to_grid(self.engine.compute_token_values(layout).cpu())
         return Batch({"values": values})
 
@@ -72,11 +74,12 @@ class CriticWorker(Worker):
             self.world_size,
             forward_backward=self.forward_backward,
             prefix="critic",
+            packed=self.packed,
         )
 
     def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
         mask = micro["loss_mask"].to(self.device)
-        layout = build_layout(micro, self.cfg.actor.pack_sequences)
+        layout = build_layout(micro, self.packed)
         values = layout.to_grid(self.engine.compute_token_values(layout))
         token_loss, clipped = compute_value_loss(
             values, micro["values"].to(self.device), micro["returns"].to(self.device), self.cfg.critic.cliprange_value

@@ -30,6 +30,7 @@ from workers.engines.fsdp import (
     FSDPEngine,
     OptimizerSpec,
     pick_dtype,
+    resolve_packing,
     run_minibatch_updates,
     split_micro_batches,
 )
@@ -67,6 +68,7 @@ class HybridWorker(Worker):
         self.actor = FSDPEngine(model_path, cfg.model, build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg)), device)
         self.ref = FSDPEngine(model_path, cfg.model, None, device) if cfg.algorithm.uses_reference else None
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
+        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
         self.rollout = self.build_rollout(model_path)
         self.weights_version = 0
         # Log-probs recorded during an on-policy update (see ``update``).
@@ -160,8 +162,8 @@ class HybridWorker(Worker):
         a = self.cfg.actor
         out = torch.zeros(batch["response_ids"].shape)
         batch = batch.with_tensors(row_index=torch.arange(len(batch)))
-        for micro in split_micro_batches(batch, a, self.device):
-            layout = build_layout(micro, a.pack_sequences)
+        for micro in split_micro_batches(batch, a, self.device, self.packed):
+            layout = build_layout(micro, self.packed)
             token = engine.compute_token_logprobs(layout, self.cfg.rollout.temperature, a.logprob_chunk_size, False)
             out[micro["row_index"]] = layout.to_grid(token.logprobs.cpu())
         return out
@@ -188,6 +190,7 @@ class HybridWorker(Worker):
                 self.world_size,
                 forward_backward=self.forward_backward,
                 prefix="actor",
+                packed=self.packed,
             )
         )
         if on_policy:
@@ -196,7 +199,7 @@ class HybridWorker(Worker):
 
     def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
         cfg, a = self.cfg.algorithm, self.cfg.actor
-        layout = build_layout(micro, a.pack_sequences)
+        layout = build_layout(micro, self.packed)
         mask = micro["loss_mask"].to(self.device)
         token = self.actor.compute_token_logprobs(
             layout, self.cfg.rollout.temperature, a.logprob_chunk_size, with_entropy=True,

@@ -133,13 +133,15 @@ class ActorConfig:
     """Tokens sent through the LM head at a time for log-probs and entropy, each chunk's
     logits recomputed in the backward pass: extra peak memory O(chunk x vocab) instead of
     O(tokens x vocab), for one more head matmul. 0 = off (all tokens at once, logits kept)."""
-    pack_sequences: bool = True
+    pack_sequences: bool | None = None
     """Pack a micro-batch's rows into one sequence without padding (positions restart per
-    row, no attention mask: transformers builds the block-diagonal mask, flash-attention
-    varlen on GPU). false: one padded row per response."""
+    row, no attention mask: transformers builds the block-diagonal mask). false: one padded
+    row per response. null: packed where the engine runs flash-attention 2 (varlen kernels),
+    padded elsewhere: with sdpa the block-diagonal mask still costs attention over the whole
+    packed length, which loses to padded rows on short responses (measured on CPU)."""
     max_tokens_per_micro_batch: int = 0
     """> 0: micro-batches are filled with rows up to this many tokens (prompt + response;
-    the padded width when ``pack_sequences`` is off) instead of ``micro_batch_size`` rows.
+    the padded width when rows are not packed) instead of ``micro_batch_size`` rows.
     Must hold the longest row, data.max_prompt_length + rollout.max_tokens. 0 = off."""
 
     def __post_init__(self) -> None:

@@ -20,10 +20,10 @@ def compute_case_grads(config_kwargs: dict, model_path: str, rank: int, world_si
     cfg = make_config(world_size=world_size, **config_kwargs)
     worker = HybridWorker(cfg, model_path, "cpu")
     batch = make_batch()
-    order = balance_ranks(count_row_tokens(batch, cfg.actor.pack_sequences), world_size, cfg.actor.mini_batch_size)
+    order = balance_ranks(count_row_tokens(batch, packed=True), world_size, cfg.actor.mini_batch_size)
     share = batch.rows(order).chunk(world_size)[rank]
     worker.actor.model.train()
-    accumulate_gradients(share, cfg.actor, "cpu", worker.forward_backward)
+    accumulate_gradients(share, cfg.actor, "cpu", worker.packed, worker.forward_backward)
     return gather_grads(worker.actor.model)
 
 

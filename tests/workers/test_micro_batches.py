@@ -42,7 +42,7 @@ def test_budgets_make_different_micro_batches() -> None:
     counts = {}
     for case in [{"micro": 16}, *PARTITIONS]:
         cfg = make_config(**case).actor
-        parts = split_micro_batches(batch, cfg, "cpu")
+        parts = split_micro_batches(batch, cfg, "cpu", bool(cfg.pack_sequences))
         # Every row exactly once.
         seen = sorted(tuple(row.tolist()) for p in parts for row in p["response_ids"])
         assert seen == sorted(tuple(row.tolist()) for row in batch["response_ids"])

@@ -40,6 +40,11 @@ def pick_attention(device: str) -> str:
     return "sdpa"
 
 
+def resolve_packing(setting: bool | None, device: str) -> bool:
+    """``actor.pack_sequences``: null packs exactly where flash-attention's varlen kernels run."""
+    return setting if setting is not None else pick_attention(device) == "flash_attention_2"
+
+
 def pick_dtype(cfg: ModelConfig, device: str) -> torch.dtype:
     if cfg.dtype == "auto":
         return torch.bfloat16 if device == "cuda" else torch.float32
@@ -269,7 +274,7 @@ def agree_on_max(value: int, device: str) -> int:
     return int(tensor.item())
 
 
-def split_micro_batches(rows: Batch, sizes: ActorConfig, device: str) -> list[Batch]:
+def split_micro_batches(rows: Batch, sizes: ActorConfig, device: str, packed: bool) -> list[Batch]:
     """This rank's micro-batches: ``actor.micro_batch_size`` rows each, or, with
     ``actor.max_tokens_per_micro_batch``, rows filled up to that many tokens.
 
@@ -280,7 +285,7 @@ def split_micro_batches(rows: Batch, sizes: ActorConfig, device: str) -> list[Ba
     """
     if sizes.max_tokens_per_micro_batch <= 0:
         return rows.split(sizes.micro_batch_size)
-    costs = count_row_tokens(rows, sizes.pack_sequences).tolist()
+    costs = count_row_tokens(rows, packed).tolist()
     plan = plan_micro_batches(costs, sizes.max_tokens_per_micro_batch)
     count = agree_on_max(len(plan), device)
     if count > len(plan):
@@ -291,14 +296,15 @@ def split_micro_batches(rows: Batch, sizes: ActorConfig, device: str) -> list[Ba
 
 
 def accumulate_gradients(
-    mini: Batch, sizes: ActorConfig, device: str, forward_backward: Callable[[Batch, LossScale], dict[str, float]]
+    mini: Batch, sizes: ActorConfig, device: str, packed: bool,
+    forward_backward: Callable[[Batch, LossScale], dict[str, float]],
 ) -> dict[str, list[float]]:
     """Forward and backward over one mini-batch's micro-batches (gradients add up in the
     parameters); every micro-batch's loss is normalised by the whole mini-batch's counts,
     so the sum is the same whatever the split. Returns each metric's per-micro-batch values."""
     scale = compute_global_loss_scale(mini, device)
     metrics: dict[str, list[float]] = {}
-    for micro in split_micro_batches(mini, sizes, device):
+    for micro in split_micro_batches(mini, sizes, device, packed):
         for k, v in forward_backward(micro, scale).items():
             metrics.setdefault(k, []).append(v)
     return metrics
@@ -311,6 +317,7 @@ def run_minibatch_updates(
     world_size: int,
     forward_backward: Callable[[Batch, LossScale], dict[str, float]],
     prefix: str,
+    packed: bool,
 ) -> dict[str, float]:
     """Epochs x mini-batches x micro-batches of gradient accumulation, one optimizer step
     per mini-batch, with the actor's batch sizes (the critic uses the same ones). Returns
@@ -324,7 +331,7 @@ def run_minibatch_updates(
     skipped = 0
     for _ in range(sizes.epochs):
         for mini in batch.split(sizes.mini_batch_size // world_size):
-            for k, v in accumulate_gradients(mini, sizes, engine.device, forward_backward).items():
+            for k, v in accumulate_gradients(mini, sizes, engine.device, packed, forward_backward).items():
                 totals.setdefault(k, []).extend(v)
             grad_norm, stepped = engine.optimizer_step()
             totals.setdefault(f"{prefix}/grad_norm", []).append(grad_norm)
