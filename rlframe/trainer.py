@@ -30,6 +30,7 @@ from rlframe.protocol import Batch
 from rlframe.rewards import RuleScorer
 from rlframe.rollout import ExperienceProducer
 from rlframe.rollout.sampling import split_uniform_groups  # noqa: F401  (its old home; tests import it here)
+from rlframe.sequence_layout import balance_ranks, count_row_tokens
 from rlframe.tracking import StageTimer, Tracker
 from rlframe.validation import Validator
 
@@ -101,8 +102,9 @@ class Trainer:
         with timer("step"):
             # gen, reward (and baseline): prompts -> scored responses, by the configured agent.
             batch = self.experience.next_batch(timer, metrics)
-            with timer("old_logprob"):
-                batch = batch.union(self.actor.compute_logprobs(batch))
+            if self.needs_old_logprob_pass():
+                with timer("old_logprob"):
+                    batch = batch.union(self.actor.compute_logprobs(batch))
             if self.use_ref:
                 with timer("ref"):
                     batch = batch.union(self.actor.compute_ref_logprobs(batch))
@@ -113,15 +115,50 @@ class Trainer:
                 batch = self.compute_advantages(batch, metrics)
             if self.critic is not None:
                 with timer("update_critic"):
-                    metrics |= average(self.critic.update(batch))
+                    metrics |= average(self.critic.update(batch.rows(self.order_for_ranks(batch))))
             if self.step_count > self.cfg.critic.warmup_steps or self.critic is None:
                 with timer("update"):
-                    metrics |= average(self.actor.update(batch))
+                    batch = self.update_actor(batch, metrics)
                 with timer("sync"):
                     self.actor.sync_weights()
         self.log_rollouts(batch)
         metrics |= compute_mismatch_metrics(batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm)
         return metrics | collect_step_metrics(batch, timer)
+
+    def needs_old_logprob_pass(self) -> bool:
+        """Old log-probs need their own forward pass unless the update is exactly on-policy:
+        one epoch of one mini-batch starts from the weights that the old log-probs are
+        taken with, so the update's own log-probs (detached) are the same numbers. The
+        in-reward KL reads them before the update, and without an actor update this step
+        (critic warm-up) nothing would compute them."""
+        a, actor = self.cfg.algorithm, self.cfg.actor
+        one_pass = actor.epochs == 1 and actor.mini_batch_size == self.cfg.data.batch_size * self.cfg.rollout.n
+        actor_updates = self.critic is None or self.step_count > self.cfg.critic.warmup_steps
+        return a.recompute_old_logprobs or not one_pass or self.kl_ctrl.value > 0 or not actor_updates
+
+    def order_for_ranks(self, batch: Batch) -> torch.Tensor:
+        """A row order giving each data-parallel rank about the same tokens of every
+        mini-batch (see :func:`rlframe.sequence_layout.balance_ranks`), counted in real
+        tokens whether or not the workers pack them."""
+        world = self.cfg.trainer.world_size
+        if world == 1:
+            return torch.arange(len(batch))
+        costs = count_row_tokens(batch, packed=True)
+        return balance_ranks(costs, world, self.cfg.actor.mini_batch_size)
+
+    def update_actor(self, batch: Batch, metrics: dict[str, float]) -> Batch:
+        """One policy update on rank-balanced rows (its metrics go into ``metrics``). After
+        an on-policy update without an old-log-prob pass, the update's own log-probs come
+        back and become ``old_logprobs``."""
+        order = self.order_for_ranks(batch)
+        per_rank = self.actor.update(batch.rows(order))
+        own = [m.pop("old_logprobs") for m in per_rank if "old_logprobs" in m]
+        metrics |= average(per_rank)
+        if "old_logprobs" in batch:
+            return batch
+        old = torch.empty(batch["response_mask"].shape)
+        old[order] = torch.cat(own)
+        return batch.with_tensors(old_logprobs=old)
 
     def compute_rewards(self, batch: Batch) -> Batch:
         """Add ``score`` (``reward.weight`` x the rule reward + ``reward.model.weight`` x the

@@ -13,11 +13,13 @@ from rlframe.config import Config
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
+from rlframe.sequence_layout import build_layout
 from workers.engines.fsdp import (
     FSDPEngine,
     OptimizerSpec,
-    make_sequence_batch,
+    resolve_packing,
     run_minibatch_updates,
+    split_micro_batches,
 )
 from workers.engines.checkpointing import load_engine, save_engine
 from workers.hybrid import count_optimizer_steps
@@ -48,20 +50,19 @@ class CriticWorker(Worker):
         c = cfg.critic
         spec = OptimizerSpec(c.lr, c.weight_decay, c.grad_clip, c.lr_warmup_steps, "constant", count_optimizer_steps(cfg))
         self.engine = FSDPEngine(model_path, cfg.model, spec, device, head="value")
-
-    def compute_response_values(self, micro: Batch) -> torch.Tensor:
-        """[B, R] value of the state before each response token."""
-        seq = make_sequence_batch(micro, self.device)
-        out = self.engine.model(input_ids=seq.input_ids, attention_mask=seq.attention_mask, position_ids=seq.position_ids)
-        r = seq.response_ids.shape[1]
-        return out.logits[:, -r - 1 : -1, 0].float()
+        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
 
     @dispatch(Dispatch.DP_SPLIT)
     def compute_values(self, batch: Batch) -> Batch:
+        """[B, R] value of the state before each loss-mask token (0 elsewhere)."""
         self.engine.model.eval()
+        values = torch.zeros(batch["response_ids"].shape)
+        batch = batch.with_tensors(row_index=torch.arange(len(batch)))
         with torch.no_grad():
-            values = [self.compute_response_values(m).cpu() for m in batch.split(self.cfg.actor.micro_batch_size)]
-        return Batch({"values": torch.cat(values) * batch["loss_mask"]})
+            for micro in split_micro_batches(batch, self.cfg.actor, self.device, self.packed):
+                layout = build_layout(micro, self.packed)
+                values[micro["row_index"]] = layout.to_grid(self.engine.compute_token_values(layout).cpu())
+        return Batch({"values": values})
 
     @dispatch(Dispatch.DP_SPLIT)
     def update(self, batch: Batch) -> dict[str, float]:
@@ -73,11 +74,13 @@ class CriticWorker(Worker):
             self.world_size,
             forward_backward=self.forward_backward,
             prefix="critic",
+            packed=self.packed,
         )
 
     def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
         mask = micro["loss_mask"].to(self.device)
-        values = self.compute_response_values(micro)
+        layout = build_layout(micro, self.packed)
+        values = layout.to_grid(self.engine.compute_token_values(layout))
         token_loss, clipped = compute_value_loss(
             values, micro["values"].to(self.device), micro["returns"].to(self.device), self.cfg.critic.cliprange_value
         )

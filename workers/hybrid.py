@@ -15,7 +15,6 @@ from rlframe.algorithms.losses import (
     LossScale,
     PolicyLossInputs,
     aggregate_loss,
-    compute_entropy,
     compute_kl,
     masked_mean,
 )
@@ -25,16 +24,16 @@ from rlframe.config.agent import compute_response_width
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
+from rlframe.sequence_layout import build_layout
 from workers.engines.base import RolloutEngine, SamplingSpec
 from workers.engines.checkpointing import load_engine, save_engine
 from workers.engines.fsdp import (
     FSDPEngine,
     OptimizerSpec,
-    compute_response_logits,
-    gather_logprobs,
-    make_sequence_batch,
     pick_dtype,
+    resolve_packing,
     run_minibatch_updates,
+    split_micro_batches,
 )
 
 
@@ -42,6 +41,16 @@ def count_optimizer_steps(cfg: Config) -> int:
     """Optimizer steps in the whole run (for the learning-rate schedule)."""
     responses = cfg.data.batch_size * cfg.rollout.n
     return cfg.trainer.total_steps * cfg.actor.epochs * (responses // cfg.actor.mini_batch_size)
+
+
+def check_single_pass(rows: int, cfg: ActorConfig, world_size: int) -> None:
+    """Log-probs taken during an update are the old ones only if no step came before them."""
+    if cfg.epochs != 1 or rows > cfg.mini_batch_size // world_size:
+        raise ValueError(
+            "an update without old_logprobs must be exactly on-policy (actor.epochs=1 and one mini-batch): "
+            f"got epochs={cfg.epochs}, {rows} rows for mini-batches of {cfg.mini_batch_size // world_size} per rank; "
+            "compute old log-probs first (compute_logprobs)"
+        )
 
 
 def build_optimizer_spec(cfg: ActorConfig, total_steps: int) -> OptimizerSpec:
@@ -60,8 +69,11 @@ class HybridWorker(Worker):
         self.actor = FSDPEngine(model_path, cfg.model, build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg)), device)
         self.ref = FSDPEngine(model_path, cfg.model, None, device) if cfg.algorithm.uses_reference else None
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
+        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
         self.rollout = self.build_rollout(model_path)
         self.weights_version = 0
+        # Log-probs recorded during an on-policy update (see ``update``).
+        self.own_logprobs: torch.Tensor | None = None
         # The engine starts awake with the checkpoint's weights: the first stage is rollout.
         self.mode = "rollout"
         self.rollout_weights_valid = True
@@ -187,37 +199,61 @@ class HybridWorker(Worker):
 
     @torch.no_grad()
     def forward_logprobs(self, engine: FSDPEngine, batch: Batch) -> torch.Tensor:
+        """[B, R] log-probs of the loss-mask tokens (0 elsewhere), micro-batch by micro-batch."""
         self.enter_train_mode()
-        out = []
-        for micro in batch.split(self.cfg.actor.micro_batch_size):
-            seq = make_sequence_batch(micro, self.device)
-            logits = compute_response_logits(engine.model, seq, self.cfg.rollout.temperature)
-            out.append(gather_logprobs(logits, seq.response_ids).cpu())
-        return torch.cat(out)
+        engine.model.eval()
+        a = self.cfg.actor
+        out = torch.zeros(batch["response_ids"].shape)
+        batch = batch.with_tensors(row_index=torch.arange(len(batch)))
+        for micro in split_micro_batches(batch, a, self.device, self.packed):
+            layout = build_layout(micro, self.packed)
+            token = engine.compute_token_logprobs(layout, self.cfg.rollout.temperature, a.logprob_chunk_size, False)
+            out[micro["row_index"]] = layout.to_grid(token.logprobs.cpu())
+        return out
 
     @dispatch(Dispatch.DP_SPLIT)
-    def update(self, batch: Batch) -> dict[str, float]:
-        """PPO-style updates (epochs x mini-batches x micro-batches) on this rank's share."""
+    def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+        """PPO-style updates (epochs x mini-batches x micro-batches) on this rank's share.
+
+        A batch without ``old_logprobs`` is an exactly on-policy step (one epoch, one
+        mini-batch): the old log-probs are the update's own, detached, and come back as the
+        ``old_logprobs`` entry ([rows, R], this rank's rows in order) beside the metrics.
+        """
         self.enter_train_mode()
-        return run_minibatch_updates(
-            self.actor,
-            batch,
-            self.cfg.actor,
-            self.world_size,
-            forward_backward=self.forward_backward,
-            prefix="actor",
+        on_policy = "old_logprobs" not in batch
+        if on_policy:
+            check_single_pass(len(batch), self.cfg.actor, self.world_size)
+            batch = batch.with_tensors(row_index=torch.arange(len(batch)))
+            self.own_logprobs = torch.zeros(batch["response_ids"].shape)
+        metrics: dict[str, float | torch.Tensor] = dict(
+            run_minibatch_updates(
+                self.actor,
+                batch,
+                self.cfg.actor,
+                self.world_size,
+                forward_backward=self.forward_backward,
+                prefix="actor",
+                packed=self.packed,
+            )
         )
+        if on_policy:
+            metrics["old_logprobs"], self.own_logprobs = self.own_logprobs, None
+        return metrics
 
     def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
-        cfg = self.cfg.algorithm
-        seq = make_sequence_batch(micro, self.device)
+        cfg, a = self.cfg.algorithm, self.cfg.actor
+        layout = build_layout(micro, self.packed)
         mask = micro["loss_mask"].to(self.device)
-        logits = compute_response_logits(self.actor.model, seq, self.cfg.rollout.temperature)
-        logprobs = gather_logprobs(logits, seq.response_ids)
+        token = self.actor.compute_token_logprobs(
+            layout, self.cfg.rollout.temperature, a.logprob_chunk_size, with_entropy=True,
+            entropy_grad=cfg.entropy_coef > 0,
+        )
+        logprobs = layout.to_grid(token.logprobs)
+        old_logprobs = self.take_old_logprobs(micro, logprobs)
         out = self.policy_loss(
             PolicyLossInputs(
                 logprobs=logprobs,
-                old_logprobs=micro["old_logprobs"].to(self.device),
+                old_logprobs=old_logprobs,
                 advantages=micro["advantages"].to(self.device),
                 loss_mask=mask,
                 config=cfg,
@@ -225,14 +261,12 @@ class HybridWorker(Worker):
         )
         token_loss = out.token_loss
         if is_mismatch_correction_on(cfg):
-            weights = compute_mismatch_weights(
-                micro["old_logprobs"].to(self.device), micro["rollout_logprobs"].to(self.device), mask, cfg
-            )
+            weights = compute_mismatch_weights(old_logprobs, micro["rollout_logprobs"].to(self.device), mask, cfg)
             token_loss = token_loss * weights
             out.metrics["mismatch_weight"] = weights
         loss = aggregate_loss(token_loss, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
         metrics = {"actor/pg_loss": float(masked_mean(token_loss.detach(), mask))}
-        entropy = compute_entropy(logits) if cfg.entropy_coef > 0 else compute_entropy(logits.detach())
+        entropy = layout.to_grid(token.entropy)
         if cfg.entropy_coef > 0:
             loss = loss - cfg.entropy_coef * aggregate_loss(entropy, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
         metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
@@ -246,6 +280,15 @@ class HybridWorker(Worker):
         for name, value in out.metrics.items():
             metrics[f"actor/{name}"] = float(masked_mean(value, mask))
         return metrics
+
+    def take_old_logprobs(self, micro: Batch, logprobs: torch.Tensor) -> torch.Tensor:
+        """The batch's old log-probs, or, on an on-policy step, these log-probs detached
+        (recorded for the driver)."""
+        if "old_logprobs" in micro:
+            return micro["old_logprobs"].to(self.device)
+        own = logprobs.detach()
+        self.own_logprobs[micro["row_index"]] = own.cpu()
+        return own
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> int:

@@ -82,6 +82,10 @@ class AlgorithmConfig:
     seq-mean-token-sum-norm (Dr.GRPO: token sums / loss_agg_norm) or token-sum."""
     loss_agg_norm: int = 0
     """seq-mean-token-sum-norm's constant divisor; 0 means rollout.max_tokens."""
+    recompute_old_logprobs: bool = False
+    """Always run the old-log-prob forward pass. Off: a step whose update is exactly on-policy
+    (actor.epochs=1, one mini-batch per step, no in-reward KL) skips it and takes the update's
+    own log-probs, detached, as the old ones (they are the same numbers)."""
 
     def __post_init__(self) -> None:
         # Registered names are checked by rlframe.preflight (the registries import torch);

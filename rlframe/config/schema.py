@@ -116,6 +116,16 @@ def check_batch_sizes(cfg: Config) -> None:
         f"{mini} must be a multiple of the number of ranks, trainer.nnodes * "
         f"trainer.procs_per_node = {world}",
     )
+    budget = cfg.actor.max_tokens_per_micro_batch
+    if budget > 0:
+        # Micro-batches are cut by tokens: micro_batch_size is not used.
+        longest = cfg.data.max_prompt_length + cfg.rollout.max_tokens
+        require(
+            budget >= longest,
+            "actor.max_tokens_per_micro_batch",
+            f"{budget} cannot hold the longest row, data.max_prompt_length + rollout.max_tokens = {longest}",
+        )
+        return
     require(
         (mini // world) % micro == 0,
         "actor.micro_batch_size",

@@ -140,9 +140,29 @@ class ActorConfig:
     """After warm-up: constant, or cosine decay to 10% over the run's optimizer steps."""
     offload: bool = False
     """cuda only: move FSDP parameters and optimizer state to CPU RAM while vLLM generates."""
+    logprob_chunk_size: int = 0
+    """Tokens sent through the LM head at a time for log-probs and entropy, each chunk's
+    logits recomputed in the backward pass: extra peak memory O(chunk x vocab) instead of
+    O(tokens x vocab), for one more head matmul. 0 = off (all tokens at once, logits kept)."""
+    pack_sequences: bool | None = None
+    """Pack a micro-batch's rows into one sequence without padding (positions restart per
+    row, no attention mask: transformers builds the block-diagonal mask). false: one padded
+    row per response. null: packed where the engine runs flash-attention 2 (varlen kernels),
+    padded elsewhere: with sdpa the block-diagonal mask still costs attention over the whole
+    packed length, which loses to padded rows on short responses (measured on CPU)."""
+    max_tokens_per_micro_batch: int = 0
+    """> 0: micro-batches are filled with rows up to this many tokens (prompt + response;
+    the padded width when rows are not packed) instead of ``micro_batch_size`` rows.
+    Must hold the longest row, data.max_prompt_length + rollout.max_tokens. 0 = off."""
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "actor.lr")
+        require(self.logprob_chunk_size >= 0, "actor.logprob_chunk_size", f"must be >= 0 (0 = off), got {self.logprob_chunk_size}")
+        require(
+            self.max_tokens_per_micro_batch >= 0,
+            "actor.max_tokens_per_micro_batch",
+            f"must be >= 0 (0 = off), got {self.max_tokens_per_micro_batch}",
+        )
         require(self.lr_schedule in ("constant", "cosine"), "actor.lr_schedule", f"must be constant or cosine, got {self.lr_schedule!r}")
         require(self.warmup_steps >= 0, "actor.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         require_positive(self.mini_batch_size, "actor.mini_batch_size")

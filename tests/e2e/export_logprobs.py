@@ -63,10 +63,11 @@ def build_rows(samples: list[dict]):
 @torch.no_grad()
 def score(model: torch.nn.Module, samples: list[dict]) -> list[list[float]]:
     """The trainer's own scoring functions (workers.engines.fsdp), whatever the model."""
-    from workers.engines.fsdp import compute_response_logits, gather_logprobs, make_sequence_batch
+    from rlframe.sequence_layout import build_padded_layout
+    from workers.engines.fsdp import compute_layout_logprobs
 
-    seq = make_sequence_batch(build_rows(samples), "cpu")
-    return gather_logprobs(compute_response_logits(model, seq, 1.0), seq.response_ids).tolist()
+    layout = build_padded_layout(build_rows(samples))
+    return layout.to_grid(compute_layout_logprobs(model, layout, 1.0, 0, False).logprobs).tolist()
 
 
 def score_with_hf(export: str, samples: list[dict]) -> list[list[float]]:

@@ -7,7 +7,7 @@ still feed the later turns as context."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import MethodType, SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +17,8 @@ from rlframe.algorithms.losses import POLICY_LOSSES, LossScale, PolicyLossInputs
 from rlframe.config import AlgorithmConfig, Config, RolloutConfig
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.protocol import Batch
-from workers.engines.fsdp import compute_response_logits, gather_logprobs, make_sequence_batch
+from rlframe.sequence_layout import build_layout
+from workers.engines.fsdp import FSDPEngine, compute_layout_logprobs
 from workers.hybrid import HybridWorker
 
 # turn 1 | observation | turn 2 | padding
@@ -53,9 +54,13 @@ def parameter_grads(model_path: str, batch: Batch, loss: str) -> list[torch.Tens
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     algorithm = AlgorithmConfig(policy_loss=loss, entropy_coef=0.01, kl_coef=0.1, kl_estimator="k3", tis_cap=2.0)
     cfg = Config(rollout=RolloutConfig(temperature=1.0), algorithm=algorithm)
+    # The engine's log-prob path on a plain (unsharded) model: it only reads .model and .device.
+    actor = SimpleNamespace(model=model, device="cpu")
+    actor.compute_token_logprobs = MethodType(FSDPEngine.compute_token_logprobs, actor)
     worker = SimpleNamespace(
-        cfg=cfg, device="cpu", world_size=1, actor=SimpleNamespace(model=model), policy_loss=POLICY_LOSSES.get(loss)
+        cfg=cfg, device="cpu", world_size=1, actor=actor, packed=False, policy_loss=POLICY_LOSSES.get(loss)
     )
+    worker.take_old_logprobs = MethodType(HybridWorker.take_old_logprobs, worker)
     HybridWorker.forward_backward(worker, batch, LossScale(tokens=float(LOSS_MASK.sum()), sequences=2.0))
     return [p.grad.clone() for p in model.parameters()]
 
@@ -72,8 +77,8 @@ def test_observation_tokens_do_not_move_the_weights(model_path: str, loss: str) 
 def test_logprob_gradient_is_zero_exactly_on_observations(model_path: str) -> None:
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     batch = make_batch(2, obs_noise=3.0)
-    seq = make_sequence_batch(batch, "cpu")
-    logprobs = gather_logprobs(compute_response_logits(model, seq, 1.0), seq.response_ids)
+    layout = build_layout(batch, packed=False)
+    logprobs = layout.to_grid(compute_layout_logprobs(model, layout, 1.0, chunk=0, with_entropy=False).logprobs)
     logprobs.retain_grad()
     out = POLICY_LOSSES.get("ppo_clip")(
         # Old log-probs equal to the current ones (ratio 1): no sampled token is clipped.

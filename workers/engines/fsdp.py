@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,10 @@ from torch.distributed.tensor import DTensor
 from rlframe.algorithms.losses import LossScale
 from rlframe.config import ActorConfig, ModelConfig
 from rlframe.protocol import Batch
+from rlframe.sequence_layout import SequenceLayout, build_layout, count_row_tokens, plan_micro_batches
+from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
+
+T = TypeVar("T")
 
 
 def pick_attention(device: str) -> str:
@@ -33,6 +38,11 @@ def pick_attention(device: str) -> str:
         except ImportError:
             pass
     return "sdpa"
+
+
+def resolve_packing(setting: bool | None, device: str) -> bool:
+    """``actor.pack_sequences``: null packs exactly where flash-attention's varlen kernels run."""
+    return setting if setting is not None else pick_attention(device) == "flash_attention_2"
 
 
 def pick_dtype(cfg: ModelConfig, device: str) -> torch.dtype:
@@ -115,46 +125,47 @@ def build_lr_lambda(spec: OptimizerSpec):
     return factor
 
 
-@dataclass
-class SequenceBatch:
-    """Model inputs for prompt + response rows (prompts left-padded, responses right-padded)."""
+def run_as_root_forward(model: nn.Module, fn: Callable[[], T]) -> T:
+    """``fn()`` called as the forward of ``model``, the FSDP2 root.
 
-    input_ids: torch.Tensor
-    """[B, P + R] token ids."""
-    attention_mask: torch.Tensor
-    """[B, P + R] 1 on real tokens."""
-    position_ids: torch.Tensor
-    """[B, P + R] positions counted over real tokens only."""
-    response_ids: torch.Tensor
-    """[B, R] the response tokens whose log-probs are wanted."""
-
-
-def make_sequence_batch(rows: Batch, device: str) -> SequenceBatch:
-    """Model inputs for a Batch holding prompt_ids/prompt_mask and response_ids/response_mask."""
-    response_ids = rows["response_ids"].to(device)
-    input_ids = torch.cat([rows["prompt_ids"].to(device), response_ids], dim=1)
-    attention_mask = torch.cat([rows["prompt_mask"], rows["response_mask"]], dim=1).long().to(device)
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    return SequenceBatch(input_ids, attention_mask, position_ids, response_ids)
-
-
-def compute_response_logits(model: nn.Module, seq: SequenceBatch, temperature: float) -> torch.Tensor:
-    """[B, R, V] logits that predict each response token, divided by the temperature.
-
-    Dividing matches vLLM's processed log-probs, which are taken after temperature scaling.
+    FSDP2 gathers the root's own parameters (embeddings, final norm, the LM head) in the
+    root's forward pre-hook and hooks the backward on its outputs; a sharded weight read
+    outside that forward is only this rank's shard. So the backbone and the chunked head run
+    inside one call of the root module, with ``fn`` standing in for its ``forward``.
     """
-    logits = model(
-        input_ids=seq.input_ids, attention_mask=seq.attention_mask, position_ids=seq.position_ids, use_cache=False
-    ).logits
-    r = seq.response_ids.shape[1]
-    # Position t predicts token t + 1: the last prompt position predicts the first response token.
-    logits = logits[:, -r - 1 : -1].float()
-    return logits / temperature if temperature > 0 else logits
+    model.forward = fn  # an instance attribute shadows the class's forward for this call
+    try:
+        return model()
+    finally:
+        del model.forward
 
 
-def gather_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[ids] without keeping the full [B, R, V] log-softmax for backward."""
-    return logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+def compute_layout_hidden(model: nn.Module, layout: SequenceLayout) -> torch.Tensor:
+    """[N, H] final hidden states at the positions that predict the selected tokens."""
+    out = model.get_decoder()(
+        input_ids=layout.input_ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, layout.predict_index)
+
+
+def compute_layout_logprobs(
+    model: nn.Module, layout: SequenceLayout, temperature: float, chunk: int, with_entropy: bool,
+    entropy_grad: bool = False,
+) -> TokenLogprobs:
+    """[N] log-probs (and entropy) of a causal LM's selected tokens from its final hidden
+    states: ``chunk`` tokens through the LM head at a time (0: all at once), all inside the
+    root module's forward. Works on a plain HF model as well as on an FSDP2 root."""
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
+        hidden = compute_layout_hidden(model, layout)
+        head = model.get_output_embeddings().weight
+        out = compute_token_logprobs(hidden, head, layout.target_ids, temperature, chunk, with_entropy, entropy_grad)
+        return out.logprobs, out.entropy
+
+    logprobs, entropy = run_as_root_forward(model, forward)
+    return TokenLogprobs(logprobs, entropy)
 
 
 def full_tensor(value: torch.Tensor) -> torch.Tensor:
@@ -177,6 +188,24 @@ class FSDPEngine:
             self.grad_clip = optim.grad_clip
         else:
             self.model.requires_grad_(False)
+
+    def compute_token_logprobs(
+        self, layout: SequenceLayout, temperature: float, chunk: int, with_entropy: bool, entropy_grad: bool = False
+    ) -> TokenLogprobs:
+        """Log-probs (and entropy) of the layout's selected tokens; see :func:`compute_layout_logprobs`."""
+        return compute_layout_logprobs(
+            self.model, layout.to(self.device), temperature, chunk, with_entropy, entropy_grad
+        )
+
+    def compute_token_values(self, layout: SequenceLayout) -> torch.Tensor:
+        """[N] value-head outputs at the positions that predict the selected tokens (critic)."""
+        layout = layout.to(self.device)
+        # use_cache=False: with a cache, transformers does not look for packed sequences.
+        out = self.model(
+            input_ids=layout.input_ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
+            use_cache=False,
+        )
+        return out.logits.reshape(-1, out.logits.shape[-1]).index_select(0, layout.predict_index)[:, 0].float()
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Clip, step and zero the gradients. A non-finite gradient norm skips the step."""
@@ -232,6 +261,7 @@ class FSDPEngine:
                 if isinstance(v, torch.Tensor):
                     state[k] = v.to(device, non_blocking=True)
 
+
 def compute_global_loss_scale(mini: Batch, device: str) -> LossScale:
     """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over ranks."""
     counts = torch.tensor([mini["loss_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
@@ -241,6 +271,49 @@ def compute_global_loss_scale(mini: Batch, device: str) -> LossScale:
     return LossScale(tokens=float(counts[0]), sequences=float(counts[1]))
 
 
+def agree_on_max(value: int, device: str) -> int:
+    """The largest ``value`` over the ranks of the default group."""
+    tensor = torch.tensor([value], dtype=torch.long, device=device if device == "cuda" else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def split_micro_batches(rows: Batch, sizes: ActorConfig, device: str, packed: bool) -> list[Batch]:
+    """This rank's micro-batches: ``actor.micro_batch_size`` rows each, or, with
+    ``actor.max_tokens_per_micro_batch``, rows filled up to that many tokens.
+
+    Every rank of the group must run the same number of forwards (each is a chain of FSDP
+    collectives), so with a token budget the ranks agree on the largest count and split
+    their fullest micro-batches until they have that many. Callers give every rank the same
+    number of rows, so the count never exceeds a rank's rows.
+    """
+    if sizes.max_tokens_per_micro_batch <= 0:
+        return rows.split(sizes.micro_batch_size)
+    costs = count_row_tokens(rows, packed).tolist()
+    plan = plan_micro_batches(costs, sizes.max_tokens_per_micro_batch)
+    count = agree_on_max(len(plan), device)
+    if count > len(plan):
+        plan = plan_micro_batches(costs, sizes.max_tokens_per_micro_batch, min_count=count)
+    if len(plan) != count:
+        raise RuntimeError(f"{len(rows)} rows cannot make the {count} micro-batches the other ranks run")
+    return [rows.rows(part) for part in plan]
+
+
+def accumulate_gradients(
+    mini: Batch, sizes: ActorConfig, device: str, packed: bool,
+    forward_backward: Callable[[Batch, LossScale], dict[str, float]],
+) -> dict[str, list[float]]:
+    """Forward and backward over one mini-batch's micro-batches (gradients add up in the
+    parameters); every micro-batch's loss is normalised by the whole mini-batch's counts,
+    so the sum is the same whatever the split. Returns each metric's per-micro-batch values."""
+    scale = compute_global_loss_scale(mini, device)
+    metrics: dict[str, list[float]] = {}
+    for micro in split_micro_batches(mini, sizes, device, packed):
+        for k, v in forward_backward(micro, scale).items():
+            metrics.setdefault(k, []).append(v)
+    return metrics
+
+
 def run_minibatch_updates(
     engine: FSDPEngine,
     batch: Batch,
@@ -248,23 +321,22 @@ def run_minibatch_updates(
     world_size: int,
     forward_backward: Callable[[Batch, LossScale], dict[str, float]],
     prefix: str,
+    packed: bool,
 ) -> dict[str, float]:
     """Epochs x mini-batches x micro-batches of gradient accumulation, one optimizer step
     per mini-batch, with the actor's batch sizes (the critic uses the same ones). Returns
     metric means (and ``<prefix>/grad_norm``, ``<prefix>/lr``).
 
     Every rank makes the same number of optimizer steps: the config guarantees that each
-    rank's share splits into whole mini-batches and micro-batches.
+    rank's share splits into whole mini-batches.
     """
     engine.model.train()
     totals: dict[str, list[float]] = {}
     skipped = 0
     for _ in range(sizes.epochs):
         for mini in batch.split(sizes.mini_batch_size // world_size):
-            scale = compute_global_loss_scale(mini, engine.device)
-            for part in mini.split(sizes.micro_batch_size):
-                for k, v in forward_backward(part, scale).items():
-                    totals.setdefault(k, []).append(v)
+            for k, v in accumulate_gradients(mini, sizes, engine.device, packed, forward_backward).items():
+                totals.setdefault(k, []).extend(v)
             grad_norm, stepped = engine.optimizer_step()
             totals.setdefault(f"{prefix}/grad_norm", []).append(grad_norm)
             skipped += not stepped
