@@ -11,8 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 TINY_PREFIX = "tiny:"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
@@ -104,6 +106,12 @@ def build_tiny_model(spec: TinyModelSpec, target: Path) -> None:
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
+    save_model_atomically(model, tokenizer, target)
+
+
+def save_model_atomically(model: Any, tokenizer: Any, target: Path) -> None:
+    """Write model and tokenizer to a staging folder, then rename it to ``target``: several
+    processes (test workers, Ray actors) may build the same cached model at once."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
     model.save_pretrained(staging)
@@ -114,6 +122,4 @@ def build_tiny_model(spec: TinyModelSpec, target: Path) -> None:
         if not (target / "config.json").exists():
             raise
         # Another process finished first; its copy is identical.
-        import shutil
-
         shutil.rmtree(staging, ignore_errors=True)

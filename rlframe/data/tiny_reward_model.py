@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from rlframe.data.tiny_model import CHARACTERS, TinyModelSpec, build_tiny_tokenizer, default_cache_dir
+from rlframe.data.tiny_model import (
+    CHARACTERS,
+    TinyModelSpec,
+    build_tiny_tokenizer,
+    default_cache_dir,
+    save_model_atomically,
+)
 
 TINY_RM_PREFIX = "tiny-rm:"
 # Only characters of the tiny vocabulary, so the rendered chat has no unknown tokens.
@@ -71,13 +75,4 @@ def build_tiny_reward_model(spec: TinyModelSpec, target: Path) -> None:
     model = Qwen2ForSequenceClassification(config)
     # The default init leaves the score head near zero; scale it so rewards differ visibly.
     torch.nn.init.normal_(model.score.weight, std=1.0)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    try:
-        staging.rename(target)
-    except OSError:
-        if not (target / "config.json").exists():
-            raise
-        shutil.rmtree(staging, ignore_errors=True)  # another process finished first
+    save_model_atomically(model, tokenizer, target)

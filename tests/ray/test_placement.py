@@ -7,6 +7,7 @@ import logging
 import time
 
 import pytest
+import ray
 
 from rlframe.controller.placement import PlacementError, ResourcePool
 
@@ -45,6 +46,9 @@ def test_resources_in_use_make_it_wait_and_say_what_for(caplog: pytest.LogCaptur
         assert 2.5 < time.monotonic() - start < 15
         waits = [r.getMessage() for r in caplog.records if "waiting for placement" in r.getMessage()]
         assert waits and "'waiter' needs 1 node(s) x 2 bundle(s)" in waits[0] and "free now" in waits[0]
+        # What the timed-out request reserved is removed, not left pending forever.
+        states = [g["state"] for g in ray.util.placement_group_table().values() if g["name"].startswith("waiter")]
+        assert states and all(state == "REMOVED" for state in states), states
     finally:
         holder.remove()
     # Once the holder is gone, the same request is placed.

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlframe.data.tiny_model import resolve_model_path
-from tests.workers.layout_cases import LOSS_AGGS, free_port, make_batch, make_config, set_rank_env
+from tests.workers.layout_cases import LOSS_AGGS, free_port, make_batch, make_config
 from tests.workers.rank_grads import compute_case_grads, run_rank
 
 # Each a different cut of the same 16 rows (longest row 15 tokens, 3 to 15 when packed).
@@ -23,16 +21,7 @@ PARTITIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return resolve_model_path("tiny:0", cache_dir=tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_rank_group() -> None:
-    set_rank_env(0, 1, free_port())
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
+pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def test_budgets_make_different_micro_batches() -> None:

@@ -5,24 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rlframe.config import ModelConfig
-from rlframe.data.tiny_model import resolve_model_path
 from rlframe.sequence_layout import build_layout
-from tests.workers.layout_cases import free_port, gather_grads, make_batch, set_rank_env
+from tests.workers.layout_cases import gather_grads, make_batch
 
 
-@pytest.fixture(scope="module")
-def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return resolve_model_path("tiny:0", cache_dir=tmp_path_factory.mktemp("models"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_rank_group() -> None:
-    set_rank_env(0, 1, free_port())
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
+pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def build_engine(path: str, head: str = "lm"):

@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from rlframe.algorithms.losses import LossScale
 from rlframe.config import ActorConfig, ModelConfig
 from rlframe.protocol import Batch
-from rlframe.sequence_layout import SequenceLayout, build_layout, count_row_tokens, plan_micro_batches
+from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
 
 T = TypeVar("T")

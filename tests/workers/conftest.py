@@ -1,0 +1,23 @@
+"""Fixtures of the in-process engine tests: the tiny model, and a one-rank gloo group that
+the packing and micro-batch tests share (``one_rank_group``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from rlframe.data.tiny_model import resolve_model_path
+from tests.workers.layout_cases import free_port, set_rank_env
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return resolve_model_path("tiny:0", cache_dir=tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def one_rank_group() -> None:
+    """This process as rank 0 of a one-rank gloo group, as a lone worker would be."""
+    set_rank_env(0, 1, free_port())
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
