@@ -36,15 +36,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A HOME of the tests' own: Ray keeps its token in ~/.ray/auth_token, and this machine's may
+# already hold one (any local ray.init writes it). A fresh HOME is a machine that never ran Ray.
+HOME: dict[str, str] = {}
+
+
 def readme_env() -> dict[str, str]:
     """The shell README's commands run in: token auth on, nothing pointing at another cluster."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
-    return env | {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    return env | HOME | {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A head node on loopback: yields the dashboard address."""
+    """A head node on loopback, started as README says from a HOME without a Ray token:
+    yields the dashboard address."""
+    HOME["HOME"] = str(tmp_path_factory.mktemp("home"))
+    subprocess.run([RAY, "get-auth-token", "--generate"], env=readme_env(), check=True, capture_output=True, timeout=60)
+    assert (Path(HOME["HOME"]) / ".ray" / "auth_token").is_file()
     dashboard_port = free_port()
     log = (tmp_path_factory.mktemp("head") / "head.txt").open("w")
     process = subprocess.Popen(
