@@ -14,6 +14,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 TINY_PREFIX = "tiny:"
@@ -52,14 +53,25 @@ def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
     """A loadable model directory: ``tiny:<seed>`` is built on first use, anything else is kept."""
     if not is_tiny_model(path):
         return path
-    seed_text = path[len(TINY_PREFIX) :] or "0"
+    return resolve_tiny_build(path, TINY_PREFIX, "tiny-qwen2", [CHARACTERS], build_tiny_model, cache_dir)
+
+
+def resolve_tiny_build(
+    path: str, prefix: str, folder: str, key_parts: list[Any], build: Callable[[TinyModelSpec, Path], None],
+    cache_dir: Path | None,
+) -> str:
+    """The cached folder of the tiny model ``<prefix><seed>``, built by ``build`` on first use.
+
+    The folder name hashes the spec and ``key_parts`` (vocabulary, templates), so a change to
+    either builds a new model instead of reusing a stale one."""
+    seed_text = path[len(prefix) :] or "0"
     if not seed_text.isdigit():
-        raise ValueError(f"model.path {path!r}: use 'tiny:<integer seed>', e.g. 'tiny:0'")
+        raise ValueError(f"{path!r}: use '{prefix}<integer seed>', e.g. '{prefix}0'")
     spec = TinyModelSpec(seed=int(seed_text))
-    key = hashlib.sha1(json.dumps([asdict(spec), CHARACTERS]).encode()).hexdigest()[:12]
-    target = (cache_dir or default_cache_dir()) / f"tiny-qwen2-{key}"
+    key = hashlib.sha1(json.dumps([asdict(spec), *key_parts]).encode()).hexdigest()[:12]
+    target = (cache_dir or default_cache_dir()) / f"{folder}-{key}"
     if not (target / "config.json").exists():
-        build_tiny_model(spec, target)
+        build(spec, target)
     return str(target)
 
 

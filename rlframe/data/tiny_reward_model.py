@@ -9,16 +9,13 @@ random but fixed by the seed.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict
 from pathlib import Path
 
 from rlframe.data.tiny_model import (
     CHARACTERS,
     TinyModelSpec,
     build_tiny_tokenizer,
-    default_cache_dir,
+    resolve_tiny_build,
     save_model_atomically,
 )
 
@@ -35,15 +32,9 @@ def resolve_reward_model_path(path: str, cache_dir: Path | None = None) -> str:
     """A loadable reward-model directory: ``tiny-rm:<seed>`` is built on first use."""
     if not is_tiny_reward_model(path):
         return path
-    seed_text = path[len(TINY_RM_PREFIX) :] or "0"
-    if not seed_text.isdigit():
-        raise ValueError(f"{path!r}: use 'tiny-rm:<integer seed>', e.g. 'tiny-rm:0'")
-    spec = TinyModelSpec(seed=int(seed_text))
-    key = hashlib.sha1(json.dumps([asdict(spec), CHARACTERS, CHAT_TEMPLATE]).encode()).hexdigest()[:12]
-    target = (cache_dir or default_cache_dir()) / f"tiny-qwen2-rm-{key}"
-    if not (target / "config.json").exists():
-        build_tiny_reward_model(spec, target)
-    return str(target)
+    return resolve_tiny_build(
+        path, TINY_RM_PREFIX, "tiny-qwen2-rm", [CHARACTERS, CHAT_TEMPLATE], build_tiny_reward_model, cache_dir
+    )
 
 
 def build_tiny_reward_model(spec: TinyModelSpec, target: Path) -> None:
