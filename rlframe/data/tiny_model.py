@@ -89,17 +89,12 @@ def build_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     )
 
 
-def build_tiny_model(spec: TinyModelSpec, target: Path) -> None:
-    """Write a random-initialised Qwen2 model and its tokenizer to ``target``.
+def build_tiny_config(spec: TinyModelSpec, tokenizer: Any, **extra: Any) -> Any:
+    """The Qwen2 config of a tiny model of ``spec`` over ``tokenizer``; ``extra`` adds the
+    head-specific keys (tied embeddings, number of labels)."""
+    from transformers import Qwen2Config
 
-    Written to a temporary folder first and renamed, so concurrent builders (several
-    workers, several tests) never see a half-written model.
-    """
-    import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = build_tiny_tokenizer()
-    config = Qwen2Config(
+    return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -107,12 +102,25 @@ def build_tiny_model(spec: TinyModelSpec, target: Path) -> None:
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
         max_position_embeddings=spec.max_positions,
-        tie_word_embeddings=True,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
+        **extra,
     )
+
+
+def build_tiny_model(spec: TinyModelSpec, target: Path) -> None:
+    """Write a random-initialised Qwen2 model and its tokenizer to ``target``.
+
+    Written to a temporary folder first and renamed, so concurrent builders (several
+    workers, several tests) never see a half-written model.
+    """
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = build_tiny_config(spec, tokenizer, tie_word_embeddings=True)
     torch.manual_seed(spec.seed)
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(

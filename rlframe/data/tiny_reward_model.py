@@ -14,6 +14,7 @@ from pathlib import Path
 from rlframe.data.tiny_model import (
     CHARACTERS,
     TinyModelSpec,
+    build_tiny_config,
     build_tiny_tokenizer,
     resolve_tiny_build,
     save_model_atomically,
@@ -44,24 +45,11 @@ def build_tiny_reward_model(spec: TinyModelSpec, target: Path) -> None:
     half-written model.
     """
     import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+    from transformers import Qwen2ForSequenceClassification
 
     tokenizer = build_tiny_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        max_position_embeddings=spec.max_positions,
-        num_labels=1,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
-    )
+    config = build_tiny_config(spec, tokenizer, num_labels=1)
     torch.manual_seed(spec.seed)
     model = Qwen2ForSequenceClassification(config)
     # The default init leaves the score head near zero; scale it so rewards differ visibly.
