@@ -21,41 +21,76 @@ import sys
 import tempfile
 from pathlib import Path
 
-SHAPE = ["data.batch_size=32", "rollout.n=8", "rollout.max_tokens=32", "actor.mini_batch_size=256",
-         "actor.micro_batch_size=128", "trainer.val_every=0"]
+SHAPE = [
+    "data.batch_size=32",
+    "rollout.n=8",
+    "rollout.max_tokens=32",
+    "actor.mini_batch_size=256",
+    "actor.micro_batch_size=128",
+    "trainer.val_every=0",
+]
 STAGES = ("gen", "old_logprob", "update", "sync", "step")
 
 
 def run(code: str, overrides: list[str], steps: int, out: Path) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=code)
-    cmd = [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", *SHAPE, f"trainer.total_steps={steps}",
-           f"trainer.output_dir={out}", *overrides]
-    subprocess.run(cmd, env=env, check=True, cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlframe.main",
+        "+recipe=grpo_tiny",
+        *SHAPE,
+        f"trainer.total_steps={steps}",
+        f"trainer.output_dir={out}",
+        *overrides,
+    ]
+    subprocess.run(
+        cmd, env=env, check=True, cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][2:]
-    return {stage: statistics.median(r.get(f"timing_s/{stage}", 0.0) for r in rows) for stage in STAGES}
+    return {
+        stage: statistics.median(r.get(f"timing_s/{stage}", 0.0) for r in rows) for stage in STAGES
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before-code", default="/work/main", help="checkout whose code is 'before'")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--before-code", default="/work/main", help="checkout whose code is 'before'"
+    )
     parser.add_argument("--steps", type=int, default=10)
     args = parser.parse_args()
     here = str(Path(__file__).resolve().parents[1])
     variants = {
         "before (padded rows, old-log-prob pass)": (args.before_code, []),
         "after, defaults (pass skipped)": (here, []),
-        "after, packed, budget 1024, chunk 1024": (here, ["actor.pack_sequences=true", "actor.max_tokens_per_micro_batch=1024", "actor.logprob_chunk_size=1024"]),
+        "after, packed, budget 1024, chunk 1024": (
+            here,
+            [
+                "actor.pack_sequences=true",
+                "actor.max_tokens_per_micro_batch=1024",
+                "actor.logprob_chunk_size=1024",
+            ],
+        ),
     }
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        print(f"GRPO step on the tiny CPU shape (32 prompts x 8 x 32 tokens), median of steps 3-{args.steps}")
+        print(
+            f"GRPO step on the tiny CPU shape (32 prompts x 8 x 32 tokens), median of steps 3-{args.steps}"
+        )
         print(f"{'variant':<42} " + " ".join(f"{s:>11}" for s in STAGES))
         for i, (name, (code, overrides)) in enumerate(variants.items()):
             results[name] = run(code, overrides, args.steps, Path(tmp) / str(i))
-            print(f"{name:<42} " + " ".join(f"{results[name][s]:>10.3f}s" for s in STAGES), flush=True)
+            print(
+                f"{name:<42} " + " ".join(f"{results[name][s]:>10.3f}s" for s in STAGES), flush=True
+            )
     before = results[next(iter(variants))]["step"]
     for name, r in list(results.items())[1:]:
-        print(f"{name}: step time {r['step'] / before:.2f}x of before ({before / r['step']:.2f}x faster)")
+        print(
+            f"{name}: step time {r['step'] / before:.2f}x of before ({before / r['step']:.2f}x faster)"
+        )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,9 @@ def current_rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def run_variant(variant: str, vocab: int, tokens: int, chunk: int, device: str, grads_out: str) -> dict:
+def run_variant(
+    variant: str, vocab: int, tokens: int, chunk: int, device: str, grads_out: str
+) -> dict:
     """One measurement, in this (fresh) process."""
     import torch
 
@@ -61,7 +63,9 @@ def run_variant(variant: str, vocab: int, tokens: int, chunk: int, device: str, 
         # Before issue 9: compute_response_logits + gather_logprobs + compute_entropy(detached).
         logits = (hidden @ head.t()).float()
         logits = logits / temperature
-        logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
+            logits, dim=-1
+        )
         with torch.no_grad():
             logp = torch.log_softmax(logits.detach(), dim=-1)
             entropy = -(logp.exp() * logp).sum(-1)
@@ -78,7 +82,15 @@ def run_variant(variant: str, vocab: int, tokens: int, chunk: int, device: str, 
         # ru_maxrss is in KiB on Linux.
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     seconds = time.perf_counter() - start
-    torch.save({"hidden": hidden.grad.cpu(), "head": head.grad.cpu(), "logprobs": logprobs.detach().cpu(), "entropy": entropy.cpu()}, grads_out)
+    torch.save(
+        {
+            "hidden": hidden.grad.cpu(),
+            "head": head.grad.cpu(),
+            "logprobs": logprobs.detach().cpu(),
+            "entropy": entropy.cpu(),
+        },
+        grads_out,
+    )
     inputs = (hidden.numel() + head.numel()) * 4
     return {"peak": peak, "extra": peak - base, "inputs": inputs, "seconds": seconds}
 
@@ -93,7 +105,17 @@ def measure(variant: str, vocab: int, tokens: int, chunk: int, device: str, grad
     env = dict(os.environ)
     # Every allocation above 64 KiB is its own mapping, given back on free: RSS follows live memory.
     env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    cmd = [sys.executable, __file__, "--child", variant, str(vocab), str(tokens), str(chunk), device, grads_out]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        variant,
+        str(vocab),
+        str(tokens),
+        str(chunk),
+        device,
+        grads_out,
+    ]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -109,9 +131,15 @@ def compare(a: str, b: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chunk", type=int, default=1024, help="tokens per chunk (actor.logprob_chunk_size)")
-    parser.add_argument("--max-gib", type=float, default=12.0, help="skip unchunked runs estimated above this")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--chunk", type=int, default=1024, help="tokens per chunk (actor.logprob_chunk_size)"
+    )
+    parser.add_argument(
+        "--max-gib", type=float, default=12.0, help="skip unchunked runs estimated above this"
+    )
     parser.add_argument("--device", default="cuda" if _cuda() else "cpu")
     parser.add_argument("--vocabs", type=int, nargs="*", default=list(VOCABS))
     parser.add_argument("--tokens", type=int, nargs="*", default=list(TOKENS))
@@ -119,27 +147,41 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         variant, vocab, tokens, chunk, device, grads_out = args.child
-        print(json.dumps(run_variant(variant, int(vocab), int(tokens), int(chunk), device, grads_out)))
+        print(
+            json.dumps(run_variant(variant, int(vocab), int(tokens), int(chunk), device, grads_out))
+        )
         return
-    print(f"loss-path peak memory, hidden {HIDDEN}, fp32, chunk {args.chunk} tokens, device {args.device}")
-    print(f"{'vocab':>7} {'tokens':>6} | {'unchunked GiB':>13} {'(extra)':>8} | {'chunked GiB':>11} {'(extra)':>8} | "
-          f"{'ratio':>5} {'extra ratio':>11} | {'|grad diff|':>11} {'|value diff|':>12} | s unchunked / chunked")
+    print(
+        f"loss-path peak memory, hidden {HIDDEN}, fp32, chunk {args.chunk} tokens, device {args.device}"
+    )
+    print(
+        f"{'vocab':>7} {'tokens':>6} | {'unchunked GiB':>13} {'(extra)':>8} | {'chunked GiB':>11} {'(extra)':>8} | "
+        f"{'ratio':>5} {'extra ratio':>11} | {'|grad diff|':>11} {'|value diff|':>12} | s unchunked / chunked"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for vocab in args.vocabs:
             for tokens in args.tokens:
-                chunked_path, plain_path = str(Path(tmp) / "chunked.pt"), str(Path(tmp) / "plain.pt")
+                chunked_path, plain_path = (
+                    str(Path(tmp) / "chunked.pt"),
+                    str(Path(tmp) / "plain.pt"),
+                )
                 chunked = measure("chunked", vocab, tokens, args.chunk, args.device, chunked_path)
                 if args.device == "cpu" and estimate_unchunked_gib(vocab, tokens) > args.max_gib:
-                    print(f"{vocab:>7} {tokens:>6} | {'skipped':>13} {'':>8} | {chunked['peak'] / 2**30:>11.2f} "
-                          f"{chunked['extra'] / 2**30:>8.2f} | unchunked estimated at "
-                          f"{estimate_unchunked_gib(vocab, tokens):.1f} GiB > --max-gib {args.max_gib}")
+                    print(
+                        f"{vocab:>7} {tokens:>6} | {'skipped':>13} {'':>8} | {chunked['peak'] / 2**30:>11.2f} "
+                        f"{chunked['extra'] / 2**30:>8.2f} | unchunked estimated at "
+                        f"{estimate_unchunked_gib(vocab, tokens):.1f} GiB > --max-gib {args.max_gib}"
+                    )
                     continue
                 plain = measure("unchunked", vocab, tokens, args.chunk, args.device, plain_path)
                 grad_diff, value_diff = compare(chunked_path, plain_path)
-                print(f"{vocab:>7} {tokens:>6} | {plain['peak'] / 2**30:>13.2f} {plain['extra'] / 2**30:>8.2f} | "
-                      f"{chunked['peak'] / 2**30:>11.2f} {chunked['extra'] / 2**30:>8.2f} | "
-                      f"{chunked['peak'] / plain['peak']:>5.2f} {chunked['extra'] / plain['extra']:>11.2f} | "
-                      f"{grad_diff:>11.2e} {value_diff:>12.2e} | {plain['seconds']:.1f} / {chunked['seconds']:.1f}", flush=True)
+                print(
+                    f"{vocab:>7} {tokens:>6} | {plain['peak'] / 2**30:>13.2f} {plain['extra'] / 2**30:>8.2f} | "
+                    f"{chunked['peak'] / 2**30:>11.2f} {chunked['extra'] / 2**30:>8.2f} | "
+                    f"{chunked['peak'] / plain['peak']:>5.2f} {chunked['extra'] / plain['extra']:>11.2f} | "
+                    f"{grad_diff:>11.2e} {value_diff:>12.2e} | {plain['seconds']:.1f} / {chunked['seconds']:.1f}",
+                    flush=True,
+                )
 
 
 def _cuda() -> bool:

@@ -32,14 +32,27 @@ def set_single_rank_env() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
 
 
 def build_model(hidden: int, layers: int, folder: Path) -> str:
     from rlframe.data.tiny_model import TinyModelSpec, build_tiny_model
 
-    spec = TinyModelSpec(hidden_size=hidden, num_layers=layers, num_heads=max(2, hidden // 64),
-                         intermediate_size=2 * hidden, max_positions=PROMPT + MAX_RESPONSE)
+    spec = TinyModelSpec(
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=max(2, hidden // 64),
+        intermediate_size=2 * hidden,
+        max_positions=PROMPT + MAX_RESPONSE,
+    )
     target = folder / f"qwen2-h{hidden}-l{layers}"
     build_tiny_model(spec, target)
     return str(target)
@@ -55,7 +68,8 @@ def make_skewed_batch(rows: int, vocab: int, seed: int = 0):
         {
             "prompt_ids": torch.randint(3, vocab, (rows, PROMPT), generator=g),
             "prompt_mask": torch.ones(rows, PROMPT, dtype=torch.long),
-            "response_ids": torch.randint(3, vocab, (rows, MAX_RESPONSE), generator=g) * response_mask.long(),
+            "response_ids": torch.randint(3, vocab, (rows, MAX_RESPONSE), generator=g)
+            * response_mask.long(),
             "response_mask": response_mask,
             "loss_mask": response_mask,
             "advantages": torch.randn(rows, 1, generator=g) * response_mask,
@@ -66,14 +80,28 @@ def make_skewed_batch(rows: int, vocab: int, seed: int = 0):
 
 
 def make_config(rows: int, packed: bool, micro: int, budget: int, chunk: int):
-    from rlframe.config import ActorConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+    from rlframe.config import (
+        ActorConfig,
+        AlgorithmConfig,
+        Config,
+        DataConfig,
+        ModelConfig,
+        RolloutConfig,
+        TrainerConfig,
+    )
 
     return Config(
         model=ModelConfig(path="unused"),
         data=DataConfig(batch_size=rows // 2, max_prompt_length=PROMPT),
         rollout=RolloutConfig(engine="hf", n=2, max_tokens=MAX_RESPONSE),
-        actor=ActorConfig(lr=1e-5, mini_batch_size=rows, micro_batch_size=micro, pack_sequences=packed,
-                          max_tokens_per_micro_batch=budget, logprob_chunk_size=chunk),
+        actor=ActorConfig(
+            lr=1e-5,
+            mini_batch_size=rows,
+            micro_batch_size=micro,
+            pack_sequences=packed,
+            max_tokens_per_micro_batch=budget,
+            logprob_chunk_size=chunk,
+        ),
         algorithm=AlgorithmConfig(),
         trainer=TrainerConfig(total_steps=100, device="cpu"),
     )
@@ -93,11 +121,20 @@ def time_updates(model_path: str, batch, cfg, repeats: int) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=64)
     parser.add_argument("--micro", type=int, default=8, help="rows per padded micro-batch")
-    parser.add_argument("--budget", type=int, default=1024, help="tokens per packed micro-batch (0: micro x padded width)")
-    parser.add_argument("--chunk", type=int, default=0, help="actor.logprob_chunk_size for both variants")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=1024,
+        help="tokens per packed micro-batch (0: micro x padded width)",
+    )
+    parser.add_argument(
+        "--chunk", type=int, default=0, help="actor.logprob_chunk_size for both variants"
+    )
     parser.add_argument("--hidden", type=int, default=0, help="0: the tiny model tiny:0")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
@@ -107,19 +144,29 @@ def main() -> None:
         from rlframe.data.tiny_model import resolve_model_path
 
         set_single_rank_env()
-        path = build_model(args.hidden, args.layers, Path(tmp)) if args.hidden else resolve_model_path("tiny:0")
+        path = (
+            build_model(args.hidden, args.layers, Path(tmp))
+            if args.hidden
+            else resolve_model_path("tiny:0")
+        )
         vocab = 40
         batch = make_skewed_batch(args.rows, vocab)
         real = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
         padded_width = PROMPT + MAX_RESPONSE
         budget = args.budget or args.micro * padded_width
         lengths = batch["response_mask"].sum(1)
-        print(f"{args.rows} responses, lengths {int(lengths.min())}-{int(lengths.max())} (mean {float(lengths.mean()):.0f}), "
-              f"prompt {PROMPT}; {real} real tokens, {args.rows * padded_width} padded; model {Path(path).name}; "
-              f"threads {torch.get_num_threads()}")
+        print(
+            f"{args.rows} responses, lengths {int(lengths.min())}-{int(lengths.max())} (mean {float(lengths.mean()):.0f}), "
+            f"prompt {PROMPT}; {real} real tokens, {args.rows * padded_width} padded; model {Path(path).name}; "
+            f"threads {torch.get_num_threads()}"
+        )
         variants = {
-            f"padded rows, {args.micro} per micro-batch": make_config(args.rows, False, args.micro, 0, args.chunk),
-            f"packed, {budget} tokens per micro-batch": make_config(args.rows, True, args.micro, budget, args.chunk),
+            f"padded rows, {args.micro} per micro-batch": make_config(
+                args.rows, False, args.micro, 0, args.chunk
+            ),
+            f"packed, {budget} tokens per micro-batch": make_config(
+                args.rows, True, args.micro, budget, args.chunk
+            ),
         }
         rates = {}
         for name, cfg in variants.items():

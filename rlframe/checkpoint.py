@@ -75,7 +75,9 @@ def resolve_resume(cfg: Config) -> Path | None:
     if resume not in ("auto", "never"):
         path = Path(resume).expanduser()
         if not (path / DRIVER_STATE).is_file():
-            raise ConfigError("trainer.resume", f"{path} is not a checkpoint (it has no {DRIVER_STATE})")
+            raise ConfigError(
+                "trainer.resume", f"{path} is not a checkpoint (it has no {DRIVER_STATE})"
+            )
         return check_seed(path, cfg.trainer.seed)
     if resume == "auto":
         latest = find_latest_checkpoint(out)
@@ -97,7 +99,10 @@ def check_seed(checkpoint: Path, seed: int) -> Path:
     """A run resumes with the seed it started with: data order and sampling derive from it."""
     saved = read_driver_state(checkpoint)["seed"]
     if saved != seed:
-        raise ConfigError("trainer.seed", f"{checkpoint} was saved by a run with trainer.seed={saved}; resume with that seed")
+        raise ConfigError(
+            "trainer.seed",
+            f"{checkpoint} was saved by a run with trainer.seed={saved}; resume with that seed",
+        )
     return checkpoint
 
 
@@ -115,7 +120,9 @@ def truncate_run_logs(output_dir: Path, step: int) -> None:
         lines = path.read_text().splitlines(keepends=True)
         kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
         if len(kept) != len(lines):
-            print(f"rlframe: resuming at step {step}: dropped {len(lines) - len(kept)} lines of {path} logged after it")
+            print(
+                f"rlframe: resuming at step {step}: dropped {len(lines) - len(kept)} lines of {path} logged after it"
+            )
             tmp = path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(kept))
             os.replace(tmp, path)
@@ -152,7 +159,9 @@ def write_hf_config(model_path: str, tokenizer: Any, dest: Path, trust_remote_co
     """The model's config (and generation config) and the tokenizer, for a later export."""
     from transformers import AutoConfig, GenerationConfig
 
-    AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).save_pretrained(dest)
+    AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).save_pretrained(
+        dest
+    )
     try:
         GenerationConfig.from_pretrained(model_path).save_pretrained(dest)
     except OSError:
@@ -202,7 +211,10 @@ class Checkpointer:
         fsync_tree(tmp)
         pause = float(os.environ.get(PAUSE_ENV, "0"))
         if pause > 0:
-            print(f"rlframe: checkpoint {name} written, pausing {pause:.0f} s before the rename ({PAUSE_ENV})", flush=True)
+            print(
+                f"rlframe: checkpoint {name} written, pausing {pause:.0f} s before the rename ({PAUSE_ENV})",
+                flush=True,
+            )
             time.sleep(pause)
         self.replace(tmp, final)
         write_atomically(self.root / LATEST, name)
@@ -233,6 +245,8 @@ class Checkpointer:
         """Load every group's shards from ``path``; returns the driver's state."""
         for role, group in self.groups.items():
             if not (path / role).is_dir():
-                raise FileNotFoundError(f"checkpoint {path} has no {role}/ state (was it saved with a {role}?)")
+                raise FileNotFoundError(
+                    f"checkpoint {path} has no {role}/ state (was it saved with a {role}?)"
+                )
             group.load_checkpoint(str(path / role))
         return read_driver_state(path)

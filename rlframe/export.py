@@ -64,8 +64,12 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: torch.dtype = torc
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rlframe.export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint", type=Path, help="a checkpoint folder, or a run directory (its latest)")
+    parser = argparse.ArgumentParser(
+        prog="python -m rlframe.export", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "checkpoint", type=Path, help="a checkpoint folder, or a run directory (its latest)"
+    )
     parser.add_argument("out_dir", type=Path, help="where the Hugging Face model is written")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)

@@ -183,7 +183,9 @@ def format_startup_summary(lines: dict[str, str]) -> str:
     return "\n".join(f"rlframe: {k.ljust(width)}  {v}" for k, v in lines.items())
 
 
-def describe_run(cfg: Any, model_path: str, device: str, run_dir: Path, logs: DriverLogs, started_ray: bool) -> dict[str, str]:
+def describe_run(
+    cfg: Any, model_path: str, device: str, run_dir: Path, logs: DriverLogs, started_ray: bool
+) -> dict[str, str]:
     """The start-up summary: model, world, devices, Ray, and where the run writes."""
     from rlframe.controller.cluster import describe_cluster
 
@@ -193,9 +195,13 @@ def describe_run(cfg: Any, model_path: str, device: str, run_dir: Path, logs: Dr
         f"{t.world_size} rank(s) = {t.nnodes} node(s) x {t.procs_per_node}; rollout: {cfg.rollout.engine.value}, "
         f"{t.world_size // tp} engine(s) of tensor-parallel size {tp}"
     )
-    per_rank = f"1 GPU + {t.cpus_per_proc} CPU(s)" if device == "cuda" else f"{t.cpus_per_proc} CPU(s)"
+    per_rank = (
+        f"1 GPU + {t.cpus_per_proc} CPU(s)" if device == "cuda" else f"{t.cpus_per_proc} CPU(s)"
+    )
     ray_logs = logs.link_ray_logs()
-    log_files = "driver.log, <role>_rank<r>.log" + (", ray/ (Ray's session logs)" if ray_logs else "")
+    log_files = "driver.log, <role>_rank<r>.log" + (
+        ", ray/ (Ray's session logs)" if ray_logs else ""
+    )
     return {
         "model": model,
         "world": world,

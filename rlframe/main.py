@@ -79,7 +79,9 @@ def register_configs() -> None:
     )
     for folder in find_recipe_dirs():
         for path in sorted(folder.glob("*.yaml")):
-            store.store(group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_")
+            store.store(
+                group="recipe", name=path.stem, node=OmegaConf.load(path), package="_global_"
+            )
 
 
 def check_override_keys(args: list[str]) -> None:
@@ -91,7 +93,11 @@ def check_override_keys(args: list[str]) -> None:
     ``+recipe=NAME`` may use a prefix; schema keys are set with plain ``key=value``.
     """
     for arg in args:
-        if arg.startswith("-") or arg.startswith("hydra.") or ("=" not in arg and not arg.startswith("~")):
+        if (
+            arg.startswith("-")
+            or arg.startswith("hydra.")
+            or ("=" not in arg and not arg.startswith("~"))
+        ):
             continue
         key = arg.split("=", 1)[0]
         prefix = key[: len(key) - len(key.lstrip("+~"))]
@@ -102,7 +108,8 @@ def check_override_keys(args: list[str]) -> None:
             if check_schema_key(key) and prefix in ("+", "++"):
                 continue  # a new key of a free-form mapping (+agent.env_kwargs.NAME=VALUE)
             raise ConfigError(
-                key, f"set schema keys as {key}=VALUE, without {prefix!r} (only +recipe=NAME takes a '+')"
+                key,
+                f"set schema keys as {key}=VALUE, without {prefix!r} (only +recipe=NAME takes a '+')",
             )
         check_schema_key(key)
 
@@ -125,8 +132,6 @@ def check_schema_key(key: str) -> bool:
             return True  # a free-form mapping (agent.env_kwargs): its keys are the plug-in's
         node = schema_type(node, part)
     return False
-
-
 
 
 def schema_type(owner: type, name: str) -> Any:

@@ -26,7 +26,9 @@ STAGE_PREFIX = "timing_s/"
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        raise ValueError(f"{run_dir}: no metrics.jsonl (is it a run directory with the jsonl logger on?)")
+        raise ValueError(
+            f"{run_dir}: no metrics.jsonl (is it a run directory with the jsonl logger on?)"
+        )
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not rows:
         raise ValueError(f"{path}: no steps logged yet")
@@ -65,14 +67,29 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
             steps, values = series(rows, key)
             if steps:
                 style = "o-" if key.startswith("val/") else "-"
-                ax.plot(steps, values, style, label=key.removeprefix(STAGE_PREFIX), markersize=3, linewidth=1.2)
+                ax.plot(
+                    steps,
+                    values,
+                    style,
+                    label=key.removeprefix(STAGE_PREFIX),
+                    markersize=3,
+                    linewidth=1.2,
+                )
                 drawn += 1
         ax.set_title(title, loc="left", fontsize=10)
         ax.grid(alpha=0.3)
         if drawn:
             ax.legend(fontsize=8, loc="best", ncol=min(4, drawn))
         else:
-            ax.text(0.5, 0.5, "not logged by this run", ha="center", va="center", transform=ax.transAxes, color="gray")
+            ax.text(
+                0.5,
+                0.5,
+                "not logged by this run",
+                ha="center",
+                va="center",
+                transform=ax.transAxes,
+                color="gray",
+            )
     axes[-1].set_xlabel("step")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(str(run_dir), fontsize=10)
@@ -84,9 +101,13 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rlframe.plot", description="Draw a run's curves into a PNG.")
+    parser = argparse.ArgumentParser(
+        prog="python -m rlframe.plot", description="Draw a run's curves into a PNG."
+    )
     parser.add_argument("run_dir", type=Path, help="the run's trainer.output_dir")
-    parser.add_argument("--out", type=Path, default=None, help="PNG to write (default RUN_DIR/curves.png)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="PNG to write (default RUN_DIR/curves.png)"
+    )
     args = parser.parse_args(argv)
     try:
         target = plot_run(args.run_dir, args.out)

@@ -52,7 +52,9 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     try:
         records, val_records = split_validation_records(records, cfg, tokenizer)
     except ValueError as e:
-        raise ConfigError("data.val_files" if cfg.data.val_files else "data.val_size", str(e)) from None
+        raise ConfigError(
+            "data.val_files" if cfg.data.val_files else "data.val_size", str(e)
+        ) from None
     return RunInputs(model_path, tokenizer, records, val_records, resume_from, reward_model_path)
 
 
@@ -69,12 +71,18 @@ def check_reward_inputs(cfg: Config) -> str | None:
     r = cfg.reward
     package = REWARD_PACKAGES.get(r.fn)
     if r.uses_rule and package is not None and importlib.util.find_spec(package) is None:
-        raise ConfigError("reward.fn", f"{r.fn} needs the {package.replace('_', '-')} package: pip install {package.replace('_', '-')}")
+        raise ConfigError(
+            "reward.fn",
+            f"{r.fn} needs the {package.replace('_', '-')} package: pip install {package.replace('_', '-')}",
+        )
     if r.uses_rule and r.fn == "code_tests":
         from rlframe.rewards.sandbox import warn_if_not_isolated
 
         isolation = warn_if_not_isolated()
-        print(f"rlframe: sandbox: namespaces={'on' if isolation.namespaces else 'off'}, processes bounded by {isolation.process_cap}", file=sys.stderr)
+        print(
+            f"rlframe: sandbox: namespaces={'on' if isolation.namespaces else 'off'}, processes bounded by {isolation.process_cap}",
+            file=sys.stderr,
+        )
     if not r.uses_model:
         return None
     return check_reward_model(cfg)
@@ -98,17 +106,23 @@ def check_reward_model(cfg: Config) -> str:
     if not local.exists() and not is_tiny_reward_model(rm.path) and not looks_like_model_id(path):
         raise ConfigError("reward.model.path", f"no such folder {path}")
     if local.exists() and not (local / "config.json").is_file():
-        raise ConfigError("reward.model.path", f"{path} holds no config.json: point it at a saved model folder")
+        raise ConfigError(
+            "reward.model.path", f"{path} holds no config.json: point it at a saved model folder"
+        )
     from transformers import AutoConfig
 
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=rm.trust_remote_code)
     except Exception as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ConfigError("reward.model.path", f"{path!r} cannot be loaded as a model (offline, or a typo?): {reason}") from None
+        raise ConfigError(
+            "reward.model.path",
+            f"{path!r} cannot be loaded as a model (offline, or a typo?): {reason}",
+        ) from None
     if config.num_labels != 1:
         raise ConfigError(
-            "reward.model.path", f"{path} has {config.num_labels} labels; a reward model is a classifier with one (num_labels=1)"
+            "reward.model.path",
+            f"{path} has {config.num_labels} labels; a reward model is a classifier with one (num_labels=1)",
         )
     return path
 
@@ -160,16 +174,29 @@ def check_agent(cfg: Config, tokenizer: Any) -> None:
     try:
         env = factory(**cfg.agent.env_kwargs)
     except Exception as e:
-        raise ConfigError("agent.env_kwargs", f"{cfg.agent.env} cannot be built with {cfg.agent.env_kwargs}: {type(e).__name__}: {e}") from None
+        raise ConfigError(
+            "agent.env_kwargs",
+            f"{cfg.agent.env} cannot be built with {cfg.agent.env_kwargs}: {type(e).__name__}: {e}",
+        ) from None
     for method in ("reset", "step"):
         if not callable(getattr(env, method, None)):
-            raise ConfigError("agent.env", f"{cfg.agent.env} builds a {type(env).__name__}, which has no {method}() method")
+            raise ConfigError(
+                "agent.env",
+                f"{cfg.agent.env} builds a {type(env).__name__}, which has no {method}() method",
+            )
     try:
-        ChatFormat(tokenizer, tools=get_tools(env)).observation_ids([{"role": "user", "content": "x"}], cfg.agent.max_obs_tokens)
+        ChatFormat(tokenizer, tools=get_tools(env)).observation_ids(
+            [{"role": "user", "content": "x"}], cfg.agent.max_obs_tokens
+        )
     except EnvError as e:
-        raise ConfigError("agent.env", f"the model's chat template cannot carry observations: {e}") from None
+        raise ConfigError(
+            "agent.env", f"the model's chat template cannot carry observations: {e}"
+        ) from None
     except Exception as e:  # a template may reject a role or the tools
-        raise ConfigError("agent.env", f"the model's chat template fails on an observation message: {type(e).__name__}: {e}") from None
+        raise ConfigError(
+            "agent.env",
+            f"the model's chat template fails on an observation message: {type(e).__name__}: {e}",
+        ) from None
 
 
 def check_sequence_length(cfg: Config, model_path: str) -> None:
@@ -180,8 +207,11 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
     from rlframe.config.agent import compute_response_width, is_multi_turn
 
     try:
-        limit = getattr(AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
-                        "max_position_embeddings", None)
+        limit = getattr(
+            AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
+            "max_position_embeddings",
+            None,
+        )
     except Exception:  # a model id whose config is not reachable: vLLM will say
         return
     width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
@@ -214,13 +244,17 @@ def load_model_files(cfg: Config) -> tuple[str, Any]:
     local = Path(path).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
-            raise ConfigError("model.path", f"{path} holds no config.json: point it at a saved model folder")
+            raise ConfigError(
+                "model.path", f"{path} holds no config.json: point it at a saved model folder"
+            )
     elif not is_tiny_model(cfg.model.path) and not looks_like_model_id(path):
         raise ConfigError("model.path", f"no such folder {path}")
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=cfg.model.trust_remote_code
+        )
     except Exception as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(

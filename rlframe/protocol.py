@@ -103,7 +103,9 @@ class Batch:
         first = batches[0]
         for b in batches[1:]:
             if set(b.keys()) != set(first.keys()):
-                raise ValueError(f"concat of batches with different keys: {first.keys()} vs {b.keys()}")
+                raise ValueError(
+                    f"concat of batches with different keys: {first.keys()} vs {b.keys()}"
+                )
         tensors = {k: torch.cat([b.tensors[k] for b in batches]) for k in first.tensors}
         columns = {k: np.concatenate([b.columns[k] for b in batches]) for k in first.columns}
         return Batch(tensors, columns, dict(first.meta))
@@ -135,7 +137,9 @@ class Batch:
         for k in set(self.columns) & set(other.columns):
             if not np.array_equal(self.columns[k], other.columns[k]):
                 raise ValueError(f"union: column {k!r} differs between the batches")
-        return Batch(self.tensors | other.tensors, self.columns | other.columns, self.meta | other.meta)
+        return Batch(
+            self.tensors | other.tensors, self.columns | other.columns, self.meta | other.meta
+        )
 
     def with_tensors(self, **tensors: torch.Tensor) -> Batch:
         """A new batch with these tensors added or replaced."""

@@ -50,8 +50,13 @@ class SequenceLayout:
     def to(self, device: str | torch.device) -> SequenceLayout:
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
         return SequenceLayout(
-            move(self.input_ids), move(self.position_ids), move(self.attention_mask),
-            move(self.predict_index), move(self.target_ids), move(self.grid_index), self.grid_shape,
+            move(self.input_ids),
+            move(self.position_ids),
+            move(self.attention_mask),
+            move(self.predict_index),
+            move(self.target_ids),
+            move(self.grid_index),
+            self.grid_shape,
         )
 
 
@@ -76,7 +81,12 @@ def build_padded_layout(rows: Batch) -> SequenceLayout:
     # Position t predicts token t + 1: the last prompt position predicts the first response token.
     predict_index = row * (prompt_width + width) + prompt_width + col - 1
     return SequenceLayout(
-        input_ids, position_ids, attention_mask, predict_index, response_ids[row, col], row * width + col,
+        input_ids,
+        position_ids,
+        attention_mask,
+        predict_index,
+        response_ids[row, col],
+        row * width + col,
         (rows_count, width),
     )
 
@@ -89,7 +99,9 @@ def build_packed_layout(rows: Batch) -> SequenceLayout:
     rows_count, width = response_ids.shape
     real = torch.cat([rows["prompt_mask"], rows["response_mask"]], dim=1).bool()
     if not bool(rows["prompt_mask"].bool().any(1).all()):
-        raise ValueError("every row needs at least one prompt token: it predicts the first response token")
+        raise ValueError(
+            "every row needs at least one prompt token: it predicts the first response token"
+        )
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)[real]
     position_ids = (real.long().cumsum(1) - 1)[real]
     # Where each real (row, column) token lands in the packed sequence.
@@ -99,7 +111,12 @@ def build_packed_layout(rows: Batch) -> SequenceLayout:
     # A row's tokens are contiguous, so the previous packed token is the same row's previous real token.
     predict_index = packed_at[row, prompt_width + col] - 1
     return SequenceLayout(
-        input_ids[None], position_ids[None], None, predict_index, response_ids[row, col], row * width + col,
+        input_ids[None],
+        position_ids[None],
+        None,
+        predict_index,
+        response_ids[row, col],
+        row * width + col,
         (rows_count, width),
     )
 
@@ -138,8 +155,8 @@ def plan_micro_batches(costs: list[int], budget: int, min_count: int = 1) -> lis
     while len(bins) < min(min_count, len(costs)):
         b = max((b for b in range(len(bins)) if len(bins[b]) > 1), key=lambda b: loads[b])
         halves = split_in_two(bins[b], costs)
-        bins[b:b + 1] = halves
-        loads[b:b + 1] = [sum(costs[i] for i in h) for h in halves]
+        bins[b : b + 1] = halves
+        loads[b : b + 1] = [sum(costs[i] for i in h) for h in halves]
     return [sorted(b) for b in bins]
 
 
@@ -165,7 +182,9 @@ def balance_ranks(costs: torch.Tensor, world_size: int, mini_batch_size: int) ->
     """
     rows = len(costs)
     if rows % mini_batch_size or mini_batch_size % world_size:
-        raise ValueError(f"{rows} rows do not split into mini-batches of {mini_batch_size} over {world_size} ranks")
+        raise ValueError(
+            f"{rows} rows do not split into mini-batches of {mini_batch_size} over {world_size} ranks"
+        )
     per_rank = mini_batch_size // world_size
     shares: list[list[int]] = [[] for _ in range(world_size)]
     for start in range(0, rows, mini_batch_size):
@@ -173,7 +192,9 @@ def balance_ranks(costs: torch.Tensor, world_size: int, mini_batch_size: int) ->
         loads = [0] * world_size
         block = range(start, start + mini_batch_size)
         for i in sorted(block, key=lambda i: -int(costs[i])):
-            r = min((r for r in range(world_size) if len(parts[r]) < per_rank), key=lambda r: loads[r])
+            r = min(
+                (r for r in range(world_size) if len(parts[r]) < per_rank), key=lambda r: loads[r]
+            )
             parts[r].append(i)
             loads[r] += int(costs[i])
         for r in range(world_size):

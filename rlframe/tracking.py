@@ -43,7 +43,15 @@ class StageTimer:
 class Tracker:
     """Sends each step's metrics to the configured sinks and keeps sample rollouts."""
 
-    def __init__(self, output_dir: Path, loggers: list[str], total_steps: int, run_config: Any, project: str, experiment: str):
+    def __init__(
+        self,
+        output_dir: Path,
+        loggers: list[str],
+        total_steps: int,
+        run_config: Any,
+        project: str,
+        experiment: str,
+    ):
         self.output_dir, self.loggers, self.total_steps = output_dir, loggers, total_steps
         self.metrics_path = output_dir / "metrics.jsonl"
         self.rollouts_path = output_dir / "rollouts.jsonl"
@@ -58,8 +66,12 @@ class Tracker:
 
         config = asdict(self.run_config) if is_dataclass(self.run_config) else self.run_config
         self.wandb_run = wandb.init(
-            project=self.project, name=self.experiment, config=config, dir=str(self.output_dir),
-            id=self.wandb_run_id, resume="allow" if self.wandb_run_id else None,
+            project=self.project,
+            name=self.experiment,
+            config=config,
+            dir=str(self.output_dir),
+            id=self.wandb_run_id,
+            resume="allow" if self.wandb_run_id else None,
         )
         self.wandb_run_id = self.wandb_run.id
 
@@ -68,7 +80,9 @@ class Tracker:
         now are purged: a resumed run replaces what the crashed run logged after its checkpoint."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self.tensorboard = SummaryWriter(log_dir=str(self.output_dir / "tensorboard"), purge_step=first_step)
+        self.tensorboard = SummaryWriter(
+            log_dir=str(self.output_dir / "tensorboard"), purge_step=first_step
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"wandb_run_id": self.wandb_run_id}

@@ -39,19 +39,35 @@ class Trainer:
     """Drives the actor group (hybrid actor/rollout/reference workers) and, for PPO, the critic."""
 
     def __init__(
-        self, cfg: Config, actor: Any, critic: Any | None, tokenizer: Any, loader: PromptLoader, tracker: Tracker,
-        checkpointer: Checkpointer | None = None, validator: Validator | None = None, reward_model: Any | None = None,
+        self,
+        cfg: Config,
+        actor: Any,
+        critic: Any | None,
+        tokenizer: Any,
+        loader: PromptLoader,
+        tracker: Tracker,
+        checkpointer: Checkpointer | None = None,
+        validator: Validator | None = None,
+        reward_model: Any | None = None,
     ) -> None:
         self.cfg, self.actor, self.critic = cfg, actor, critic
         self.tokenizer, self.loader, self.tracker = tokenizer, loader, tracker
         self.advantage_fn = ADVANTAGES.get(cfg.algorithm.advantage)
         self.reward_name = resolve_reward_name(cfg)
-        self.rule_scorer = RuleScorer(self.reward_name, cfg.reward) if cfg.reward.uses_rule else None
+        self.rule_scorer = (
+            RuleScorer(self.reward_name, cfg.reward) if cfg.reward.uses_rule else None
+        )
         self.reward_model = reward_model
         # The reward model scores on its workers while the driver runs the rule reward.
-        self.reward_model_thread = ThreadPoolExecutor(1, thread_name_prefix="reward-model") if reward_model is not None else None
+        self.reward_model_thread = (
+            ThreadPoolExecutor(1, thread_name_prefix="reward-model")
+            if reward_model is not None
+            else None
+        )
         self.use_ref = cfg.algorithm.uses_reference
-        self.experience = ExperienceProducer(cfg, actor.generate, tokenizer, loader, self.compute_rewards)
+        self.experience = ExperienceProducer(
+            cfg, actor.generate, tokenizer, loader, self.compute_rewards
+        )
         a = cfg.algorithm
         self.kl_ctrl = KLController(a.kl_reward_coef, a.kl_reward_ctrl, a.kl_target, a.kl_horizon)
         self.step_count = 0
@@ -77,7 +93,9 @@ class Trainer:
 
     def is_due(self, every: int) -> bool:
         """Every ``every`` steps and after the last one; never when ``every`` is 0."""
-        return every > 0 and (self.step_count % every == 0 or self.step_count == self.cfg.trainer.total_steps)
+        return every > 0 and (
+            self.step_count % every == 0 or self.step_count == self.cfg.trainer.total_steps
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The driver's part of a checkpoint (JSON-serialisable)."""
@@ -91,7 +109,10 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.step_count, self.experience.groups_served = int(state["step"]), int(state["groups_served"])
+        self.step_count, self.experience.groups_served = (
+            int(state["step"]),
+            int(state["groups_served"]),
+        )
         self.loader.load_state_dict(state["loader"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.tracker.load_state_dict(state["tracker"])
@@ -122,7 +143,9 @@ class Trainer:
                 with timer("sync"):
                     self.actor.sync_weights()
         self.log_rollouts(batch)
-        metrics |= compute_mismatch_metrics(batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm)
+        metrics |= compute_mismatch_metrics(
+            batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm
+        )
         return metrics | collect_step_metrics(batch, timer)
 
     def needs_old_logprob_pass(self) -> bool:
@@ -132,9 +155,14 @@ class Trainer:
         in-reward KL reads them before the update, and without an actor update this step
         (critic warm-up) nothing would compute them."""
         a, actor = self.cfg.algorithm, self.cfg.actor
-        one_pass = actor.epochs == 1 and actor.mini_batch_size == self.cfg.data.batch_size * self.cfg.rollout.n
+        one_pass = (
+            actor.epochs == 1
+            and actor.mini_batch_size == self.cfg.data.batch_size * self.cfg.rollout.n
+        )
         actor_updates = self.critic is None or self.step_count > self.cfg.critic.warmup_steps
-        return a.recompute_old_logprobs or not one_pass or self.kl_ctrl.value > 0 or not actor_updates
+        return (
+            a.recompute_old_logprobs or not one_pass or self.kl_ctrl.value > 0 or not actor_updates
+        )
 
     def order_for_ranks(self, batch: Batch) -> torch.Tensor:
         """A row order giving each data-parallel rank about the same tokens of every
@@ -168,7 +196,10 @@ class Trainer:
         rule reward failed and scored 0 under ``reward.on_error=zero``) and ``rm_score``.
         """
         r = self.cfg.reward
-        texts = [self.decode(ids, mask) for ids, mask in zip(batch["response_ids"], batch["response_mask"])]
+        texts = [
+            self.decode(ids, mask)
+            for ids, mask in zip(batch["response_ids"], batch["response_mask"])
+        ]
         pending_rm = self.start_reward_model(batch, texts)
         score = torch.zeros(len(batch))
         parts: dict[str, torch.Tensor] = {}
@@ -185,7 +216,9 @@ class Trainer:
             parts["rm_score"] = pending_rm.result()
             score += r.model.weight * parts["rm_score"]
         # Sampled tokens against their budget: observations in a multi-turn response do not count.
-        penalty = compute_overlong_penalty(batch["loss_mask"].sum(1), self.cfg.rollout.max_tokens, r)
+        penalty = compute_overlong_penalty(
+            batch["loss_mask"].sum(1), self.cfg.rollout.max_tokens, r
+        )
         return Batch(
             batch.tensors | parts | {"score": score, "reward": score + penalty},
             batch.columns | {"response": texts},
@@ -201,7 +234,9 @@ class Trainer:
         else:
             messages = [[{"role": "user", "content": p}] for p in batch["prompt"]]
         request = Batch(columns={"messages": as_object_column(messages), "response": texts})
-        return self.reward_model_thread.submit(lambda: self.reward_model.compute_rm_scores(request)["rm_score"])
+        return self.reward_model_thread.submit(
+            lambda: self.reward_model.compute_rm_scores(request)["rm_score"]
+        )
 
     def close(self) -> None:
         """Stop the reward processes and the reward-model thread."""
@@ -223,7 +258,11 @@ class Trainer:
         token_rewards = place_on_last_token(batch["reward"], mask)
         if self.kl_ctrl.value > 0:
             token_rewards, kl = apply_kl_penalty(
-                token_rewards, batch["old_logprobs"], batch["ref_logprobs"], mask, self.kl_ctrl.value,
+                token_rewards,
+                batch["old_logprobs"],
+                batch["ref_logprobs"],
+                mask,
+                self.kl_ctrl.value,
                 self.cfg.algorithm.kl_reward_estimator,
             )
             metrics |= {"actor/reward_kl": kl, "actor/kl_reward_coef": self.kl_ctrl.value}
@@ -257,7 +296,9 @@ class Trainer:
         self.tracker.log_rollouts(self.step_count, rows)
 
 
-def compute_overlong_penalty(lengths: torch.Tensor, max_tokens: int, cfg: RewardConfig) -> torch.Tensor:
+def compute_overlong_penalty(
+    lengths: torch.Tensor, max_tokens: int, cfg: RewardConfig
+) -> torch.Tensor:
     """DAPO's soft overlong punishment: 0 up to max_tokens - buffer, then falling linearly to
     -penalty at max_tokens."""
     if cfg.overlong_buffer <= 0:
@@ -293,7 +334,9 @@ def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
     lengths = mask.sum(1)
     rewards = batch["reward"]
     # Same tokens, same weights: any gap is numerics or a stale weight sync.
-    diff = ((batch["rollout_logprobs"] - batch["old_logprobs"]).abs() * mask).sum() / mask.sum().clamp(min=1)
+    diff = (
+        (batch["rollout_logprobs"] - batch["old_logprobs"]).abs() * mask
+    ).sum() / mask.sum().clamp(min=1)
     metrics = {
         "reward/mean": float(rewards.mean()),
         "reward/max": float(rewards.max()),
@@ -301,7 +344,9 @@ def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
         "reward/score_mean": float(batch["score"].mean()),
         "response_length/mean": float(lengths.float().mean()),
         "response_length/max": float(lengths.max()),
-        "response_length/clip_ratio": float(sum(r == "length" for r in batch["finish_reason"]) / len(batch)),
+        "response_length/clip_ratio": float(
+            sum(r == "length" for r in batch["finish_reason"]) / len(batch)
+        ),
         "rollout/logprob_diff": float(diff),
         "rollout/weights_version": float(batch.meta.get("weights_version", 0)),
     }
@@ -341,7 +386,10 @@ def worker_env(cfg: Config, device: str) -> dict[str, str]:
     """Environment every worker process starts with (read by torch and vLLM at import)."""
     env = {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if device == "cpu":
-        env |= {"OMP_NUM_THREADS": str(cfg.trainer.cpus_per_proc), "VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.cpu_kv_cache_gb)}
+        env |= {
+            "OMP_NUM_THREADS": str(cfg.trainer.cpus_per_proc),
+            "VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.cpu_kv_cache_gb),
+        }
     else:
         env |= {"NCCL_CUMEM_ENABLE": "0"}
     return env
@@ -355,7 +403,9 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     """
     model_path, tokenizer, resume_from = inputs.model_path, inputs.tokenizer, inputs.resume_from
     records, val_records = inputs.records, inputs.val_records
-    out = prepare_output_dir(cfg, None if resume_from is None else read_driver_state(resume_from)["step"])
+    out = prepare_output_dir(
+        cfg, None if resume_from is None else read_driver_state(resume_from)["step"]
+    )
     logs = route_driver_logs(out, cfg.trainer.log_level)
     started = False
     pool, tracker, trainer, groups = None, None, None, []
@@ -367,7 +417,10 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
         from rlframe.controller.worker_group import WorkerGroup
 
         device = resolve_device(cfg.trainer.device)
-        print(format_startup_summary(describe_run(cfg, model_path, device, out, logs, started)), flush=True)
+        print(
+            format_startup_summary(describe_run(cfg, model_path, device, out, logs, started)),
+            flush=True,
+        )
         # The critic and the reward model, when there are, share the actor's bundles.
         pool = ResourcePool(
             nnodes=cfg.trainer.nnodes,
@@ -381,8 +434,12 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
 
         def start(role: str, worker_cls: str, path: str = model_path) -> WorkerGroup:
             group = WorkerGroup(
-                pool, load_class(worker_cls), role=role, init_args=(cfg, path, device),
-                call_timeout_s=cfg.ray.call_timeout_s, env=worker_env(cfg, device) | logs.worker_env(),
+                pool,
+                load_class(worker_cls),
+                role=role,
+                init_args=(cfg, path, device),
+                call_timeout_s=cfg.ray.call_timeout_s,
+                env=worker_env(cfg, device) | logs.worker_env(),
                 rollout_tp_size=cfg.rollout.tensor_parallel_size,
             )
             groups.append(group)
@@ -392,16 +449,29 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
         critic = start("critic", cfg.critic.worker_cls) if cfg.critic.enable else None
         reward_model = None
         if inputs.reward_model_path is not None:
-            reward_model = start("reward_model", cfg.reward.model.worker_cls, inputs.reward_model_path)
-        tracker = Tracker(out, cfg.trainer.loggers, cfg.trainer.total_steps, cfg, cfg.trainer.project, cfg.trainer.experiment)
+            reward_model = start(
+                "reward_model", cfg.reward.model.worker_cls, inputs.reward_model_path
+            )
+        tracker = Tracker(
+            out,
+            cfg.trainer.loggers,
+            cfg.trainer.total_steps,
+            cfg,
+            cfg.trainer.project,
+            cfg.trainer.experiment,
+        )
         loader = PromptLoader(records, cfg.data.batch_size, cfg.trainer.seed)
         checkpointer = Checkpointer(
-            out, cfg.trainer.keep_last, {"actor": actor} | ({"critic": critic} if critic is not None else {}),
+            out,
+            cfg.trainer.keep_last,
+            {"actor": actor} | ({"critic": critic} if critic is not None else {}),
             lambda dest: write_hf_config(model_path, tokenizer, dest, cfg.model.trust_remote_code),
             cfg.trainer.export_hf,
         )
         validator = Validator(val_records, cfg, tokenizer) if val_records else None
-        trainer = Trainer(cfg, actor, critic, tokenizer, loader, tracker, checkpointer, validator, reward_model)
+        trainer = Trainer(
+            cfg, actor, critic, tokenizer, loader, tracker, checkpointer, validator, reward_model
+        )
         if resume_from is not None:
             trainer.load_state_dict(checkpointer.load(resume_from))
             print(f"rlframe: resumed from {resume_from} at step {trainer.step_count}", flush=True)

@@ -42,7 +42,11 @@ def list_pass_ks(n: int) -> list[int]:
 
 
 def compute_validation_metrics(
-    scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor, n: int, threshold: float,
+    scores: torch.Tensor,
+    rewards: torch.Tensor,
+    lengths: torch.Tensor,
+    n: int,
+    threshold: float,
     sources: list[str] | None = None,
 ) -> dict[str, float]:
     """Metrics over prompts of ``n`` consecutive responses each (the layout of
@@ -51,12 +55,19 @@ def compute_validation_metrics(
     if sources is not None:
         for source in sorted(set(sources[::n])):
             rows = torch.tensor([s == source for s in sources])
-            metrics |= summarise(scores[rows], rewards[rows], lengths[rows], n, threshold, f"val/{source}/")
+            metrics |= summarise(
+                scores[rows], rewards[rows], lengths[rows], n, threshold, f"val/{source}/"
+            )
     return metrics
 
 
 def summarise(
-    scores: torch.Tensor, rewards: torch.Tensor, lengths: torch.Tensor, n: int, threshold: float, prefix: str
+    scores: torch.Tensor,
+    rewards: torch.Tensor,
+    lengths: torch.Tensor,
+    n: int,
+    threshold: float,
+    prefix: str,
 ) -> dict[str, float]:
     correct = (scores >= threshold).view(-1, n).sum(1).tolist()
     metrics = {
@@ -65,7 +76,9 @@ def summarise(
         f"{prefix}response_length/mean": float(lengths.float().mean()),
     }
     for k in list_pass_ks(n):
-        metrics[f"{prefix}pass@{k}"] = sum(estimate_pass_at_k(n, c, k) for c in correct) / len(correct)
+        metrics[f"{prefix}pass@{k}"] = sum(estimate_pass_at_k(n, c, k) for c in correct) / len(
+            correct
+        )
     return metrics
 
 
@@ -83,9 +96,13 @@ def split_validation_records(
     if t.val_every == 0 and not t.val_before_train:
         return records, None
     if d.val_files:
-        return records, load_prompt_records(d.val_files, d.task, tokenizer, d.max_prompt_length, t.seed)
+        return records, load_prompt_records(
+            d.val_files, d.task, tokenizer, d.max_prompt_length, t.seed
+        )
     if len(records) - d.val_size < d.batch_size:
-        raise ValueError(f"data.val_size={d.val_size} leaves fewer than data.batch_size prompts to train on")
+        raise ValueError(
+            f"data.val_size={d.val_size} leaves fewer than data.batch_size prompts to train on"
+        )
     return records[: -d.val_size], records[-d.val_size :]
 
 
@@ -112,11 +129,17 @@ class Validator:
         has_source = all("data_source" in e for e in extras)
         self.sources = [str(e["data_source"]) for e in extras] if has_source else None
 
-    def run(self, generate: Callable[[Batch], Batch], score: Callable[[Batch], Batch]) -> dict[str, float]:
+    def run(
+        self, generate: Callable[[Batch], Batch], score: Callable[[Batch], Batch]
+    ) -> dict[str, float]:
         """``generate``: prompt rows -> the rows with their responses (the run's agent);
         ``score``: adds ``score`` and ``reward``."""
         batch = score(generate(self.prompts))
         return compute_validation_metrics(
-            batch["score"], batch["reward"], batch["loss_mask"].sum(1), self.cfg.val.n,
-            self.cfg.val.pass_threshold, self.sources,
+            batch["score"],
+            batch["reward"],
+            batch["loss_mask"].sum(1),
+            self.cfg.val.n,
+            self.cfg.val.pass_threshold,
+            self.sources,
         )

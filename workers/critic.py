@@ -14,6 +14,7 @@ from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import build_layout
+from workers.engines.checkpointing import load_engine, save_engine
 from workers.engines.fsdp import (
     FSDPEngine,
     OptimizerSpec,
@@ -21,7 +22,6 @@ from workers.engines.fsdp import (
     run_minibatch_updates,
     split_micro_batches,
 )
-from workers.engines.checkpointing import load_engine, save_engine
 from workers.hybrid import count_optimizer_steps
 
 
@@ -36,7 +36,9 @@ def compute_value_loss(
     clipped = old_values + (values - old_values).clamp(-cliprange, cliprange)
     unclipped_loss = (values - returns) ** 2
     clipped_loss = (clipped - returns) ** 2
-    return 0.5 * torch.maximum(unclipped_loss, clipped_loss), (clipped_loss > unclipped_loss).float()
+    return 0.5 * torch.maximum(unclipped_loss, clipped_loss), (
+        clipped_loss > unclipped_loss
+    ).float()
 
 
 class CriticWorker(Worker):
@@ -48,7 +50,14 @@ class CriticWorker(Worker):
         self.init_process_group(device)
         torch.manual_seed(cfg.trainer.seed)
         c = cfg.critic
-        spec = OptimizerSpec(c.lr, c.weight_decay, c.grad_clip, c.lr_warmup_steps, "constant", count_optimizer_steps(cfg))
+        spec = OptimizerSpec(
+            c.lr,
+            c.weight_decay,
+            c.grad_clip,
+            c.lr_warmup_steps,
+            "constant",
+            count_optimizer_steps(cfg),
+        )
         self.engine = FSDPEngine(model_path, cfg.model, spec, device, head="value")
         self.packed = resolve_packing(cfg.actor.pack_sequences, device)
 
@@ -61,7 +70,9 @@ class CriticWorker(Worker):
         with torch.no_grad():
             for micro in split_micro_batches(batch, self.cfg.actor, self.device, self.packed):
                 layout = build_layout(micro, self.packed)
-                values[micro["row_index"]] = layout.to_grid(self.engine.compute_token_values(layout).cpu())
+                values[micro["row_index"]] = layout.to_grid(
+                    self.engine.compute_token_values(layout).cpu()
+                )
         return Batch({"values": values})
 
     @dispatch(Dispatch.DP_SPLIT)
@@ -82,7 +93,10 @@ class CriticWorker(Worker):
         layout = build_layout(micro, self.packed)
         values = layout.to_grid(self.engine.compute_token_values(layout))
         token_loss, clipped = compute_value_loss(
-            values, micro["values"].to(self.device), micro["returns"].to(self.device), self.cfg.critic.cliprange_value
+            values,
+            micro["values"].to(self.device),
+            micro["returns"].to(self.device),
+            self.cfg.critic.cliprange_value,
         )
         loss = aggregate_loss(token_loss, mask, "token-mean", scale)
         # FSDP averages gradients over ranks; the shares sum over ranks (see HybridWorker).

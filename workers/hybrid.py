@@ -54,7 +54,9 @@ def check_single_pass(rows: int, cfg: ActorConfig, world_size: int) -> None:
 
 
 def build_optimizer_spec(cfg: ActorConfig, total_steps: int) -> OptimizerSpec:
-    return OptimizerSpec(cfg.lr, cfg.weight_decay, cfg.grad_clip, cfg.warmup_steps, cfg.lr_schedule, total_steps)
+    return OptimizerSpec(
+        cfg.lr, cfg.weight_decay, cfg.grad_clip, cfg.warmup_steps, cfg.lr_schedule, total_steps
+    )
 
 
 class HybridWorker(Worker):
@@ -66,8 +68,17 @@ class HybridWorker(Worker):
         # Before the engines: vLLM adopts this process group as its world.
         self.init_process_group(device)
         torch.manual_seed(cfg.trainer.seed)
-        self.actor = FSDPEngine(model_path, cfg.model, build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg)), device)
-        self.ref = FSDPEngine(model_path, cfg.model, None, device) if cfg.algorithm.uses_reference else None
+        self.actor = FSDPEngine(
+            model_path,
+            cfg.model,
+            build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg)),
+            device,
+        )
+        self.ref = (
+            FSDPEngine(model_path, cfg.model, None, device)
+            if cfg.algorithm.uses_reference
+            else None
+        )
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
         self.packed = resolve_packing(cfg.actor.pack_sequences, device)
         self.rollout = self.build_rollout(model_path)
@@ -85,11 +96,19 @@ class HybridWorker(Worker):
         if self.cfg.rollout.engine is RolloutEngineName.hf:
             from workers.engines.hf_rollout import HFRollout
 
-            return HFRollout(model_path, self.device, dtype, self.cfg.model.trust_remote_code, self.cfg.rollout.sleep_level)
+            return HFRollout(
+                model_path,
+                self.device,
+                dtype,
+                self.cfg.model.trust_remote_code,
+                self.cfg.rollout.sleep_level,
+            )
         from workers.engines.vllm_rollout import VLLMRollout
 
         r = self.cfg.rollout
-        max_len = self.cfg.data.max_prompt_length + compute_response_width(r.max_tokens, r.agent, self.cfg.agent)
+        max_len = self.cfg.data.max_prompt_length + compute_response_width(
+            r.max_tokens, r.agent, self.cfg.agent
+        )
         # Equal inside a tensor-parallel group (its ranks run one engine), different across them.
         seed = self.cfg.trainer.seed + self.rank // r.tensor_parallel_size
         return VLLMRollout(model_path, self.cfg.rollout, self.device, max_len, seed, dtype)
@@ -155,12 +174,17 @@ class HybridWorker(Worker):
         ``more_turns`` (an episode goes on: leave the engine awake for the next turn).
         """
         self.enter_rollout_mode()
-        rows = [ids[mask.bool()].tolist() for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])]
+        rows = [
+            ids[mask.bool()].tolist()
+            for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])
+        ]
         per_row = tuple(int(m) for m in prompts["max_tokens"]) if "max_tokens" in prompts else None
         spec = SamplingSpec(
             max_tokens=self.cfg.rollout.max_tokens,
             # Greedy for baselines (ReMax); validation may set its own temperature.
-            temperature=0.0 if prompts.meta.get("greedy") else prompts.meta.get("temperature", self.cfg.rollout.temperature),
+            temperature=0.0
+            if prompts.meta.get("greedy")
+            else prompts.meta.get("temperature", self.cfg.rollout.temperature),
             top_p=self.cfg.rollout.top_p,
             stop_token_ids=tuple(prompts.meta["stop_token_ids"]),
             max_tokens_per_row=per_row,
@@ -178,7 +202,12 @@ class HybridWorker(Worker):
             logprobs[i, :n] = torch.tensor(s.logprobs)
             mask[i, :n] = 1
         return Batch(
-            {"response_ids": ids, "response_mask": mask, "loss_mask": mask.clone(), "rollout_logprobs": logprobs},
+            {
+                "response_ids": ids,
+                "response_mask": mask,
+                "loss_mask": mask.clone(),
+                "rollout_logprobs": logprobs,
+            },
             {"finish_reason": [s.finish_reason for s in samples]},
             {"weights_version": self.weights_version},
         )
@@ -207,7 +236,9 @@ class HybridWorker(Worker):
         batch = batch.with_tensors(row_index=torch.arange(len(batch)))
         for micro in split_micro_batches(batch, a, self.device, self.packed):
             layout = build_layout(micro, self.packed)
-            token = engine.compute_token_logprobs(layout, self.cfg.rollout.temperature, a.logprob_chunk_size, False)
+            token = engine.compute_token_logprobs(
+                layout, self.cfg.rollout.temperature, a.logprob_chunk_size, False
+            )
             out[micro["row_index"]] = layout.to_grid(token.logprobs.cpu())
         return out
 
@@ -245,7 +276,10 @@ class HybridWorker(Worker):
         layout = build_layout(micro, self.packed)
         mask = micro["loss_mask"].to(self.device)
         token = self.actor.compute_token_logprobs(
-            layout, self.cfg.rollout.temperature, a.logprob_chunk_size, with_entropy=True,
+            layout,
+            self.cfg.rollout.temperature,
+            a.logprob_chunk_size,
+            with_entropy=True,
             entropy_grad=cfg.entropy_coef > 0,
         )
         logprobs = layout.to_grid(token.logprobs)
@@ -261,18 +295,24 @@ class HybridWorker(Worker):
         )
         token_loss = out.token_loss
         if is_mismatch_correction_on(cfg):
-            weights = compute_mismatch_weights(old_logprobs, micro["rollout_logprobs"].to(self.device), mask, cfg)
+            weights = compute_mismatch_weights(
+                old_logprobs, micro["rollout_logprobs"].to(self.device), mask, cfg
+            )
             token_loss = token_loss * weights
             out.metrics["mismatch_weight"] = weights
         loss = aggregate_loss(token_loss, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
         metrics = {"actor/pg_loss": float(masked_mean(token_loss.detach(), mask))}
         entropy = layout.to_grid(token.entropy)
         if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * aggregate_loss(entropy, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
+            loss = loss - cfg.entropy_coef * aggregate_loss(
+                entropy, mask, cfg.loss_agg, scale, cfg.loss_agg_norm
+            )
         metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
         if cfg.kl_coef > 0:
             kl = compute_kl(logprobs, micro["ref_logprobs"].to(self.device), cfg.kl_estimator)
-            loss = loss + cfg.kl_coef * aggregate_loss(kl, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
+            loss = loss + cfg.kl_coef * aggregate_loss(
+                kl, mask, cfg.loss_agg, scale, cfg.loss_agg_norm
+            )
             metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
         # FSDP averages gradients over ranks; the loss shares above sum to the mini-batch
         # loss over ranks, so scale by the world size to turn that average into the sum.

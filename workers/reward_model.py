@@ -37,7 +37,9 @@ def shard_scoring_model(model: nn.Module, device: str, dtype: torch.dtype) -> No
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def render_conversation(tokenizer: Any, messages: list[dict[str, Any]], response: str, max_length: int) -> list[int]:
+def render_conversation(
+    tokenizer: Any, messages: list[dict[str, Any]], response: str, max_length: int
+) -> list[int]:
     """Token ids of prompt turns + the response as the reward model reads them, keeping the end."""
     conversation = [*messages, {"role": "assistant", "content": response}]
     if getattr(tokenizer, "chat_template", None):
@@ -58,13 +60,20 @@ class RewardModelWorker(Worker):
         self.cfg, self.device = cfg, device
         self.init_process_group(device)
         rm = cfg.reward.model
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path, trust_remote_code=rm.trust_remote_code)
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model_path, trust_remote_code=rm.trust_remote_code
+        )
         dtype = pick_dtype(rm, device)  # type: ignore[arg-type]  # reads .dtype only
         model = AutoModelForSequenceClassification.from_pretrained(
-            model_path, dtype=dtype, attn_implementation=pick_attention(device), trust_remote_code=rm.trust_remote_code
+            model_path,
+            dtype=dtype,
+            attn_implementation=pick_attention(device),
+            trust_remote_code=rm.trust_remote_code,
         )
         if model.config.num_labels != 1:
-            raise ValueError(f"reward model {model_path} has {model.config.num_labels} labels; a reward model has 1")
+            raise ValueError(
+                f"reward model {model_path} has {model.config.num_labels} labels; a reward model has 1"
+            )
         self.pad_id = first_not_none(self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0)
         if model.config.pad_token_id is None:
             model.config.pad_token_id = self.pad_id  # HF refuses batches > 1 without one

@@ -7,8 +7,8 @@ point ``algorithm.advantage`` at ``pkg.module:function``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import comb
 from typing import TYPE_CHECKING
@@ -59,7 +59,6 @@ AdvantageFn = Callable[[AdvantageInputs], AdvantageOutputs]
 ADVANTAGES: Registry[AdvantageFn] = Registry("advantage")
 
 
-
 def place_on_last_token(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[B] scores -> [B, T] zeros with each score on its response's last masked token.
 
@@ -103,7 +102,9 @@ def broadcast_scores(scores: torch.Tensor, mask: torch.Tensor) -> AdvantageOutpu
     return AdvantageOutputs(advantages, advantages.clone())
 
 
-def compute_group_stats(values: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def compute_group_stats(
+    values: torch.Tensor, group_index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-response mean, unbiased std and size of its group.
 
     A group of one has std 0 (there is no spread to measure), never NaN.
@@ -114,7 +115,9 @@ def compute_group_stats(values: torch.Tensor, group_index: torch.Tensor) -> tupl
     count = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, torch.ones_like(values))
     total = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, values)
     mean = total / count
-    squares = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, (values - mean[inverse]) ** 2)
+    squares = torch.zeros(groups, dtype=torch.float64).index_add_(
+        0, inverse, (values - mean[inverse]) ** 2
+    )
     std = torch.sqrt(squares / (count - 1).clamp(min=1))
     return mean[inverse], std[inverse], count[inverse]
 
@@ -166,7 +169,9 @@ def compute_grpo_passk_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
         rows = inputs.group_index == group
         n = int(rows.sum())
         if n < k:
-            raise ValueError(f"grpo_passk: a group of {n} responses is smaller than algorithm.pass_k={k}")
+            raise ValueError(
+                f"grpo_passk: a group of {n} responses is smaller than algorithm.pass_k={k}"
+            )
         positive, negative = compute_passk_scores(int(right[rows].sum()), n, k)
         scores[rows] = torch.where(right[rows], positive, negative).double()
     return broadcast_scores(scores, inputs.loss_mask)
@@ -181,7 +186,9 @@ def compute_rloo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """
     mean, _, count = compute_group_stats(inputs.rewards, inputs.group_index)
     centred = inputs.rewards.double() - mean
-    scores = torch.where(count > 1, centred * count / (count - 1).clamp(min=1), torch.zeros_like(centred))
+    scores = torch.where(
+        count > 1, centred * count / (count - 1).clamp(min=1), torch.zeros_like(centred)
+    )
     return broadcast_scores(scores, inputs.loss_mask)
 
 

@@ -51,7 +51,11 @@ POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 
 
 def clipped_surrogate(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float, clip_ratio_c: float
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    clip_ratio_c: float,
 ) -> PolicyLossOutputs:
     """max(-A r, -A clip(r, 1 - low, 1 + high)), then dual-clip: at most -A c where A < 0.
 
@@ -76,7 +80,9 @@ def compute_ppo_clip_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     dual-clip (``algorithm.clip_ratio_c``)."""
     log_ratio = (inputs.logprobs - inputs.old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     cfg = inputs.config
-    out = clipped_surrogate(torch.exp(log_ratio), inputs.advantages, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c)
+    out = clipped_surrogate(
+        torch.exp(log_ratio), inputs.advantages, cfg.clip_low, cfg.clip_high, cfg.clip_ratio_c
+    )
     out.metrics["ppo_kl"] = (-log_ratio).detach()
     return out
 
@@ -92,7 +98,9 @@ def compute_gspo_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     mask = inputs.loss_mask.to(inputs.logprobs.dtype)
     log_ratio = (inputs.logprobs - inputs.old_logprobs) * mask
     seq_log_ratio = log_ratio.sum(-1) / mask.sum(-1).clamp(min=1)
-    token_log_ratio = seq_log_ratio.detach().unsqueeze(-1) + inputs.logprobs - inputs.logprobs.detach()
+    token_log_ratio = (
+        seq_log_ratio.detach().unsqueeze(-1) + inputs.logprobs - inputs.logprobs.detach()
+    )
     ratio = torch.exp(token_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO))
     cfg = inputs.config
     out = clipped_surrogate(ratio, inputs.advantages, cfg.clip_low, cfg.clip_high, clip_ratio_c=0.0)
@@ -113,7 +121,10 @@ def compute_cispo_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     low, high = 1 - inputs.config.clip_low, 1 + inputs.config.clip_high
     weight = ratio.clamp(low, high)
     token_loss = -weight * inputs.advantages * inputs.logprobs
-    metrics = {"pg_clipfrac": ((ratio > high) | (ratio < low)).float(), "ppo_kl": (-log_ratio).detach()}
+    metrics = {
+        "pg_clipfrac": ((ratio > high) | (ratio < low)).float(),
+        "ppo_kl": (-log_ratio).detach(),
+    }
     return PolicyLossOutputs(token_loss, metrics)
 
 
@@ -177,7 +188,9 @@ def compute_clip_cov_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     out = compute_ppo_clip_loss(inputs)
     cov = compute_centred_covariance(inputs)
     mask = inputs.loss_mask.bool()
-    candidates = torch.nonzero((mask & (cov >= cfg.clip_cov_lb) & (cov <= cfg.clip_cov_ub)).flatten()).squeeze(-1)
+    candidates = torch.nonzero(
+        (mask & (cov >= cfg.clip_cov_lb) & (cov <= cfg.clip_cov_ub)).flatten()
+    ).squeeze(-1)
     take = min(len(candidates), select_token_share(cfg.clip_cov_ratio, int(mask.sum())))
     keep = torch.ones_like(inputs.logprobs)
     keep.view(-1)[candidates[torch.randperm(len(candidates))[:take]]] = 0.0

@@ -7,7 +7,13 @@ other. Registered *functions* are looked up later, by ``rlframe.preflight``, bef
 
 from __future__ import annotations
 
-LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
+LOSS_AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "token-sum",
+)
 """How per-token losses reduce to one number (see ``losses.aggregate_loss``)."""
 
 KL_ESTIMATORS = ("k1", "abs", "k2", "k3", "k1+", "k3+")

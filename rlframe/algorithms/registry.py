@@ -28,7 +28,9 @@ class Registry(Generic[F]):
 
         def add(fn: F) -> F:
             if name in self.entries:
-                raise ValueError(f"{self.kind} {name!r} is already registered ({self.entries[name].__qualname__})")
+                raise ValueError(
+                    f"{self.kind} {name!r} is already registered ({self.entries[name].__qualname__})"
+                )
             self.entries[name] = fn
             return fn
 

@@ -53,8 +53,11 @@ class AgentConfig:
         # The name is checked against the registry by rlframe.preflight.
         self.env = absolutize(self.env) if self.env else ""
         require(self.max_turns >= 1, "agent.max_turns", f"must be >= 1, got {self.max_turns}")
-        for key, value in (("max_tokens_per_turn", self.max_tokens_per_turn), ("env_reward_weight", self.env_reward_weight),
-                           ("rule_reward_weight", self.rule_reward_weight)):
+        for key, value in (
+            ("max_tokens_per_turn", self.max_tokens_per_turn),
+            ("env_reward_weight", self.env_reward_weight),
+            ("rule_reward_weight", self.rule_reward_weight),
+        ):
             require(value >= 0, f"agent.{key}", f"must be >= 0, got {value}")
         require_positive(self.max_obs_tokens, "agent.max_obs_tokens")
         require_positive(self.step_timeout_s, "agent.step_timeout_s")

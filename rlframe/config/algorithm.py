@@ -97,7 +97,9 @@ class AlgorithmConfig:
         require_choice(self.kl_reward_ctrl, ("fixed", "adaptive"), "algorithm.kl_reward_ctrl")
         require_choice(self.tis_level, MISMATCH_LEVELS, "algorithm.tis_level")
         require_choice(self.mismatch_mask, ("off", *MISMATCH_LEVELS), "algorithm.mismatch_mask")
-        require(0 <= self.clip_low <= 1, "algorithm.clip_low", f"must be in [0, 1], got {self.clip_low}")
+        require(
+            0 <= self.clip_low <= 1, "algorithm.clip_low", f"must be in [0, 1], got {self.clip_low}"
+        )
         require(self.clip_high >= 0, "algorithm.clip_high", f"must be >= 0, got {self.clip_high}")
         for key in ("kl_coef", "kl_reward_coef", "entropy_coef", "kl_cov_coef", "loss_agg_norm"):
             value = getattr(self, key)
@@ -112,14 +114,22 @@ class AlgorithmConfig:
         )
         require_positive(self.kl_target, "algorithm.kl_target")
         require_positive(self.kl_horizon, "algorithm.kl_horizon")
-        require(self.tis_cap == 0 or self.tis_cap >= 1, "algorithm.tis_cap", f"must be 0 (off) or >= 1, got {self.tis_cap}")
+        require(
+            self.tis_cap == 0 or self.tis_cap >= 1,
+            "algorithm.tis_cap",
+            f"must be 0 (off) or >= 1, got {self.tis_cap}",
+        )
         require(
             0 <= self.mismatch_low < 1 < self.mismatch_high,
             "algorithm.mismatch_low",
             f"need 0 <= mismatch_low < 1 < mismatch_high, got [{self.mismatch_low}, {self.mismatch_high}]",
         )
         require(self.pass_k >= 1, "algorithm.pass_k", f"must be >= 1, got {self.pass_k}")
-        require(self.max_sampling_rounds >= 1, "algorithm.max_sampling_rounds", f"must be >= 1, got {self.max_sampling_rounds}")
+        require(
+            self.max_sampling_rounds >= 1,
+            "algorithm.max_sampling_rounds",
+            f"must be >= 1, got {self.max_sampling_rounds}",
+        )
         require(0 <= self.lam <= 1, "algorithm.lam", f"must be in [0, 1], got {self.lam}")
         require(0 < self.gamma <= 1, "algorithm.gamma", f"must be in (0, 1], got {self.gamma}")
 
@@ -127,4 +137,3 @@ class AlgorithmConfig:
     def uses_reference(self) -> bool:
         """A reference policy is needed for a KL term in the loss or in the reward."""
         return self.kl_coef > 0 or self.kl_reward_coef > 0
-

@@ -33,7 +33,6 @@ def require_choice(value: str, allowed: tuple[str, ...], key: str) -> None:
     require(value in allowed, key, f"must be one of {list(allowed)}, got {value!r}")
 
 
-
 def first_line(error: BaseException) -> str:
     """OmegaConf errors append a multi-line context block; keep the sentence."""
     return str(error).strip().splitlines()[0]

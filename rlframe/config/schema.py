@@ -63,7 +63,9 @@ class Config:
             a.loss_agg_norm = self.rollout.max_tokens
         validates = self.trainer.val_every > 0 or self.trainer.val_before_train
         require(
-            not validates or bool(self.data.val_files) or (not self.data.train_files and self.data.val_size > 0),
+            not validates
+            or bool(self.data.val_files)
+            or (not self.data.train_files and self.data.val_size > 0),
             "data.val_files",
             "validation is on (trainer.val_every / trainer.val_before_train) but there are no validation "
             "prompts: set data.val_files (a held-out split, data.val_size, exists only for synthetic tasks)",
@@ -154,8 +156,9 @@ def build_config(tree: DictConfig | dict[str, Any]) -> Config:
             raise cause from None
         key = getattr(e, "full_key", None) or "config"
         if isinstance(e, MissingMandatoryValue):
-            raise ConfigError(key, "has no value: set it with key=value or pick a recipe (+recipe=NAME)") from None
+            raise ConfigError(
+                key, "has no value: set it with key=value or pick a recipe (+recipe=NAME)"
+            ) from None
         raise ConfigError(key, first_line(e)) from None
     assert isinstance(cfg, Config)
     return cfg
-

@@ -27,7 +27,6 @@ class RolloutEngineName(str, Enum):
     hf = "hf"
 
 
-
 @dataclass
 class ModelConfig:
     path: str = MISSING
@@ -41,7 +40,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         allowed = ("auto", "float32", "bfloat16")
-        require(self.dtype in allowed, "model.dtype", f"must be one of {allowed}, got {self.dtype!r}")
+        require(
+            self.dtype in allowed, "model.dtype", f"must be one of {allowed}, got {self.dtype!r}"
+        )
 
 
 @dataclass
@@ -105,9 +106,15 @@ class RolloutConfig:
         self.agent = absolutize(self.agent)
         require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
         require_positive(self.max_tokens, "rollout.max_tokens")
-        require(self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}")
+        require(
+            self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}"
+        )
         require(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
-        require(self.sleep_level in (1, 2), "rollout.sleep_level", f"must be 1 or 2, got {self.sleep_level}")
+        require(
+            self.sleep_level in (1, 2),
+            "rollout.sleep_level",
+            f"must be 1 or 2, got {self.sleep_level}",
+        )
         require_positive(self.weight_sync_bucket_mb, "rollout.weight_sync_bucket_mb")
         require_positive(self.tensor_parallel_size, "rollout.tensor_parallel_size")
         require_positive(self.cpu_kv_cache_gb, "rollout.cpu_kv_cache_gb")
@@ -157,14 +164,24 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "actor.lr")
-        require(self.logprob_chunk_size >= 0, "actor.logprob_chunk_size", f"must be >= 0 (0 = off), got {self.logprob_chunk_size}")
+        require(
+            self.logprob_chunk_size >= 0,
+            "actor.logprob_chunk_size",
+            f"must be >= 0 (0 = off), got {self.logprob_chunk_size}",
+        )
         require(
             self.max_tokens_per_micro_batch >= 0,
             "actor.max_tokens_per_micro_batch",
             f"must be >= 0 (0 = off), got {self.max_tokens_per_micro_batch}",
         )
-        require(self.lr_schedule in ("constant", "cosine"), "actor.lr_schedule", f"must be constant or cosine, got {self.lr_schedule!r}")
-        require(self.warmup_steps >= 0, "actor.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        require(
+            self.lr_schedule in ("constant", "cosine"),
+            "actor.lr_schedule",
+            f"must be constant or cosine, got {self.lr_schedule!r}",
+        )
+        require(
+            self.warmup_steps >= 0, "actor.warmup_steps", f"must be >= 0, got {self.warmup_steps}"
+        )
         require_positive(self.mini_batch_size, "actor.mini_batch_size")
         require_positive(self.micro_batch_size, "actor.micro_batch_size")
         require(self.epochs >= 1, "actor.epochs", f"must be >= 1, got {self.epochs}")
@@ -191,9 +208,10 @@ class CriticConfig:
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "critic.lr")
-        require(self.warmup_steps >= 0, "critic.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        require(
+            self.warmup_steps >= 0, "critic.warmup_steps", f"must be >= 0, got {self.warmup_steps}"
+        )
         require_positive(self.cliprange_value, "critic.cliprange_value")
-
 
 
 @dataclass
@@ -218,11 +236,19 @@ class RewardModelConfig:
     def __post_init__(self) -> None:
         import math
 
-        require(math.isfinite(self.weight), "reward.model.weight", f"must be a finite number, got {self.weight}")
+        require(
+            math.isfinite(self.weight),
+            "reward.model.weight",
+            f"must be a finite number, got {self.weight}",
+        )
         require_positive(self.micro_batch_size, "reward.model.micro_batch_size")
         require_positive(self.max_length, "reward.model.max_length")
         allowed = ("auto", "float32", "bfloat16")
-        require(self.dtype in allowed, "reward.model.dtype", f"must be one of {allowed}, got {self.dtype!r}")
+        require(
+            self.dtype in allowed,
+            "reward.model.dtype",
+            f"must be one of {allowed}, got {self.dtype!r}",
+        )
         if self.path is not None:
             self.path = absolutize_folder(self.path)
 
@@ -269,11 +295,23 @@ class RewardConfig:
         # The name is checked against the registry by rlframe.preflight.
         self.fn = absolutize(self.fn)
         require_positive(self.overlong_penalty, "reward.overlong_penalty")
-        require(self.overlong_buffer >= 0, "reward.overlong_buffer", f"must be >= 0, got {self.overlong_buffer}")
-        require(self.num_workers >= 0, "reward.num_workers", f"must be >= 0 (0 scores in the driver), got {self.num_workers}")
+        require(
+            self.overlong_buffer >= 0,
+            "reward.overlong_buffer",
+            f"must be >= 0, got {self.overlong_buffer}",
+        )
+        require(
+            self.num_workers >= 0,
+            "reward.num_workers",
+            f"must be >= 0 (0 scores in the driver), got {self.num_workers}",
+        )
         require_positive(self.timeout_s, "reward.timeout_s")
         require_choice(self.on_error, ("raise", "zero"), "reward.on_error")
-        require(math.isfinite(self.weight) and self.weight >= 0, "reward.weight", f"must be >= 0, got {self.weight}")
+        require(
+            math.isfinite(self.weight) and self.weight >= 0,
+            "reward.weight",
+            f"must be >= 0, got {self.weight}",
+        )
         require(
             self.weight > 0 or self.model.path is not None,
             "reward.weight",
@@ -333,24 +371,42 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         self.device = Device(self.device)
-        require(self.save_every >= 0, "trainer.save_every", f"must be >= 0 (0 never saves), got {self.save_every}")
+        require(
+            self.save_every >= 0,
+            "trainer.save_every",
+            f"must be >= 0 (0 never saves), got {self.save_every}",
+        )
         require(self.keep_last >= 1, "trainer.keep_last", f"must be >= 1, got {self.keep_last}")
-        require(self.val_every >= 0, "trainer.val_every", f"must be >= 0 (0 turns it off), got {self.val_every}")
+        require(
+            self.val_every >= 0,
+            "trainer.val_every",
+            f"must be >= 0 (0 turns it off), got {self.val_every}",
+        )
         require(
             self.resume in ("auto", "never") or bool(self.resume.strip()),
             "trainer.resume",
             "must be auto, never or a checkpoint path",
         )
-        require(self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}")
+        require(
+            self.total_steps >= 1, "trainer.total_steps", f"must be >= 1, got {self.total_steps}"
+        )
         require(self.nnodes >= 1, "trainer.nnodes", f"must be >= 1, got {self.nnodes}")
         require(
             self.procs_per_node >= 1,
             "trainer.procs_per_node",
             f"must be >= 1, got {self.procs_per_node}",
         )
-        require(self.cpus_per_proc >= 1, "trainer.cpus_per_proc", f"must be >= 1, got {self.cpus_per_proc}")
+        require(
+            self.cpus_per_proc >= 1,
+            "trainer.cpus_per_proc",
+            f"must be >= 1, got {self.cpus_per_proc}",
+        )
         levels = ("debug", "info", "warning", "error")
-        require(self.log_level in levels, "trainer.log_level", f"must be one of {levels}, got {self.log_level!r}")
+        require(
+            self.log_level in levels,
+            "trainer.log_level",
+            f"must be one of {levels}, got {self.log_level!r}",
+        )
         sinks = ("console", "jsonl", "tensorboard", "wandb")
         unknown = [x for x in self.loggers if x not in sinks]
         require(not unknown, "trainer.loggers", f"unknown {unknown}; choose from {sinks}")
@@ -371,7 +427,11 @@ class ValConfig:
 
     def __post_init__(self) -> None:
         require(self.n >= 1, "val.n", f"must be >= 1, got {self.n}")
-        require(self.temperature >= 0, "val.temperature", f"must be >= 0 (0 is greedy), got {self.temperature}")
+        require(
+            self.temperature >= 0,
+            "val.temperature",
+            f"must be >= 0 (0 is greedy), got {self.temperature}",
+        )
 
 
 @dataclass
@@ -392,4 +452,3 @@ class RayConfig:
     def __post_init__(self) -> None:
         require_positive(self.call_timeout_s, "ray.call_timeout_s")
         require_positive(self.placement_timeout_s, "ray.placement_timeout_s")
-

@@ -42,7 +42,11 @@ def init_ray(cfg: RayConfig) -> bool:
     if ray.is_initialized():
         return False
     if not local:
-        ray.init(address=cfg.address or os.environ["RAY_ADDRESS"], log_to_driver=True, configure_logging=False)
+        ray.init(
+            address=cfg.address or os.environ["RAY_ADDRESS"],
+            log_to_driver=True,
+            configure_logging=False,
+        )
         return False
     from ray._private import ray_constants
 
@@ -71,10 +75,25 @@ def start_reaper() -> subprocess.Popen:
     import ray
 
     node = ray._private.worker._global_node
-    roots = [str(info.process.pid) for infos in node.all_processes.values() for info in infos if info.process]
+    roots = [
+        str(info.process.pid)
+        for infos in node.all_processes.values()
+        for info in infos
+        if info.process
+    ]
     return subprocess.Popen(
-        [sys.executable, "-m", "rlframe.controller.reaper", str(os.getpid()), node.get_session_dir_path(), *roots],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "rlframe.controller.reaper",
+            str(os.getpid()),
+            node.get_session_dir_path(),
+            *roots,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
 
 

@@ -77,7 +77,9 @@ class FanOut:
     """Ranks that got the same chunk (the rollout TP size); one result per group is kept."""
 
 
-def split_call(mode: Dispatch, world_size: int, args: tuple, kwargs: dict, tp_size: int = 1) -> FanOut:
+def split_call(
+    mode: Dispatch, world_size: int, args: tuple, kwargs: dict, tp_size: int = 1
+) -> FanOut:
     """Turn one driver call into per-rank calls according to ``mode``; ``tp_size`` is the
     rollout tensor-parallel size that ``ROLLOUT_DP_SPLIT`` groups ranks by."""
     if mode is Dispatch.RANK_ZERO:
@@ -86,10 +88,15 @@ def split_call(mode: Dispatch, world_size: int, args: tuple, kwargs: dict, tp_si
         return FanOut([RankCall(r, args, kwargs) for r in range(world_size)])
     group = tp_size if mode is Dispatch.ROLLOUT_DP_SPLIT else 1
     if world_size % group:
-        raise ValueError(f"world size {world_size} is not a multiple of the tensor-parallel size {group}")
+        raise ValueError(
+            f"world size {world_size} is not a multiple of the tensor-parallel size {group}"
+        )
     fan_out = split_batches(world_size // group, args, kwargs)
     # Rank r belongs to group r // TP and gets that group's chunk.
-    calls = [RankCall(r, fan_out.calls[r // group].args, fan_out.calls[r // group].kwargs) for r in range(world_size)]
+    calls = [
+        RankCall(r, fan_out.calls[r // group].args, fan_out.calls[r // group].kwargs)
+        for r in range(world_size)
+    ]
     return FanOut(calls, fan_out.padding, fan_out.chunk_rows, group)
 
 

@@ -22,9 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.placement_group import NODE_ID_LABEL_KEY, PlacementGroup, placement_group, placement_group_table
+from ray.util.placement_group import (
+    NODE_ID_LABEL_KEY,
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +103,9 @@ class ResourcePool:
         """One node's bundles in one STRICT_PACK group, pinned to ``node_id`` when given."""
         selector = [{NODE_ID_LABEL_KEY: node_id}] * self.procs_per_node if node_id else None
         return placement_group(
-            [self.bundle()] * self.procs_per_node, strategy="STRICT_PACK", name=f"{self.name}_{index}",
+            [self.bundle()] * self.procs_per_node,
+            strategy="STRICT_PACK",
+            name=f"{self.name}_{index}",
             bundle_label_selector=selector,
         )
 
@@ -110,13 +116,17 @@ class ResourcePool:
         STRICT_SPREAD probe of one node-sized bundle per node (which an autoscaler also
         sees as demand); the probe is released and each node's group pinned to its node.
         """
-        probe = placement_group([self.node_share()] * self.nnodes, strategy="STRICT_SPREAD", name=f"{self.name}_probe")
+        probe = placement_group(
+            [self.node_share()] * self.nnodes, strategy="STRICT_SPREAD", name=f"{self.name}_probe"
+        )
         self.wait_ready([probe], timeout_s, report_every_s)
         nodes = list(placement_group_table(probe)["bundles_to_node_id"].values())
         ray.util.remove_placement_group(probe)
         return nodes
 
-    def wait_ready(self, groups: list[PlacementGroup], timeout_s: float, report_every_s: float) -> None:
+    def wait_ready(
+        self, groups: list[PlacementGroup], timeout_s: float, report_every_s: float
+    ) -> None:
         deadline = time.monotonic() + timeout_s
         pending = [g.ready() for g in groups]
         while pending:
@@ -129,12 +139,19 @@ class ResourcePool:
                     f"(free now: {free_resources()}; total: {total_resources()}). Free the resources, "
                     "raise ray.placement_timeout_s, or lower trainer.procs_per_node / trainer.cpus_per_proc."
                 )
-            _, pending = ray.wait(pending, num_returns=len(pending), timeout=min(report_every_s, remaining))
+            _, pending = ray.wait(
+                pending, num_returns=len(pending), timeout=min(report_every_s, remaining)
+            )
             if pending:
                 logger.warning(
                     "waiting for placement: %s; %d of %d group(s) pending; free now: %s%s",
-                    self.describe(), len(pending), len(groups), free_resources(),
-                    "; the autoscaler may add nodes" if read_autoscaling_limits() is not None else "",
+                    self.describe(),
+                    len(pending),
+                    len(groups),
+                    free_resources(),
+                    "; the autoscaler may add nodes"
+                    if read_autoscaling_limits() is not None
+                    else "",
                 )
 
     def slots(self) -> list[tuple[PlacementGroup, int]]:
@@ -145,7 +162,9 @@ class ResourcePool:
 
     def scheduling(self, rank: int) -> PlacementGroupSchedulingStrategy:
         group, index = self.slots()[rank]
-        return PlacementGroupSchedulingStrategy(placement_group=group, placement_group_bundle_index=index)
+        return PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=index
+        )
 
     def find_master_address(self) -> tuple[str, int]:
         """Address and a free port on rank 0's node for torch.distributed rendezvous.
@@ -177,9 +196,14 @@ def check_placeable(pool: ResourcePool) -> None:
     if len(capable) >= pool.nnodes:
         return
     limits = read_autoscaling_limits()
-    if limits is not None and sum(count for resources, count in limits if fits(need, resources)) >= pool.nnodes:
+    if (
+        limits is not None
+        and sum(count for resources, count in limits if fits(need, resources)) >= pool.nnodes
+    ):
         return
-    largest = max((node_summary(n["Resources"]) for n in nodes), key=lambda r: tuple(r.values()), default={})
+    largest = max(
+        (node_summary(n["Resources"]) for n in nodes), key=lambda r: tuple(r.values()), default={}
+    )
     why = (
         f"no node has that much (largest node: {largest})"
         if not capable

@@ -17,7 +17,6 @@ import torch.distributed as dist
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.logs import route_worker_logs
 
-
 RENDEZVOUS_FILE_ENV = "RLFRAME_RENDEZVOUS_FILE"
 
 
@@ -56,7 +55,10 @@ class Worker:
         if rendezvous_file and (loopback := find_loopback_interface()):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
         dist.init_process_group(
-            backend, init_method=init_method, rank=self.rank, world_size=self.world_size,
+            backend,
+            init_method=init_method,
+            rank=self.rank,
+            world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
 

@@ -82,7 +82,9 @@ class WorkerGroup:
         group_id = uuid.uuid4().hex
         # One node: rendezvous through a file there, so nothing listens on the network.
         rendezvous = (
-            {RENDEZVOUS_FILE_ENV: f"{tempfile.gettempdir()}/rlframe_rendezvous_{group_id}"} if pool.nnodes == 1 else {}
+            {RENDEZVOUS_FILE_ENV: f"{tempfile.gettempdir()}/rlframe_rendezvous_{group_id}"}
+            if pool.nnodes == 1
+            else {}
         )
         remote_cls = ray.remote(worker_cls)
         actors = []
@@ -113,7 +115,9 @@ class WorkerGroup:
         """Run ``method`` on the ranks its dispatch mode names and collect the results."""
         mode = self.methods.get(method)
         if mode is None:
-            raise AttributeError(f"{self.role} workers have no @dispatch method {method!r}; they have {sorted(self.methods)}")
+            raise AttributeError(
+                f"{self.role} workers have no @dispatch method {method!r}; they have {sorted(self.methods)}"
+            )
         fan_out = split_call(mode, self.world_size, args, kwargs, self.rollout_tp_size)
         if mode is Dispatch.ONE_TO_ALL and self.world_size > 1:
             # Serialise shared arguments once rather than once per rank; Ray resolves
@@ -122,10 +126,15 @@ class WorkerGroup:
             shared_kwargs = {k: ray.put(v) for k, v in kwargs.items()}
             for c in fan_out.calls:
                 c.args, c.kwargs = shared_args, shared_kwargs
-        refs = {getattr(self.actors[c.rank], method).remote(*c.args, **c.kwargs): c.rank for c in fan_out.calls}
+        refs = {
+            getattr(self.actors[c.rank], method).remote(*c.args, **c.kwargs): c.rank
+            for c in fan_out.calls
+        }
         return collect_results(mode, fan_out, self.wait_all(method, refs))
 
-    def wait_all(self, method: str, refs: dict[Any, int], timeout_s: float | None = None) -> list[Any]:
+    def wait_all(
+        self, method: str, refs: dict[Any, int], timeout_s: float | None = None
+    ) -> list[Any]:
         """Results of ``refs`` (ref -> rank) in rank order; the first failure raises at once."""
         timeout_s = timeout_s or self.call_timeout_s
         deadline = time.monotonic() + timeout_s
@@ -137,7 +146,9 @@ class WorkerGroup:
             if not ready:
                 ranks = sorted(refs[r] for r in pending)
                 raise WorkerError(
-                    self.role, None, method,
+                    self.role,
+                    None,
+                    method,
                     f"ranks {ranks} did not answer within {timeout_s:.0f} s; a rank may be "
                     "stuck in a collective with a dead peer (ray.call_timeout_s sets the limit)",
                 )
@@ -152,9 +163,13 @@ class WorkerGroup:
             raise WorkerError(self.role, rank, method, describe_task_error(e)) from None
         except RayActorError as e:
             # The full text carries the creation task's traceback when a constructor raised.
-            raise WorkerError(self.role, rank, method, f"the worker process died: {str(e).strip()}") from None
+            raise WorkerError(
+                self.role, rank, method, f"the worker process died: {str(e).strip()}"
+            ) from None
         except GetTimeoutError:
-            raise WorkerError(self.role, rank, method, "result could not be fetched in time") from None
+            raise WorkerError(
+                self.role, rank, method, "result could not be fetched in time"
+            ) from None
 
     def shutdown(self) -> None:
         """Kill every actor of the group (stuck collectives included)."""
@@ -166,13 +181,19 @@ class WorkerGroup:
         # Only reached for names that are not bound dispatch methods: say what exists.
         if name.startswith("__") or name in ("methods", "role", "actors"):
             raise AttributeError(name)
-        raise AttributeError(f"{self.role} workers have no @dispatch method {name!r}; they have {sorted(self.methods)}")
+        raise AttributeError(
+            f"{self.role} workers have no @dispatch method {name!r}; they have {sorted(self.methods)}"
+        )
 
 
 def describe_task_error(error: RayTaskError) -> str:
     """The worker's exception type and message, then its remote traceback."""
     cause = getattr(error, "cause", None)
-    headline = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else first_line(error)
+    headline = (
+        f"{type(cause).__name__}: {cause}"
+        if isinstance(cause, BaseException)
+        else first_line(error)
+    )
     return f"{headline}\n--- remote traceback ---\n{str(error).rstrip()}"
 
 

@@ -79,7 +79,9 @@ def as_step_result(value: Any, env_name: str) -> StepResult:
 
 
 def check_messages(messages: Any, env_name: str, method: str) -> list[Message]:
-    if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and "role" in m for m in messages
+    ):
         raise EnvError(
             f"env {env_name}: {method} must return a list of messages ({{'role': ..., 'content': ...}}), "
             f"got {messages!r:.200}"

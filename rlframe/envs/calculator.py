@@ -16,9 +16,15 @@ from rlframe.envs.tools import ToolEnv
 from rlframe.rewards import score_math_answer
 
 OPERATORS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-    ast.USub: operator.neg, ast.UAdd: operator.pos,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
 }
 # Bounds that keep a hostile expression from eating the driver's CPU or memory.
 MAX_EXPONENT = 100
@@ -29,7 +35,11 @@ MAX_LENGTH = 200
 def evaluate(node: ast.AST) -> float:
     if isinstance(node, ast.Expression):
         return evaluate(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         return node.value
     if isinstance(node, ast.UnaryOp) and type(node.op) in OPERATORS:
         return OPERATORS[type(node.op)](evaluate(node.operand))
@@ -82,14 +92,24 @@ class CalculatorEnv(ToolEnv):
     """
 
     def __init__(
-        self, answer_reward: float = 0.0, system_prompt: str | None = DEFAULT_SYSTEM_PROMPT, parser: str = "hermes",
+        self,
+        answer_reward: float = 0.0,
+        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+        parser: str = "hermes",
         max_calls_per_turn: int = 4,
     ) -> None:
-        super().__init__([calculate], parser=parser, max_calls_per_turn=max_calls_per_turn, system_prompt=system_prompt)
+        super().__init__(
+            [calculate],
+            parser=parser,
+            max_calls_per_turn=max_calls_per_turn,
+            system_prompt=system_prompt,
+        )
         self.answer_reward = answer_reward
 
     def score_answer(self, action: str) -> float:
         if self.answer_reward == 0:
             return 0.0
         sample: dict[str, Any] = self.sample
-        return self.answer_reward * score_math_answer(action, str(sample.get("ground_truth", "")), sample)
+        return self.answer_reward * score_math_answer(
+            action, str(sample.get("ground_truth", "")), sample
+        )

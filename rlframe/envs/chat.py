@@ -35,7 +35,10 @@ PLAIN_TEMPLATE = (
     "{%- if message['role'] == 'assistant' -%}{{ eos_token }}{%- endif -%}"
     "{%- endfor -%}"
 )
-DUMMY_TURNS: list[Message] = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+DUMMY_TURNS: list[Message] = [
+    {"role": "user", "content": "x"},
+    {"role": "assistant", "content": "y"},
+]
 CACHE_SIZE = 4096
 
 
@@ -50,7 +53,10 @@ class ChatFormat:
     """
 
     def __init__(
-        self, tokenizer: Any, tools: list[dict[str, Any]] | None = None, end_of_turn: str | None = None
+        self,
+        tokenizer: Any,
+        tools: list[dict[str, Any]] | None = None,
+        end_of_turn: str | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         template = getattr(tokenizer, "chat_template", None)
@@ -61,7 +67,10 @@ class ChatFormat:
 
     def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, chat_template=self.template, tokenize=False,
+            messages,
+            tools=self.tools,
+            chat_template=self.template,
+            tokenize=False,
             add_generation_prompt=add_generation_prompt,
         )
 
@@ -72,7 +81,9 @@ class ChatFormat:
         """The ids of the conversation so far, ending with the assistant header."""
         return self.encode(self.render(messages, add_generation_prompt=True))
 
-    def observation_ids(self, observation: list[Message], max_tokens: int) -> tuple[list[int], bool]:
+    def observation_ids(
+        self, observation: list[Message], max_tokens: int
+    ) -> tuple[list[int], bool]:
         """(ids that follow the model's end-of-turn token, whether contents were cut to fit
         ``max_tokens``). Memoised: many trajectories see the same observations."""
         key = json.dumps([max_tokens, observation], sort_keys=True, default=str)
@@ -100,7 +111,9 @@ class ChatFormat:
             )
         return self.encode(after[len(prefix) :])
 
-    def fit_observation(self, observation: list[Message], max_tokens: int) -> tuple[list[int], bool]:
+    def fit_observation(
+        self, observation: list[Message], max_tokens: int
+    ) -> tuple[list[int], bool]:
         """Cut the longest message content by the excess until the suffix fits. The template's
         own tokens (role headers, end-of-turn, the next assistant header) are never cut."""
         ids = self.suffix_ids(observation)
@@ -108,12 +121,17 @@ class ChatFormat:
         for _ in range(16):
             if len(ids) <= max_tokens:
                 return ids, cut
-            longest = max(range(len(observation)), key=lambda i: len(str(observation[i].get("content", ""))))
+            longest = max(
+                range(len(observation)), key=lambda i: len(str(observation[i].get("content", "")))
+            )
             content_ids = self.encode(str(observation[longest].get("content", "")))
             if not content_ids:
                 break
             keep = max(0, len(content_ids) - (len(ids) - max_tokens))
-            observation[longest] = {**observation[longest], "content": self.tokenizer.decode(content_ids[:keep])}
+            observation[longest] = {
+                **observation[longest],
+                "content": self.tokenizer.decode(content_ids[:keep]),
+            }
             ids, cut = self.suffix_ids(observation), True
         if len(ids) <= max_tokens:
             return ids, cut

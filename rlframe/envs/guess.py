@@ -24,14 +24,16 @@ def parse_guess(action: str) -> int | None:
 @ENVS.register("guess_number")
 class GuessNumberEnv:
     """Args:
-        hint_format: the feedback message, formatted with ``hint`` = higher, lower or invalid
-            (``higher``: the secret is above the guess). Chat models read a sentence; the
-            tiny character-level model reads ``" {hint}:"``.
-        correct_reward: reward of the right guess.
+    hint_format: the feedback message, formatted with ``hint`` = higher, lower or invalid
+        (``higher``: the secret is above the guess). Chat models read a sentence; the
+        tiny character-level model reads ``" {hint}:"``.
+    correct_reward: reward of the right guess.
     """
 
     def __init__(
-        self, hint_format: str = "Wrong: the number is {hint}. Guess again.", correct_reward: float = 1.0
+        self,
+        hint_format: str = "Wrong: the number is {hint}. Guess again.",
+        correct_reward: float = 1.0,
     ) -> None:
         self.hint_format = hint_format
         self.correct_reward = correct_reward
@@ -46,4 +48,6 @@ class GuessNumberEnv:
         if guess == self.secret:
             return StepResult([], self.correct_reward, True, {})
         hint = "invalid" if guess is None else ("higher" if self.secret > guess else "lower")
-        return StepResult([{"role": "user", "content": self.hint_format.format(hint=hint)}], 0.0, False, {})
+        return StepResult(
+            [{"role": "user", "content": self.hint_format.format(hint=hint)}], 0.0, False, {}
+        )

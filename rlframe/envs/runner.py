@@ -32,7 +32,9 @@ def settle(future: asyncio.Future, value: Any, error: BaseException | None) -> N
         future.set_result(value)
 
 
-def run_on_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: tuple[Any, ...]) -> asyncio.Future:
+def run_on_thread(
+    loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: tuple[Any, ...]
+) -> asyncio.Future:
     future = loop.create_future()
 
     def target() -> None:
@@ -46,7 +48,9 @@ def run_on_thread(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args:
         except RuntimeError:  # the loop closed after a timeout: nobody waits any more
             pass
 
-    threading.Thread(target=target, daemon=True, name=f"env-{getattr(fn, '__qualname__', 'call')}").start()
+    threading.Thread(
+        target=target, daemon=True, name=f"env-{getattr(fn, '__qualname__', 'call')}"
+    ).start()
     return future
 
 
@@ -63,7 +67,9 @@ async def run_one(
         try:
             return CallOutcome(value=await asyncio.wait_for(work, timeout_s))
         except TimeoutError:
-            return CallOutcome(error=f"TimeoutError: no answer within {timeout_s:g} s (agent.step_timeout_s)")
+            return CallOutcome(
+                error=f"TimeoutError: no answer within {timeout_s:g} s (agent.step_timeout_s)"
+            )
         except Exception as e:
             return CallOutcome(error=f"{type(e).__name__}: {e}")
 

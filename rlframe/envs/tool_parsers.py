@@ -50,7 +50,9 @@ def parse_hermes_tool_calls(text: str) -> ParsedTurn:
         try:
             call = json.loads(body.strip())
         except json.JSONDecodeError as e:
-            parsed.errors.append(f"tool call is not valid JSON ({e.msg} at char {e.pos}): {body.strip()[:200]}")
+            parsed.errors.append(
+                f"tool call is not valid JSON ({e.msg} at char {e.pos}): {body.strip()[:200]}"
+            )
             continue
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             parsed.errors.append(f"tool call needs a string 'name': {body.strip()[:200]}")
@@ -62,7 +64,9 @@ def parse_hermes_tool_calls(text: str) -> ParsedTurn:
             except json.JSONDecodeError:
                 pass
         if not isinstance(arguments, dict):
-            parsed.errors.append(f"tool call {call['name']!r}: 'arguments' must be an object, got {arguments!r:.100}")
+            parsed.errors.append(
+                f"tool call {call['name']!r}: 'arguments' must be an object, got {arguments!r:.100}"
+            )
             continue
         parsed.calls.append(ToolCall(call["name"], arguments))
     return parsed

@@ -25,7 +25,12 @@ from rlframe.envs.base import Message, StepResult, default_messages
 from rlframe.envs.tool_parsers import TOOL_PARSERS, ParsedTurn, ToolCall
 
 JSON_TYPES: dict[type, str] = {
-    str: "string", int: "integer", float: "number", bool: "boolean", dict: "object", list: "array",
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    dict: "object",
+    list: "array",
 }
 
 
@@ -38,15 +43,23 @@ def describe_type(hint: Any, where: str) -> dict[str, Any]:
     if origin is Literal:
         return {"type": JSON_TYPES.get(type(args[0]), "string"), "enum": list(args)}
     if origin in (list, tuple):
-        return {"type": "array", "items": describe_type(args[0], where)} if args else {"type": "array"}
+        return (
+            {"type": "array", "items": describe_type(args[0], where)} if args else {"type": "array"}
+        )
     if origin is dict:
-        return {"type": "object", "additionalProperties": describe_type(args[1], where)} if args else {"type": "object"}
+        return (
+            {"type": "object", "additionalProperties": describe_type(args[1], where)}
+            if args
+            else {"type": "object"}
+        )
     if origin in (typing.Union, types.UnionType):
         kept = [a for a in args if a is not type(None)]
         if len(kept) == 1:
             return describe_type(kept[0], where)
         return {"anyOf": [describe_type(a, where) for a in kept]}
-    raise TypeError(f"{where}: type {hint!r} has no JSON schema; use str, int, float, bool, list, dict or Literal")
+    raise TypeError(
+        f"{where}: type {hint!r} has no JSON schema; use str, int, float, bool, list, dict or Literal"
+    )
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
@@ -71,7 +84,9 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
                 description.append(stripped)
         elif section == "args" and stripped:
             match = re.match(r"(\w+)\s*(\([^)]*\))?:\s*(.*)", stripped)
-            if match and (current is None or len(line) - len(line.lstrip()) <= arguments.get("__indent__", 99)):
+            if match and (
+                current is None or len(line) - len(line.lstrip()) <= arguments.get("__indent__", 99)
+            ):
                 current = match.group(1)
                 arguments["__indent__"] = len(line) - len(line.lstrip())  # type: ignore[assignment]
                 arguments[current] = match.group(3)
@@ -87,7 +102,9 @@ def build_tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
     hints = typing.get_type_hints(fn)
     description, argument_docs = parse_docstring(inspect.getdoc(fn) or "")
     if not description:
-        raise ValueError(f"tool {name}: give it a docstring; its first paragraph tells the model what it does")
+        raise ValueError(
+            f"tool {name}: give it a docstring; its first paragraph tells the model what it does"
+        )
     properties: dict[str, Any] = {}
     required = []
     for arg, param in inspect.signature(fn).parameters.items():
@@ -102,7 +119,10 @@ def build_tool_schema(fn: Callable[..., Any]) -> dict[str, Any]:
         if param.default is inspect.Parameter.empty:
             required.append(arg)
     parameters = {"type": "object", "properties": properties, "required": required}
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
 
 
 def format_result(value: Any) -> str:
@@ -125,7 +145,10 @@ class ToolEnv:
     """
 
     def __init__(
-        self, tools: list[Callable[..., Any]], parser: str = "hermes", max_calls_per_turn: int = 4,
+        self,
+        tools: list[Callable[..., Any]],
+        parser: str = "hermes",
+        max_calls_per_turn: int = 4,
         system_prompt: str | None = None,
     ) -> None:
         self.functions = {fn.__name__: fn for fn in tools}
@@ -145,12 +168,17 @@ class ToolEnv:
     def step(self, action: str) -> StepResult:
         parsed = self.parse(action)
         if not parsed.has_calls:
-            return StepResult([], self.score_answer(action), True, {"tool_calls": 0, "tool_errors": 0})
+            return StepResult(
+                [], self.score_answer(action), True, {"tool_calls": 0, "tool_errors": 0}
+            )
         messages = [{"role": "tool", "content": f"error: {error}"} for error in parsed.errors]
         errors = len(parsed.errors)
         for i, call in enumerate(parsed.calls):
             if i >= self.max_calls_per_turn:
-                text, ok = f"error: more than {self.max_calls_per_turn} tool calls in one turn", False
+                text, ok = (
+                    f"error: more than {self.max_calls_per_turn} tool calls in one turn",
+                    False,
+                )
             else:
                 text, ok = self.call_tool(call)
             messages.append({"role": "tool", "name": call.name, "content": text})

@@ -51,7 +51,9 @@ def parse_test_cases(spec: Any) -> list[TestCase]:
         try:
             spec = json.loads(spec)
         except json.JSONDecodeError:
-            raise ValueError(f"test cases must be JSON (stdin/stdout or asserts), got {spec[:80]!r}") from None
+            raise ValueError(
+                f"test cases must be JSON (stdin/stdout or asserts), got {spec[:80]!r}"
+            ) from None
     if isinstance(spec, dict) and "inputs" in spec and "outputs" in spec:
         if len(spec["inputs"]) != len(spec["outputs"]):
             raise ValueError(f"{len(spec['inputs'])} inputs but {len(spec['outputs'])} outputs")
@@ -77,7 +79,9 @@ def run_test_case(program: str, case: TestCase, limits: SandboxLimits) -> bool:
     result = run_python(code, case.stdin, limits)
     if not result.ok:
         return False
-    return case.expected_stdout is None or normalise_output(result.stdout) == normalise_output(case.expected_stdout)
+    return case.expected_stdout is None or normalise_output(result.stdout) == normalise_output(
+        case.expected_stdout
+    )
 
 
 @REWARDS.register("code_tests")

@@ -34,7 +34,10 @@ class PoolWorker:
     def __init__(self, spec: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rlframe.rewards.pool_worker", spec],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0, start_new_session=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            bufsize=0,
+            start_new_session=True,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.to_worker, self.from_worker = self.proc.stdin.fileno(), self.proc.stdout.fileno()
@@ -100,14 +103,21 @@ class RewardPool:
             self.ready.append(worker)
         late = [w for w in self.starting if time.monotonic() - w.started > START_TIMEOUT_S]
         if late:
-            raise RewardError(f"reward worker for {self.spec!r} did not start within {START_TIMEOUT_S:.0f} s")
+            raise RewardError(
+                f"reward worker for {self.spec!r} did not start within {START_TIMEOUT_S:.0f} s"
+            )
 
     def replace(self, worker: PoolWorker) -> None:
         worker.kill()
         self.restarts += 1
         self.starting.append(PoolWorker(self.spec))
 
-    def score(self, responses: Sequence[str], ground_truths: Sequence[str], samples: Sequence[dict[str, Any]]) -> list[Outcome]:
+    def score(
+        self,
+        responses: Sequence[str],
+        ground_truths: Sequence[str],
+        samples: Sequence[dict[str, Any]],
+    ) -> list[Outcome]:
         """One Outcome per sample, in order."""
         outcomes: list[Outcome | None] = [None] * len(responses)
         pending = deque(range(len(responses)))
@@ -128,7 +138,9 @@ class RewardPool:
             raise
         return [o for o in outcomes if o is not None]
 
-    def collect(self, busy: dict[PoolWorker, tuple[int, float]], outcomes: list[Outcome | None]) -> None:
+    def collect(
+        self, busy: dict[PoolWorker, tuple[int, float]], outcomes: list[Outcome | None]
+    ) -> None:
         """Wait for the next answer, deadline or started worker; record what arrived."""
         deadlines = [d for _, d in busy.values()]
         wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else START_TIMEOUT_S
@@ -150,7 +162,9 @@ class RewardPool:
         for worker, (i, deadline) in list(busy.items()):
             if now >= deadline:
                 del busy[worker]
-                outcomes[i] = Outcome(None, f"timed out after {self.timeout_s:g} s (reward.timeout_s)", timed_out=True)
+                outcomes[i] = Outcome(
+                    None, f"timed out after {self.timeout_s:g} s (reward.timeout_s)", timed_out=True
+                )
                 self.replace(worker)
 
     def close(self) -> None:

@@ -94,7 +94,17 @@ _, status = os.waitpid(child, 0)
 sys.exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 """
 
-UNSHARE = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc"]
+UNSHARE = [
+    "unshare",
+    "--user",
+    "--map-root-user",
+    "--net",
+    "--pid",
+    "--fork",
+    "--kill-child",
+    "--mount",
+    "--mount-proc",
+]
 
 
 @dataclass(frozen=True)
@@ -175,10 +185,21 @@ def detect_isolation() -> Isolation:
     if shutil.which("unshare") is None:
         return Isolation(False, "no unshare binary (util-linux)", cap)
     with tempfile.TemporaryDirectory(prefix="rlframe-probe-") as work:
-        probe = [*UNSHARE, sys.executable, "-I", "-c", LAUNCHER, work, json.dumps(asdict(SandboxLimits())), "1"]
+        probe = [
+            *UNSHARE,
+            sys.executable,
+            "-I",
+            "-c",
+            LAUNCHER,
+            work,
+            json.dumps(asdict(SandboxLimits())),
+            "1",
+        ]
         Path(work, "main.py").write_text("print('ok')\n")
         try:
-            done = subprocess.run(probe, capture_output=True, text=True, timeout=30, cwd=work, env=scrubbed_env(work))
+            done = subprocess.run(
+                probe, capture_output=True, text=True, timeout=30, cwd=work, env=scrubbed_env(work)
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             return Isolation(False, f"unshare probe failed: {e}", cap)
     if done.returncode != 0 or done.stdout.strip() != "ok":
@@ -209,29 +230,63 @@ def warn_if_not_isolated() -> Isolation:
 
 
 def scrubbed_env(work: str) -> dict[str, str]:
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": work, "TMPDIR": work, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": work,
+        "TMPDIR": work,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
-def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
+def run_python(
+    code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits()
+) -> SandboxResult:
     """Run ``code`` as ``main.py`` in a fresh sandbox, feeding it ``stdin``."""
     isolation = detect_isolation()
     work = tempfile.mkdtemp(prefix="rlframe-sandbox-")
     try:
         Path(work, "main.py").write_text(code)
-        launch = [sys.executable, "-I", "-c", LAUNCHER, work, json.dumps(asdict(limits)), "1" if isolation.namespaces else "0"]
+        launch = [
+            sys.executable,
+            "-I",
+            "-c",
+            LAUNCHER,
+            work,
+            json.dumps(asdict(limits)),
+            "1" if isolation.namespaces else "0",
+        ]
         command = [*UNSHARE, *launch] if isolation.namespaces else launch
-        cgroup = make_pids_cgroup(limits.processes) if isolation.process_cap == "pids cgroup" else None
+        cgroup = (
+            make_pids_cgroup(limits.processes) if isolation.process_cap == "pids cgroup" else None
+        )
         if cgroup is not None:
             # The shell joins the cgroup, then becomes the sandbox: everything it starts stays in.
-            command = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup / "cgroup.procs"), *command]
+            command = [
+                "/bin/sh",
+                "-c",
+                'echo $$ > "$0" && exec "$@"',
+                str(cgroup / "cgroup.procs"),
+                *command,
+            ]
         # Files, not pipes: a program that floods its output is stopped by RLIMIT_FSIZE
         # instead of filling the driver's memory, and nothing can deadlock on a full pipe.
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
+        with (
+            tempfile.TemporaryFile() as out,
+            tempfile.TemporaryFile() as err,
+            tempfile.TemporaryFile() as inp,
+        ):
             inp.write(stdin.encode())
             inp.seek(0)
             start = time.monotonic()
             proc = subprocess.Popen(
-                command, stdin=inp, stdout=out, stderr=err, cwd=work, env=scrubbed_env(work), start_new_session=True,
+                command,
+                stdin=inp,
+                stdout=out,
+                stderr=err,
+                cwd=work,
+                env=scrubbed_env(work),
+                start_new_session=True,
                 preexec_fn=die_with_parent,
             )
             try:

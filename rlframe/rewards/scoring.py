@@ -65,8 +65,12 @@ class RuleScores:
 
 
 def apply_error_policy(
-    outcomes: Sequence[Outcome], fn_name: str, responses: Sequence[str], ground_truths: Sequence[str],
-    samples: Sequence[dict[str, Any]], on_error: str,
+    outcomes: Sequence[Outcome],
+    fn_name: str,
+    responses: Sequence[str],
+    ground_truths: Sequence[str],
+    samples: Sequence[dict[str, Any]],
+    on_error: str,
 ) -> RuleScores:
     """Scores from outcomes: the first failure raises (``raise``) or scores 0 (``zero``)."""
     scores, errors, timeouts = [], [], []
@@ -84,12 +88,18 @@ def apply_error_policy(
 
 
 def compute_rewards(
-    fn: RewardFn, fn_name: str, responses: Sequence[str], ground_truths: Sequence[str],
-    samples: Sequence[dict[str, Any]], on_error: str = "raise",
+    fn: RewardFn,
+    fn_name: str,
+    responses: Sequence[str],
+    ground_truths: Sequence[str],
+    samples: Sequence[dict[str, Any]],
+    on_error: str = "raise",
 ) -> list[float]:
     """Score every response in this process, one by one (no time limit); a failure names the
     function and the sample, or scores 0 with ``on_error="zero"``."""
-    outcomes = [call_reward(fn, r, t, s) for r, t, s in zip(responses, ground_truths, samples, strict=True)]
+    outcomes = [
+        call_reward(fn, r, t, s) for r, t, s in zip(responses, ground_truths, samples, strict=True)
+    ]
     return apply_error_policy(outcomes, fn_name, responses, ground_truths, samples, on_error).scores
 
 
@@ -110,16 +120,26 @@ class RuleScorer:
         self.fn = REWARDS.get(fn_name)
         self.pool: Any = None
 
-    def score(self, responses: Sequence[str], ground_truths: Sequence[str], samples: Sequence[dict[str, Any]]) -> RuleScores:
+    def score(
+        self,
+        responses: Sequence[str],
+        ground_truths: Sequence[str],
+        samples: Sequence[dict[str, Any]],
+    ) -> RuleScores:
         if self.cfg.num_workers == 0:
-            outcomes = [call_reward(self.fn, r, t, s) for r, t, s in zip(responses, ground_truths, samples, strict=True)]
+            outcomes = [
+                call_reward(self.fn, r, t, s)
+                for r, t, s in zip(responses, ground_truths, samples, strict=True)
+            ]
         else:
             if self.pool is None:
                 from rlframe.rewards.pool import RewardPool
 
                 self.pool = RewardPool(self.fn_name, self.cfg.num_workers, self.cfg.timeout_s)
             outcomes = self.pool.score(responses, ground_truths, samples)
-        return apply_error_policy(outcomes, self.fn_name, responses, ground_truths, samples, self.cfg.on_error)
+        return apply_error_policy(
+            outcomes, self.fn_name, responses, ground_truths, samples, self.cfg.on_error
+        )
 
     def close(self) -> None:
         if self.pool is not None:

@@ -6,6 +6,13 @@ from rlframe.rollout.producer import ExperienceProducer, collect_agent_metrics, 
 from rlframe.rollout.sampling import run_sampling_rounds, select_groups, split_uniform_groups
 
 __all__ = [
-    "AGENTS", "AgentContext", "ExperienceProducer", "collect_agent_metrics", "combine_rewards", "run_sampling_rounds",
-    "run_single_turn", "select_groups", "split_uniform_groups",
+    "AGENTS",
+    "AgentContext",
+    "ExperienceProducer",
+    "collect_agent_metrics",
+    "combine_rewards",
+    "run_sampling_rounds",
+    "run_single_turn",
+    "select_groups",
+    "split_uniform_groups",
 ]

@@ -83,7 +83,9 @@ def build_samples(prompts: Batch) -> list[dict[str, Any]]:
     messages = prompts["messages"] if "messages" in prompts else [None] * len(prompts)
     return [
         {**extra, "prompt": p, "messages": m, "ground_truth": gt}
-        for p, m, gt, extra in zip(prompts["prompt"], messages, prompts["ground_truth"], prompts["extra"])
+        for p, m, gt, extra in zip(
+            prompts["prompt"], messages, prompts["ground_truth"], prompts["extra"]
+        )
     ]
 
 
@@ -117,7 +119,9 @@ class EpisodeRunner:
         opening = self.call_envs(resets, "reset", list(range(len(envs))))
         self.chat = ChatFormat(self.ctx.tokenizer, tools=get_tools(envs[0]))
         self.end_of_turn_id = int(self.ctx.tokenizer.convert_tokens_to_ids(self.chat.end_of_turn))
-        trajectories = [self.start(i, env, outcome) for i, (env, outcome) in enumerate(zip(envs, opening))]
+        trajectories = [
+            self.start(i, env, outcome) for i, (env, outcome) in enumerate(zip(envs, opening))
+        ]
         for turn in range(self.agent.max_turns):
             live = [t for t in trajectories if not t.done]
             if not live:
@@ -152,12 +156,19 @@ class EpisodeRunner:
         seeds = [mix_seed(int(self.prompts["seed"][r]), turn) for r in rows]
         max_tokens = torch.tensor([min(per_turn, budget - t.sampled) for t in live])
         meta = dict(self.prompts.meta) | {"more_turns": True}
-        batch = Batch({"prompt_ids": ids, "prompt_mask": mask, "max_tokens": max_tokens}, {"seed": seeds}, meta)
+        batch = Batch(
+            {"prompt_ids": ids, "prompt_mask": mask, "max_tokens": max_tokens},
+            {"seed": seeds},
+            meta,
+        )
         out = self.ctx.generate(batch)
         self.weights_version = out.meta.get("weights_version", self.weights_version)
         for i, t in enumerate(live):
             n = int(out["response_mask"][i].sum())
-            ids, logprobs = out["response_ids"][i, :n].tolist(), out["rollout_logprobs"][i, :n].tolist()
+            ids, logprobs = (
+                out["response_ids"][i, :n].tolist(),
+                out["rollout_logprobs"][i, :n].tolist(),
+            )
             t.add_turn(ids, logprobs, str(out["finish_reason"][i]))
 
     def step_envs(self, live: list[Trajectory], turn: int) -> None:
@@ -176,13 +187,17 @@ class EpisodeRunner:
             t.tool_errors += int(result.info.get("tool_errors", 0))
             cut_off = t.finish_reason == "length"
             t.done = (
-                result.done or (cut_off and not self.agent.close_cut_turns)
-                or t.turns >= self.agent.max_turns or t.sampled >= budget
+                result.done
+                or (cut_off and not self.agent.close_cut_turns)
+                or t.turns >= self.agent.max_turns
+                or t.sampled >= budget
             )
             if not t.done:
                 # A cut turn is closed as the template closes a turn; the policy did not sample it.
                 close = [self.end_of_turn_id] if cut_off else []
-                obs, was_cut = self.chat.observation_ids(result.observation, self.agent.max_obs_tokens - len(close))
+                obs, was_cut = self.chat.observation_ids(
+                    result.observation, self.agent.max_obs_tokens - len(close)
+                )
                 t.add_observation(close + obs)
                 t.obs_cut += was_cut
 
@@ -217,20 +232,27 @@ class EpisodeRunner:
         return outcomes
 
     def describe(self, row: int) -> str:
-        prompt, truth = str(self.prompts["prompt"][row])[-120:], str(self.prompts["ground_truth"][row])
+        prompt, truth = (
+            str(self.prompts["prompt"][row])[-120:],
+            str(self.prompts["ground_truth"][row]),
+        )
         return f"prompt {prompt!r}, ground truth {truth!r}"
 
     # -- the batch -----------------------------------------------------------------------
 
     def assemble(self, trajectories: list[Trajectory]) -> Batch:
-        width = compute_response_width(self.cfg.rollout.max_tokens, self.cfg.rollout.agent, self.agent)
+        width = compute_response_width(
+            self.cfg.rollout.max_tokens, self.cfg.rollout.agent, self.agent
+        )
         rows = len(trajectories)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         response_mask, loss_mask, logprobs = (torch.zeros(rows, width) for _ in range(3))
         for i, t in enumerate(trajectories):
             n = len(t.response)
             if n > width:
-                raise AssertionError(f"response of {n} tokens exceeds the width {width}: the limits are inconsistent")
+                raise AssertionError(
+                    f"response of {n} tokens exceeds the width {width}: the limits are inconsistent"
+                )
             ids[i, :n] = torch.tensor(t.response, dtype=torch.long)
             response_mask[i, :n] = 1
             loss_mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
@@ -241,14 +263,23 @@ class EpisodeRunner:
             return torch.tensor([float(getattr(t, name)) for t in trajectories])
 
         tensors = {
-            "prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "response_ids": ids,
-            "response_mask": response_mask, "loss_mask": loss_mask, "rollout_logprobs": logprobs,
-            "env_reward": column("env_reward") * (1 - column("failed")), "env_failed": column("failed"),
-            "agent_turns": column("turns"), "agent_tool_calls": column("tool_calls"),
-            "agent_tool_errors": column("tool_errors"), "agent_obs_tokens": column("obs_tokens"),
+            "prompt_ids": prompt_ids,
+            "prompt_mask": prompt_mask,
+            "response_ids": ids,
+            "response_mask": response_mask,
+            "loss_mask": loss_mask,
+            "rollout_logprobs": logprobs,
+            "env_reward": column("env_reward") * (1 - column("failed")),
+            "env_failed": column("failed"),
+            "agent_turns": column("turns"),
+            "agent_tool_calls": column("tool_calls"),
+            "agent_tool_errors": column("tool_errors"),
+            "agent_obs_tokens": column("obs_tokens"),
             "agent_obs_cut": column("obs_cut"),
         }
-        prompts_text = [self.ctx.tokenizer.decode(t.prompt_ids, skip_special_tokens=False) for t in trajectories]
+        prompts_text = [
+            self.ctx.tokenizer.decode(t.prompt_ids, skip_special_tokens=False) for t in trajectories
+        ]
         columns = {"prompt": prompts_text, "finish_reason": [t.finish_reason for t in trajectories]}
         meta = dict(self.prompts.meta) | {"weights_version": self.weights_version}
         return Batch(self.prompts.tensors | tensors, self.prompts.columns | columns, meta)

@@ -26,7 +26,16 @@ from rlframe.rollout.agents import AGENTS, AgentContext
 from rlframe.rollout.sampling import run_sampling_rounds
 from rlframe.tracking import StageTimer
 
-PROMPT_KEYS = ("prompt_ids", "prompt_mask", "group", "prompt", "ground_truth", "extra", "seed", "messages")
+PROMPT_KEYS = (
+    "prompt_ids",
+    "prompt_mask",
+    "group",
+    "prompt",
+    "ground_truth",
+    "extra",
+    "seed",
+    "messages",
+)
 
 
 def combine_rewards(batch: Batch, cfg: AgentConfig) -> Batch:
@@ -40,7 +49,9 @@ def combine_rewards(batch: Batch, cfg: AgentConfig) -> Batch:
     failed = batch["env_failed"].bool()
     zero = torch.zeros_like(score)
     return batch.with_tensors(
-        rule_score=rule, score=torch.where(failed, zero, score), reward=torch.where(failed, zero, score + penalty)
+        rule_score=rule,
+        score=torch.where(failed, zero, score),
+        reward=torch.where(failed, zero, score + penalty),
     )
 
 
@@ -61,15 +72,19 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
 
 class ExperienceProducer:
     """Args:
-        cfg: the run's config.
-        generate: the actor group's ``generate`` (one turn for the rows given).
-        tokenizer: the model's tokenizer.
-        loader: the prompt loader.
-        compute_rewards: the trainer's reward stage (adds ``score`` and ``reward``).
+    cfg: the run's config.
+    generate: the actor group's ``generate`` (one turn for the rows given).
+    tokenizer: the model's tokenizer.
+    loader: the prompt loader.
+    compute_rewards: the trainer's reward stage (adds ``score`` and ``reward``).
     """
 
     def __init__(
-        self, cfg: Config, generate: Callable[[Batch], Batch], tokenizer: Any, loader: PromptLoader,
+        self,
+        cfg: Config,
+        generate: Callable[[Batch], Batch],
+        tokenizer: Any,
+        loader: PromptLoader,
         compute_rewards: Callable[[Batch], Batch],
     ) -> None:
         self.cfg, self.tokenizer, self.loader = cfg, tokenizer, loader
@@ -113,16 +128,25 @@ class ExperienceProducer:
     def next_prompts(self) -> Batch:
         records = self.loader.next_records()
         batch = build_prompt_batch(
-            records, self.cfg.rollout.n, self.groups_served, self.tokenizer.pad_token_id, self.cfg.trainer.seed
+            records,
+            self.cfg.rollout.n,
+            self.groups_served,
+            self.tokenizer.pad_token_id,
+            self.cfg.trainer.seed,
         )
         self.groups_served += len(records)
-        batch.meta |= {"stop_token_ids": [self.tokenizer.eos_token_id], "pad_token_id": self.tokenizer.pad_token_id}
+        batch.meta |= {
+            "stop_token_ids": [self.tokenizer.eos_token_id],
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
         return batch
 
     def add_greedy_baseline(self, batch: Batch) -> Batch:
         """ReMax: the reward of one greedy episode per prompt, shared by its group."""
         n = self.cfg.rollout.n
-        prompts = batch.select([k for k in PROMPT_KEYS if k in batch]).rows(list(range(0, len(batch), n)))
+        prompts = batch.select([k for k in PROMPT_KEYS if k in batch]).rows(
+            list(range(0, len(batch), n))
+        )
         prompts.meta |= {"greedy": True}
         greedy = self.score(self.generate(prompts))
         return batch.with_tensors(baseline=greedy["reward"].repeat_interleave(n))

@@ -21,7 +21,9 @@ def split_uniform_groups(batch: Batch, n: int) -> tuple[list[Batch], list[Batch]
     """The batch's groups (n consecutive rows each), split by whether their rewards differ."""
     informative, uniform = [], []
     for group in batch.split(n):
-        (informative if bool((group["reward"] != group["reward"][0]).any()) else uniform).append(group)
+        (informative if bool((group["reward"] != group["reward"][0]).any()) else uniform).append(
+            group
+        )
     return informative, uniform
 
 
@@ -41,8 +43,12 @@ def concat_groups(groups: list[Batch]) -> Batch:
         extra = width - g["prompt_ids"].shape[1] if width else 0
         if extra:
             rows = len(g)
-            ids = torch.cat([torch.full((rows, extra), pad_id, dtype=g["prompt_ids"].dtype), g["prompt_ids"]], 1)
-            mask = torch.cat([torch.zeros((rows, extra), dtype=g["prompt_mask"].dtype), g["prompt_mask"]], 1)
+            ids = torch.cat(
+                [torch.full((rows, extra), pad_id, dtype=g["prompt_ids"].dtype), g["prompt_ids"]], 1
+            )
+            mask = torch.cat(
+                [torch.zeros((rows, extra), dtype=g["prompt_mask"].dtype), g["prompt_mask"]], 1
+            )
             g = g.with_tensors(prompt_ids=ids, prompt_mask=mask)
         padded.append(g)
     return Batch.concat(padded)

@@ -34,16 +34,23 @@ def sample_with_vllm(export: str, out: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(export)
     llm = LLM(model=export, dtype=torch.float32, enforce_eager=True, max_model_len=64, seed=0)
     prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
-    params = [SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, logprobs=0, seed=i, ignore_eos=True) for i in range(len(prompts))]
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, logprobs=0, seed=i, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+    )
     rows = []
     for prompt, output in zip(prompts, outputs):
         c = output.outputs[0]
-        rows.append({
-            "prompt_ids": prompt,
-            "response_ids": list(c.token_ids),
-            "logprobs": [c.logprobs[i][t].logprob for i, t in enumerate(c.token_ids)],
-        })
+        rows.append(
+            {
+                "prompt_ids": prompt,
+                "response_ids": list(c.token_ids),
+                "logprobs": [c.logprobs[i][t].logprob for i, t in enumerate(c.token_ids)],
+            }
+        )
     Path(out).write_text(json.dumps(rows))
 
 
@@ -57,7 +64,14 @@ def build_rows(samples: list[dict]):
         ids[i, width - len(s["prompt_ids"]) :] = torch.tensor(s["prompt_ids"])
         mask[i, width - len(s["prompt_ids"]) :] = 1
     response = torch.tensor([s["response_ids"] for s in samples])
-    return Batch({"prompt_ids": ids, "prompt_mask": mask, "response_ids": response, "response_mask": torch.ones_like(response)})
+    return Batch(
+        {
+            "prompt_ids": ids,
+            "prompt_mask": mask,
+            "response_ids": response,
+            "response_mask": torch.ones_like(response),
+        }
+    )
 
 
 @torch.no_grad()
@@ -73,7 +87,9 @@ def score(model: torch.nn.Module, samples: list[dict]) -> list[list[float]]:
 def score_with_hf(export: str, samples: list[dict]) -> list[list[float]]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        export, dtype=torch.float32, attn_implementation="sdpa"
+    )
     return score(model.eval(), samples)
 
 
@@ -90,7 +106,9 @@ def score_with_fsdp(checkpoint: str, samples: list[dict]) -> list[list[float]]:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     # The run's initial weights, then the checkpoint's state on top (what a resumed worker does).
     path = resolve_model_path("tiny:0")
-    engine = FSDPEngine(path, ModelConfig(path=path), OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 1), "cpu")
+    engine = FSDPEngine(
+        path, ModelConfig(path=path), OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 1), "cpu"
+    )
     load_engine(engine, Path(checkpoint) / "actor", {"weights_version": 0})
     try:
         return score(engine.model.eval(), samples)

@@ -15,14 +15,32 @@ import pytest
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT_METRICS = ["agent/turns/mean", "agent/tool_calls/mean", "agent/tool_errors", "agent/obs_tokens/mean", "agent/env_failures"]
+AGENT_METRICS = [
+    "agent/turns/mean",
+    "agent/tool_calls/mean",
+    "agent/tool_errors",
+    "agent/obs_tokens/mean",
+    "agent/env_failures",
+]
 
 
 def run_agent_cli(out_dir: Path, *overrides: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     result = subprocess.run(
-        [sys.executable, "-m", "rlframe.main", "+recipe=agent_tiny", f"trainer.output_dir={out_dir}", *overrides],
-        capture_output=True, text=True, check=False, timeout=900, env=env, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "rlframe.main",
+            "+recipe=agent_tiny",
+            f"trainer.output_dir={out_dir}",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+        env=env,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-5000:]
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
@@ -37,22 +55,32 @@ def test_agent_tiny_learns_to_play(tmp_path: Path) -> None:
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     gap = max(m["rollout/logprob_diff"] for m in metrics)
     seconds = sum(m["timing_s/step"] for m in metrics)
-    print(f"agent_tiny: {len(metrics)} steps, {seconds:.0f} s of steps, mean reward first 5 {first:.3f} -> last 5 "
-          f"{last:.3f}, turns/mean {metrics[0]['agent/turns/mean']:.2f} -> {metrics[-1]['agent/turns/mean']:.2f}, "
-          f"max rollout/logprob_diff {gap:.2e}")
+    print(
+        f"agent_tiny: {len(metrics)} steps, {seconds:.0f} s of steps, mean reward first 5 {first:.3f} -> last 5 "
+        f"{last:.3f}, turns/mean {metrics[0]['agent/turns/mean']:.2f} -> {metrics[-1]['agent/turns/mean']:.2f}, "
+        f"max rollout/logprob_diff {gap:.2e}"
+    )
     assert last - first >= 0.2
     assert gap < 1e-4
     # Several turns per episode, observations in the context, sampled tokens only counted.
     assert all(m["agent/turns/mean"] > 1.5 and m["agent/obs_tokens/mean"] > 0 for m in metrics)
     assert all(m["response_length/mean"] <= 4 for m in metrics)
-    rollouts = [json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()]
+    rollouts = [
+        json.loads(line) for line in (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()
+    ]
     assert any("<eos>higher:" in r["response"] or "<eos>lower:" in r["response"] for r in rollouts)
 
 
 def test_agent_two_ranks_with_ppo(tmp_path: Path) -> None:
     metrics = run_agent_cli(
-        tmp_path / "ppo", "trainer.total_steps=3", "trainer.procs_per_node=2", "trainer.cpus_per_proc=1",
-        "actor.micro_batch_size=64", "algorithm.advantage=gae", "algorithm.policy_loss=ppo_clip", "critic.lr=1e-3",
+        tmp_path / "ppo",
+        "trainer.total_steps=3",
+        "trainer.procs_per_node=2",
+        "trainer.cpus_per_proc=1",
+        "actor.micro_batch_size=64",
+        "algorithm.advantage=gae",
+        "algorithm.policy_loss=ppo_clip",
+        "critic.lr=1e-3",
     )
     assert len(metrics) == 3 and metrics[-1]["rollout/weights_version"] == 2
     assert all("critic/value_loss" in m and m["rollout/logprob_diff"] < 1e-4 for m in metrics)
@@ -60,8 +88,13 @@ def test_agent_two_ranks_with_ppo(tmp_path: Path) -> None:
 
 def test_agent_remax_baseline_and_dynamic_sampling(tmp_path: Path) -> None:
     metrics = run_agent_cli(
-        tmp_path / "remax", "trainer.total_steps=3", "algorithm.advantage=remax", "algorithm.dynamic_sampling=true",
-        "algorithm.max_sampling_rounds=2", "trainer.val_every=3", "data.val_size=32",
+        tmp_path / "remax",
+        "trainer.total_steps=3",
+        "algorithm.advantage=remax",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.max_sampling_rounds=2",
+        "trainer.val_every=3",
+        "data.val_size=32",
     )
     assert "val/pass@1" in metrics[-1]  # validation plays greedy episodes too
     for key in ("timing_s/baseline", "rollout/sampling_rounds", "rollout/kept_group_frac"):

@@ -34,8 +34,20 @@ def cli_env() -> dict[str, str]:
 def test_console_shows_summary_and_steps_and_logs_go_to_files(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", "trainer.total_steps=3", f"trainer.output_dir={run_dir}"],
-        capture_output=True, text=True, check=False, timeout=600, env=cli_env(), cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "rlframe.main",
+            "+recipe=grpo_tiny",
+            "trainer.total_steps=3",
+            f"trainer.output_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env=cli_env(),
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = (result.stdout + result.stderr).splitlines()
@@ -80,8 +92,18 @@ def test_local_ray_listens_on_loopback_only_and_dies_with_its_driver(tmp_path: P
     run_dir = tmp_path / "run"
     out = (tmp_path / "console.txt").open("w")
     driver = subprocess.Popen(
-        [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", "trainer.total_steps=500", f"trainer.output_dir={run_dir}"],
-        stdout=out, stderr=subprocess.STDOUT, env=cli_env(), cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "rlframe.main",
+            "+recipe=grpo_tiny",
+            "trainer.total_steps=500",
+            f"trainer.output_dir={run_dir}",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        env=cli_env(),
+        cwd=REPO,
     )
     tree: list[psutil.Process] = []
     try:
@@ -105,7 +127,9 @@ def test_local_ray_listens_on_loopback_only_and_dies_with_its_driver(tmp_path: P
         while not all(is_gone(p) for p in tree) and time.monotonic() - start < 30:
             time.sleep(0.5)
         left = [(p.pid, p.name()) for p in tree if not is_gone(p)]
-        print(f"after SIGKILL of the driver: cluster gone in {time.monotonic() - start:.1f} s; left: {left}")
+        print(
+            f"after SIGKILL of the driver: cluster gone in {time.monotonic() - start:.1f} s; left: {left}"
+        )
         assert not left
     finally:
         if driver.poll() is None:
@@ -119,19 +143,39 @@ def test_local_ray_listens_on_loopback_only_and_dies_with_its_driver(tmp_path: P
     "overrides,reason",
     [
         (["trainer.procs_per_node=2", "trainer.cpus_per_proc=2"], "no node has that much"),
-        (["trainer.nnodes=2", "trainer.cpus_per_proc=1", "actor.micro_batch_size=64"], "only 1 node(s) of 1"),
+        (
+            ["trainer.nnodes=2", "trainer.cpus_per_proc=1", "actor.micro_batch_size=64"],
+            "only 1 node(s) of 1",
+        ),
     ],
 )
-def test_impossible_placement_fails_fast_in_one_line(tmp_path: Path, overrides: list[str], reason: str) -> None:
+def test_impossible_placement_fails_fast_in_one_line(
+    tmp_path: Path, overrides: list[str], reason: str
+) -> None:
     start = time.monotonic()
     result = subprocess.run(
-        [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", "ray.num_cpus=2", f"trainer.output_dir={tmp_path}", *overrides],
-        capture_output=True, text=True, check=False, timeout=120, env=cli_env(), cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "rlframe.main",
+            "+recipe=grpo_tiny",
+            "ray.num_cpus=2",
+            f"trainer.output_dir={tmp_path}",
+            *overrides,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env=cli_env(),
+        cwd=REPO,
     )
     seconds = time.monotonic() - start
     print(f"{overrides}: exit {result.returncode} after {seconds:.1f} s: {result.stderr.strip()}")
     assert result.returncode == 1
     assert seconds < 20
     errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith("rlframe: resource pool 'actor_rollout' needs"), result.stderr
+    assert len(errors) == 1 and errors[0].startswith(
+        "rlframe: resource pool 'actor_rollout' needs"
+    ), result.stderr
     assert reason in errors[0] and "Traceback" not in result.stdout + result.stderr

@@ -23,9 +23,18 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = [
-    "+recipe=grpo_tiny", "trainer.total_steps=6", "data.batch_size=8", "rollout.n=8", "actor.mini_batch_size=32",
-    "actor.micro_batch_size=32", "algorithm.entropy_coef=0.01", "trainer.save_every=3", "trainer.val_every=3",
-    "val.n=4", "val.temperature=1.0", "data.val_size=16",
+    "+recipe=grpo_tiny",
+    "trainer.total_steps=6",
+    "data.batch_size=8",
+    "rollout.n=8",
+    "actor.mini_batch_size=32",
+    "actor.micro_batch_size=32",
+    "algorithm.entropy_coef=0.01",
+    "trainer.save_every=3",
+    "trainer.val_every=3",
+    "val.n=4",
+    "val.temperature=1.0",
+    "data.val_size=16",
 ]
 # Wall-clock figures: everything else a step logs must match bit for bit.
 VARYING = ("timing_s/", "perf/")
@@ -41,7 +50,9 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(cli(out, *overrides), capture_output=True, text=True, timeout=600, env=clean_env(), cwd=REPO)
+    result = subprocess.run(
+        cli(out, *overrides), capture_output=True, text=True, timeout=600, env=clean_env(), cwd=REPO
+    )
     assert result.returncode == 0, result.stderr[-5000:]
     return result
 
@@ -78,8 +89,13 @@ def test_resume_after_kill_during_save_matches_straight_run(tmp_path: Path, stra
     # 2. Continue to step 6, and SIGKILL the driver while the step-6 checkpoint is being
     #    written (the hook holds the save after its files are written, before the rename).
     proc = subprocess.Popen(
-        cli(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-        env=clean_env({"RLFRAME_CHECKPOINT_PAUSE_S": "300"}), start_new_session=True,
+        cli(out),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=clean_env({"RLFRAME_CHECKPOINT_PAUSE_S": "300"}),
+        start_new_session=True,
     )
     lines = []
     assert proc.stdout is not None
@@ -101,7 +117,14 @@ def test_resume_after_kill_during_save_matches_straight_run(tmp_path: Path, stra
     ckpts = out / "checkpoints"
     assert (ckpts / "latest").read_text() == "step_00000003"
     assert not (ckpts / "step_00000006").exists() and (ckpts / ".tmp_step_00000006").is_dir()
-    assert [m["step"] for m in read_metrics(out)] == [1, 2, 3, 4, 5, 6]  # the killed run had logged 4-6
+    assert [m["step"] for m in read_metrics(out)] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]  # the killed run had logged 4-6
 
     # 3. The same command resumes from step 3 (the previous checkpoint) and redoes 4-6.
     result = run(out)
@@ -120,7 +143,10 @@ def test_resume_after_kill_during_save_matches_straight_run(tmp_path: Path, stra
     for a, b in zip(resumed, reference):
         assert deterministic(a) == deterministic(b), a["step"]
     assert all("val/pass@4" in m for m in resumed if m["step"] in (3, 6))
-    assert reference[-1]["actor/grad_norm"] > 0 and reference[0]["actor/entropy"] != reference[-1]["actor/entropy"]
+    assert (
+        reference[-1]["actor/grad_norm"] > 0
+        and reference[0]["actor/entropy"] != reference[-1]["actor/entropy"]
+    )
     mine = load_shards(ckpts / "step_00000006", tmp_path)
     theirs = load_shards(straight / "checkpoints" / "step_00000006", tmp_path)
     assert mine["extra"]["weights_version"] == 6 and mine["scheduler"]["last_epoch"] == 12
@@ -143,15 +169,26 @@ def assert_identical(a: object, b: object, where: str) -> None:
         assert a == b, where
 
 
-def test_export_loads_in_transformers_and_vllm_with_the_trainers_logprobs(tmp_path: Path, straight: Path) -> None:
+def test_export_loads_in_transformers_and_vllm_with_the_trainers_logprobs(
+    tmp_path: Path, straight: Path
+) -> None:
     checkpoint = straight / "checkpoints" / "step_00000006"
     export = tmp_path / "hf"
-    cmd = [sys.executable, "-m", "rlframe.export", str(straight), str(export)]  # a run dir: its latest
+    cmd = [
+        sys.executable,
+        "-m",
+        "rlframe.export",
+        str(straight),
+        str(export),
+    ]  # a run dir: its latest
     subprocess.run(cmd, check=True, capture_output=True, cwd=REPO, timeout=300)
     # The trainer's own export (trainer.export_hf=true) holds the same weights.
     from safetensors.torch import load_file
 
-    mine, theirs = load_file(export / "model.safetensors"), load_file(checkpoint / "hf" / "model.safetensors")
+    mine, theirs = (
+        load_file(export / "model.safetensors"),
+        load_file(checkpoint / "hf" / "model.safetensors"),
+    )
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
     script = str(REPO / "tests" / "e2e" / "export_logprobs.py")
@@ -167,13 +204,24 @@ def test_export_loads_in_transformers_and_vllm_with_the_trainers_logprobs(tmp_pa
             from rlframe.data.tiny_model import resolve_model_path
 
             args[1] = resolve_model_path("tiny:0")  # the untrained model, for contrast
-        result = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+        result = subprocess.run(
+            [sys.executable, script, *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=env,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
 
     sampled = torch.tensor([row["logprobs"] for row in json.loads(samples.read_text())])
-    by_hf, by_fsdp, by_initial = (torch.tensor(json.loads(p.read_text())) for p in (hf, fsdp, initial))
+    by_hf, by_fsdp, by_initial = (
+        torch.tensor(json.loads(p.read_text())) for p in (hf, fsdp, initial)
+    )
     hf_gap, vllm_gap = (by_hf - by_fsdp).abs().max().item(), (sampled - by_fsdp).abs().max().item()
-    print(f"export: max |log-prob gap| to the trainer's FSDP engine: transformers {hf_gap:.2e}, vLLM {vllm_gap:.2e}")
+    print(
+        f"export: max |log-prob gap| to the trainer's FSDP engine: transformers {hf_gap:.2e}, vLLM {vllm_gap:.2e}"
+    )
     assert hf_gap <= 1e-5 and vllm_gap <= 1e-5
     # Not vacuous: the trained weights score the responses differently from the initial ones.
     assert (by_initial - by_fsdp).abs().max().item() > 1e-3
@@ -186,7 +234,12 @@ def test_run_directory_in_use_is_refused_before_ray(tmp_path: Path) -> None:
     for resume in ("auto", "never"):
         start = time.monotonic()
         result = subprocess.run(
-            cli(out, f"trainer.resume={resume}"), capture_output=True, text=True, timeout=120, env=clean_env(), cwd=REPO
+            cli(out, f"trainer.resume={resume}"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=clean_env(),
+            cwd=REPO,
         )
         assert result.returncode == 2
         assert f"trainer.output_dir: {out} already holds a run (metrics.jsonl)" in result.stderr

@@ -15,7 +15,12 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
-COMMON = ["+recipe=grpo_tiny", f"trainer.total_steps={STEPS}", "trainer.cpus_per_proc=1", "actor.micro_batch_size=64"]
+COMMON = [
+    "+recipe=grpo_tiny",
+    f"trainer.total_steps={STEPS}",
+    "trainer.cpus_per_proc=1",
+    "actor.micro_batch_size=64",
+]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -26,22 +31,46 @@ def test_two_nodes_place_one_rank_each_and_learn_like_one_node(tmp_path: Path) -
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     result_path = tmp_path / "two_nodes.json"
     subprocess.run(
-        [sys.executable, str(REPO / "tests" / "e2e" / "two_node_cluster.py"), str(result_path), *COMMON,
-         "trainer.nnodes=2", "trainer.procs_per_node=1", f"trainer.output_dir={tmp_path / 'two'}"],
-        check=True, timeout=1200, env=env, cwd=REPO,
+        [
+            sys.executable,
+            str(REPO / "tests" / "e2e" / "two_node_cluster.py"),
+            str(result_path),
+            *COMMON,
+            "trainer.nnodes=2",
+            "trainer.procs_per_node=1",
+            f"trainer.output_dir={tmp_path / 'two'}",
+        ],
+        check=True,
+        timeout=1200,
+        env=env,
+        cwd=REPO,
     )
     result = json.loads(result_path.read_text())
     ranks = result["placement"]["ranks"]
     print("placement:", [(r["rank"], r["node_id"][:8], r["master"]) for r in ranks])
     assert len({r["node_id"] for r in ranks}) == 2, "the two ranks share a node"
     assert {r["node_id"] for r in ranks} == set(result["placement"]["nodes"])
-    assert all(r["master"] == ranks[0]["master"] and r["master"].startswith("127.0.0.1:") for r in ranks)
+    assert all(
+        r["master"] == ranks[0]["master"] and r["master"].startswith("127.0.0.1:") for r in ranks
+    )
     assert result["returncode"] == 0, result["stderr"]
     assert "2 rank(s) = 2 node(s) x 1" in result["stdout"]
 
     one = subprocess.run(
-        [sys.executable, "-m", "rlframe.main", *COMMON, "trainer.procs_per_node=2", f"trainer.output_dir={tmp_path / 'one'}"],
-        capture_output=True, text=True, check=False, timeout=900, env=env, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "rlframe.main",
+            *COMMON,
+            "trainer.procs_per_node=2",
+            f"trainer.output_dir={tmp_path / 'one'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+        env=env,
+        cwd=REPO,
     )
     assert one.returncode == 0, one.stderr[-3000:]
     two_nodes, one_node = read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one")
@@ -52,5 +81,8 @@ def test_two_nodes_place_one_rank_each_and_learn_like_one_node(tmp_path: Path) -
     rewards_one = [m["reward/mean"] for m in one_node]
     assert len(rewards_two) == STEPS
     assert max(abs(x - y) for x, y in zip(rewards_two, rewards_one)) < 1e-6
-    assert max(abs(a["actor/grad_norm"] - b["actor/grad_norm"]) for a, b in zip(two_nodes, one_node)) < 1e-4
+    assert (
+        max(abs(a["actor/grad_norm"] - b["actor/grad_norm"]) for a, b in zip(two_nodes, one_node))
+        < 1e-4
+    )
     assert all(m["rollout/logprob_diff"] < 1e-4 for m in two_nodes)

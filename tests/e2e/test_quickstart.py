@@ -15,20 +15,38 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED = [
-    "reward/mean", "response_length/mean", "rollout/logprob_diff", "timing_s/gen", "timing_s/reward",
-    "timing_s/step", "perf/tokens_per_s",
+    "reward/mean",
+    "response_length/mean",
+    "rollout/logprob_diff",
+    "timing_s/gen",
+    "timing_s/reward",
+    "timing_s/step",
+    "perf/tokens_per_s",
 ]
-ACTOR_UPDATE = ["actor/pg_loss", "actor/entropy", "actor/grad_norm", "timing_s/update", "timing_s/sync"]
+ACTOR_UPDATE = [
+    "actor/pg_loss",
+    "actor/entropy",
+    "actor/grad_norm",
+    "timing_s/update",
+    "timing_s/sync",
+]
 CRITIC = ["critic/value_loss", "critic/grad_norm", "critic/vf_clipfrac", "critic/vpred_mean"]
 CRITIC_WARMUP = 2  # steps in which ppo_tiny's actor waits for the critic
 
 
 def run_cli(*overrides: str, recipe: str = "grpo_tiny") -> list[dict]:
-    out_dir = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("trainer.output_dir=")))
+    out_dir = Path(
+        next(o.split("=", 1)[1] for o in overrides if o.startswith("trainer.output_dir="))
+    )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     result = subprocess.run(
         [sys.executable, "-m", "rlframe.main", f"+recipe={recipe}", *overrides],
-        capture_output=True, text=True, check=False, timeout=900, env=env, cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+        env=env,
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-5000:]
     steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
@@ -47,7 +65,9 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
     ppo = recipe == "ppo_tiny"
     warmup = CRITIC_WARMUP if ppo else 0
     metrics = run_cli(
-        f"trainer.output_dir={tmp_path / 'run'}", *([f"critic.warmup_steps={warmup}"] if ppo else []), recipe=recipe
+        f"trainer.output_dir={tmp_path / 'run'}",
+        *([f"critic.warmup_steps={warmup}"] if ppo else []),
+        recipe=recipe,
     )
     for m in metrics:
         for key in REQUIRED + (CRITIC if ppo else []):
@@ -61,8 +81,10 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     worst_gap = max(m["rollout/logprob_diff"] for m in metrics)
     seconds = sum(m["timing_s/step"] for m in metrics)
-    print(f"{recipe}: {len(metrics)} steps, {seconds:.0f} s of steps, mean reward first 5 {first:.3f} "
-          f"-> last 5 {last:.3f}, max rollout/logprob_diff {worst_gap:.2e}")
+    print(
+        f"{recipe}: {len(metrics)} steps, {seconds:.0f} s of steps, mean reward first 5 {first:.3f} "
+        f"-> last 5 {last:.3f}, max rollout/logprob_diff {worst_gap:.2e}"
+    )
     assert last - first >= 0.2
     assert worst_gap < 0.05
 
@@ -70,8 +92,12 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
 def test_two_ranks_with_kl_and_user_plugins(tmp_path: Path) -> None:
     plugins = REPO / "tests" / "plugins" / "my_algorithms.py"
     metrics = run_cli(
-        f"trainer.output_dir={tmp_path / 'run2'}", "trainer.total_steps=3", "trainer.procs_per_node=2",
-        "trainer.cpus_per_proc=1", "actor.micro_batch_size=64", "algorithm.kl_coef=0.01",
+        f"trainer.output_dir={tmp_path / 'run2'}",
+        "trainer.total_steps=3",
+        "trainer.procs_per_node=2",
+        "trainer.cpus_per_proc=1",
+        "actor.micro_batch_size=64",
+        "algorithm.kl_coef=0.01",
         f"algorithm.advantage={plugins}:compute_sign_advantages",
         f"algorithm.policy_loss={plugins}:compute_reinforce_loss",
     )
@@ -87,14 +113,32 @@ def test_two_ranks_with_kl_and_user_plugins(tmp_path: Path) -> None:
 def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
     """The stages that only some algorithms run: greedy baseline, dynamic sampling,
     overlong shaping, truncated IS and the adaptive in-reward KL controller."""
-    batch_size, n, max_rounds, coef, target, horizon = 16, 16, 4, 0.01, 0.1, 10000  # grpo_tiny + below
+    batch_size, n, max_rounds, coef, target, horizon = (
+        16,
+        16,
+        4,
+        0.01,
+        0.1,
+        10000,
+    )  # grpo_tiny + below
     metrics = run_cli(
-        f"trainer.output_dir={tmp_path / 'run3'}", "trainer.total_steps=3",
-        "algorithm.advantage=remax", "algorithm.dynamic_sampling=true", "algorithm.policy_loss=cispo",
-        "algorithm.tis_cap=2", f"algorithm.kl_reward_coef={coef}", "algorithm.kl_reward_ctrl=adaptive",
-        "algorithm.kl_coef=0.01", "algorithm.kl_estimator=k3+", "reward.overlong_buffer=1",
-        "algorithm.tis_level=sequence", "algorithm.mismatch_mask=token", "algorithm.kl_reward_estimator=k2",
-        f"algorithm.max_sampling_rounds={max_rounds}", f"algorithm.kl_target={target}", f"algorithm.kl_horizon={horizon}",
+        f"trainer.output_dir={tmp_path / 'run3'}",
+        "trainer.total_steps=3",
+        "algorithm.advantage=remax",
+        "algorithm.dynamic_sampling=true",
+        "algorithm.policy_loss=cispo",
+        "algorithm.tis_cap=2",
+        f"algorithm.kl_reward_coef={coef}",
+        "algorithm.kl_reward_ctrl=adaptive",
+        "algorithm.kl_coef=0.01",
+        "algorithm.kl_estimator=k3+",
+        "reward.overlong_buffer=1",
+        "algorithm.tis_level=sequence",
+        "algorithm.mismatch_mask=token",
+        "algorithm.kl_reward_estimator=k2",
+        f"algorithm.max_sampling_rounds={max_rounds}",
+        f"algorithm.kl_target={target}",
+        f"algorithm.kl_horizon={horizon}",
     )
     for m in metrics:
         for key in ("timing_s/baseline", "mismatch/tis_clipfrac", "actor/kl", "actor/reward_kl"):
@@ -105,7 +149,10 @@ def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
         # on-policy, so no IS weight is clipped.
         assert "actor/pg_clipfrac_lower" not in m and m["actor/pg_clipfrac"] == 0
         # DAPO: whole groups were drawn over 1..max rounds; stopping early means the batch filled.
-        rounds, kept = m["rollout/sampling_rounds"], m["rollout/kept_group_frac"] * m["rollout/sampling_rounds"] * batch_size
+        rounds, kept = (
+            m["rollout/sampling_rounds"],
+            m["rollout/kept_group_frac"] * m["rollout/sampling_rounds"] * batch_size,
+        )
         assert rounds in range(1, max_rounds + 1) and abs(kept - round(kept)) < 1e-6
         assert round(kept) >= batch_size or rounds == max_rounds
         assert round(kept) < batch_size * 2  # it stopped at the first round that filled the batch
@@ -118,7 +165,13 @@ def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
         assert after["actor/kl_reward_coef"] == pytest.approx(
             now["actor/kl_reward_coef"] * (1 + error * batch_size * n / horizon), rel=1e-9
         )
-    assert metrics[1]["actor/kl_reward_coef"] == pytest.approx(coef * (1 - 0.2 * 256 / 10000), rel=1e-9)
+    assert metrics[1]["actor/kl_reward_coef"] == pytest.approx(
+        coef * (1 - 0.2 * 256 / 10000), rel=1e-9
+    )
     # A healthy weight sync leaves the engines within 1e-3 of each other: masked IS drops nothing.
-    assert all(m["mismatch/masked_frac"] == 0 and abs(m["mismatch/ratio_mean"] - 1) < 1e-3 for m in metrics)
-    assert all(m["reward/mean"] < m["reward/score_mean"] for m in metrics)  # overlong penalty applied
+    assert all(
+        m["mismatch/masked_frac"] == 0 and abs(m["mismatch/ratio_mean"] - 1) < 1e-3 for m in metrics
+    )
+    assert all(
+        m["reward/mean"] < m["reward/score_mean"] for m in metrics
+    )  # overlong penalty applied

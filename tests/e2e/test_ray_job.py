@@ -43,7 +43,9 @@ HOME: dict[str, str] = {}
 
 def readme_env() -> dict[str, str]:
     """The shell README's commands run in: token auth on, nothing pointing at another cluster."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
+    }
     return env | HOME | {"RAY_AUTH_MODE": "token", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
@@ -52,27 +54,51 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A head node on loopback, started as README says from a HOME without a Ray token:
     yields the dashboard address."""
     HOME["HOME"] = str(tmp_path_factory.mktemp("home"))
-    subprocess.run([RAY, "get-auth-token", "--generate"], env=readme_env(), check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [RAY, "get-auth-token", "--generate"],
+        env=readme_env(),
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert (Path(HOME["HOME"]) / ".ray" / "auth_token").is_file()
     dashboard_port = free_port()
     log = (tmp_path_factory.mktemp("head") / "head.txt").open("w")
     process = subprocess.Popen(
-        [RAY, "start", "--head", "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-         f"--port={free_port()}", f"--dashboard-port={dashboard_port}", "--num-cpus=2",
-         "--disable-usage-stats", "--block"],
-        stdout=log, stderr=subprocess.STDOUT, env=readme_env(), cwd=REPO,
+        [
+            RAY,
+            "start",
+            "--head",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            f"--port={free_port()}",
+            f"--dashboard-port={dashboard_port}",
+            "--num-cpus=2",
+            "--disable-usage-stats",
+            "--block",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=readme_env(),
+        cwd=REPO,
     )
     address = f"http://127.0.0.1:{dashboard_port}"
     tree: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 120
         while not dashboard_answers(address):
-            assert process.poll() is None and time.monotonic() < deadline, "the head node did not start"
+            assert process.poll() is None and time.monotonic() < deadline, (
+                "the head node did not start"
+            )
             time.sleep(1)
         tree = [psutil.Process(process.pid), *psutil.Process(process.pid).children(recursive=True)]
         yield address
     finally:
-        tree += [p for p in psutil.Process(process.pid).children(recursive=True) if p not in tree] if process.poll() is None else []
+        tree += (
+            [p for p in psutil.Process(process.pid).children(recursive=True) if p not in tree]
+            if process.poll() is None
+            else []
+        )
         process.send_signal(signal.SIGTERM)
         try:
             process.wait(timeout=60)
@@ -105,9 +131,28 @@ def test_job_submit_runs_and_writes_where_readme_says(head: str, tmp_path: Path)
     run_dir = tmp_path / "outputs" / "job"
     start = time.monotonic()
     result = subprocess.run(
-        [RAY, "job", "submit", "--address", head, "--working-dir", ".", "--",
-         "python", "-m", "rlframe.main", "+recipe=grpo_tiny", "trainer.total_steps=2", f"trainer.output_dir={run_dir}"],
-        capture_output=True, text=True, check=False, timeout=600, env=readme_env(), cwd=REPO,
+        [
+            RAY,
+            "job",
+            "submit",
+            "--address",
+            head,
+            "--working-dir",
+            ".",
+            "--",
+            "python",
+            "-m",
+            "rlframe.main",
+            "+recipe=grpo_tiny",
+            "trainer.total_steps=2",
+            f"trainer.output_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env=readme_env(),
+        cwd=REPO,
     )
     print(f"job took {time.monotonic() - start:.0f} s")
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -115,16 +160,32 @@ def test_job_submit_runs_and_writes_where_readme_says(head: str, tmp_path: Path)
     assert "succeeded" in result.stdout + result.stderr
     # The job's output is rlframe's console: summary and step lines, joined, not started.
     assert "rlframe: ray      joined 127.0.0.1:" in result.stdout and "step 2/2" in result.stdout
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [
+        json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     assert steps == [1, 2]
-    assert (run_dir / "logs" / "driver.log").exists() and (run_dir / "logs" / "actor_rank0.log").stat().st_size > 0
+    assert (run_dir / "logs" / "driver.log").exists() and (
+        run_dir / "logs" / "actor_rank0.log"
+    ).stat().st_size > 0
 
 
 def test_address_auto_joins_the_running_cluster(head: str, tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", "ray.address=auto", "trainer.total_steps=1",
-         f"trainer.output_dir={tmp_path / 'run'}"],
-        capture_output=True, text=True, check=False, timeout=600, env=readme_env(), cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "rlframe.main",
+            "+recipe=grpo_tiny",
+            "ray.address=auto",
+            "trainer.total_steps=1",
+            f"trainer.output_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env=readme_env(),
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rlframe: ray      joined 127.0.0.1:" in result.stdout

@@ -21,8 +21,8 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from rlframe.controller.placement import ResourcePool  # noqa: E402
-from rlframe.controller.worker_group import WorkerGroup  # noqa: E402
 from rlframe.controller.worker import Worker  # noqa: E402
+from rlframe.controller.worker_group import WorkerGroup  # noqa: E402
 
 
 def place_pool() -> dict:
@@ -31,7 +31,10 @@ def place_pool() -> dict:
     pool.create(timeout_s=60)
     group = WorkerGroup(pool, Worker, role="probe", call_timeout_s=120)
     try:
-        return {"ranks": group.describe(), "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]]}
+        return {
+            "ranks": group.describe(),
+            "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]],
+        }
     finally:
         group.shutdown()
         pool.remove()
@@ -51,11 +54,22 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         run = subprocess.run(
             [sys.executable, "-m", "rlframe.main", f"ray.address={cluster.address}", *overrides],
-            capture_output=True, text=True, check=False, timeout=900, env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+            env=env,
         )
-        Path(result_path).write_text(json.dumps(
-            {"placement": placement, "returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr[-5000:]}
-        ))
+        Path(result_path).write_text(
+            json.dumps(
+                {
+                    "placement": placement,
+                    "returncode": run.returncode,
+                    "stdout": run.stdout,
+                    "stderr": run.stderr[-5000:],
+                }
+            )
+        )
     finally:
         cluster.shutdown()
 

@@ -17,10 +17,14 @@ def compute_sign_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     mean, _, _ = compute_group_stats(inputs.rewards, inputs.group_index)
     sign = torch.sign(inputs.rewards.double() - mean).float()
     advantages = sign.unsqueeze(1) * inputs.loss_mask.float()
-    return AdvantageOutputs(advantages, advantages.clone(), {"positive_frac": float((sign > 0).float().mean())})
+    return AdvantageOutputs(
+        advantages, advantages.clone(), {"positive_frac": float((sign > 0).float().mean())}
+    )
 
 
 def compute_reinforce_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     """Plain REINFORCE: -A * log p, ignoring the old policy. Per-token metrics are averaged
     over the loss tokens and logged as ``actor/<name>``."""
-    return PolicyLossOutputs(-inputs.advantages * inputs.logprobs, {"logprob": inputs.logprobs.detach()})
+    return PolicyLossOutputs(
+        -inputs.advantages * inputs.logprobs, {"logprob": inputs.logprobs.detach()}
+    )

@@ -22,10 +22,21 @@ def test_cli_joins_running_cluster(tmp_path: Path) -> None:
     nodes_before = len(ray.nodes())
     result = subprocess.run(
         [
-            sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", f"ray.address={address}",
-            "trainer.total_steps=1", "trainer.cpus_per_proc=1", f"trainer.output_dir={tmp_path}",
+            sys.executable,
+            "-m",
+            "rlframe.main",
+            "+recipe=grpo_tiny",
+            f"ray.address={address}",
+            "trainer.total_steps=1",
+            "trainer.cpus_per_proc=1",
+            f"trainer.output_dir={tmp_path}",
         ],
-        capture_output=True, text=True, check=False, timeout=600, env=dict(os.environ), cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env=dict(os.environ),
+        cwd=REPO,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"rlframe: ray      joined {address}" in result.stdout

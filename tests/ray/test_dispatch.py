@@ -23,14 +23,20 @@ def make_group() -> Iterator:
     """Builds pools and groups and tears all of them down after the test."""
     made: list[tuple[ResourcePool, list[WorkerGroup]]] = []
 
-    def make(world: int, *, timeout: float = 60.0, colocate: int = 1, roles: int = 1) -> list[WorkerGroup]:
-        pool = ResourcePool(nnodes=1, procs_per_node=world, device="cpu", cpus_per_proc=1, max_colocate=colocate)
+    def make(
+        world: int, *, timeout: float = 60.0, colocate: int = 1, roles: int = 1
+    ) -> list[WorkerGroup]:
+        pool = ResourcePool(
+            nnodes=1, procs_per_node=world, device="cpu", cpus_per_proc=1, max_colocate=colocate
+        )
         pool.create(timeout_s=30)
         groups: list[WorkerGroup] = []
         made.append((pool, groups))
         for i in range(roles):
             groups.append(
-                WorkerGroup(pool, EchoWorker, role=f"echo{i}", init_args=(2.0,), call_timeout_s=timeout)
+                WorkerGroup(
+                    pool, EchoWorker, role=f"echo{i}", init_args=(2.0,), call_timeout_s=timeout
+                )
             )
         return groups
 
@@ -42,7 +48,9 @@ def make_group() -> Iterator:
 
 
 def rows(n: int) -> Batch:
-    return Batch({"x": torch.arange(n, dtype=torch.float32)}, {"tag": [f"row{i}" for i in range(n)]})
+    return Batch(
+        {"x": torch.arange(n, dtype=torch.float32)}, {"tag": [f"row{i}" for i in range(n)]}
+    )
 
 
 @pytest.mark.parametrize("world,n", [(2, 5), (3, 7), (3, 2), (2, 8)])
@@ -98,7 +106,9 @@ def wait_for_free_cpus(pool: ResourcePool, expected: list[float], timeout_s: flo
 
 
 def test_colocated_roles_share_bundles() -> None:
-    pool = ResourcePool(nnodes=1, procs_per_node=2, device="cpu", cpus_per_proc=1, max_colocate=2, name="colocated")
+    pool = ResourcePool(
+        nnodes=1, procs_per_node=2, device="cpu", cpus_per_proc=1, max_colocate=2, name="colocated"
+    )
     pool.create(timeout_s=30)
     groups: list[WorkerGroup] = []
     try:
@@ -176,7 +186,10 @@ def test_unknown_method_lists_the_known_ones(make_group) -> None:
 
 def test_pool_larger_than_cluster_fails_clearly() -> None:
     pool = ResourcePool(nnodes=1, procs_per_node=16, device="cpu", name="too_big")
-    with pytest.raises(PlacementError, match=r"resource pool 'too_big' needs 1 node\(s\) x 16 bundle\(s\).*could not place"):
+    with pytest.raises(
+        PlacementError,
+        match=r"resource pool 'too_big' needs 1 node\(s\) x 16 bundle\(s\).*could not place",
+    ):
         pool.create(timeout_s=3)
     # It fails before reserving anything: no placement group is left waiting for resources.
     # (A request that times out removes what it reserved: tests/ray/test_placement.py.)
@@ -205,7 +218,9 @@ def test_dp_split_calls_need_batches_of_one_length(make_group) -> None:
     (group,) = make_group(2)
     with pytest.raises(TypeError, match="a DP_SPLIT method needs at least one Batch argument"):
         group.scale_rows(torch.arange(4.0))
-    with pytest.raises(ValueError, match=r"DP_SPLIT Batch arguments have different lengths: \[3, 4\]"):
+    with pytest.raises(
+        ValueError, match=r"DP_SPLIT Batch arguments have different lengths: \[3, 4\]"
+    ):
         group.add_rows(rows(4), b=rows(3))
     # Refused on the driver: no rank was called.
     assert [c.get("add_rows", 0) for c in group.call_counts()] == [0, 0]
@@ -215,7 +230,10 @@ def test_dp_split_calls_need_batches_of_one_length(make_group) -> None:
 
 def test_worker_returning_the_wrong_number_of_rows_is_named(make_group) -> None:
     (group,) = make_group(2)
-    with pytest.raises(ValueError, match=r"rank 1 returned 1 rows for 2 input rows; a DP_SPLIT method must return one row per input row"):
+    with pytest.raises(
+        ValueError,
+        match=r"rank 1 returned 1 rows for 2 input rows; a DP_SPLIT method must return one row per input row",
+    ):
         group.drop_row_on(rows(4), rank=1)
 
 

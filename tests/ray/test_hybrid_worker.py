@@ -33,7 +33,9 @@ def make_config(engine: str, world: int) -> Config:
         model=ModelConfig(path="tiny:0"),
         data=DataConfig(batch_size=4, max_prompt_length=16),
         # 1 MiB buckets: the tiny model's 1.2 MB of weights take two buckets per sync.
-        rollout=RolloutConfig(engine=engine, n=4, max_tokens=MAX_TOKENS, cpu_kv_cache_gb=1, weight_sync_bucket_mb=1),
+        rollout=RolloutConfig(
+            engine=engine, n=4, max_tokens=MAX_TOKENS, cpu_kv_cache_gb=1, weight_sync_bucket_mb=1
+        ),
         actor=ActorConfig(lr=1e-2, mini_batch_size=16, micro_batch_size=16 // world),
         algorithm=AlgorithmConfig(kl_coef=0.01),
         trainer=TrainerConfig(total_steps=1, procs_per_node=world, device="cpu"),
@@ -43,7 +45,9 @@ def make_config(engine: str, world: int) -> Config:
 def prompts_for(step: int) -> Batch:  # noqa: F821
     tok = build_tiny_tokenizer()
     records = load_prompt_records([], "arithmetic", tok, 16, seed=step, synthetic_size=4)
-    batch = build_prompt_batch(records, n=4, first_group=0, pad_token_id=tok.pad_token_id, seed=step)
+    batch = build_prompt_batch(
+        records, n=4, first_group=0, pad_token_id=tok.pad_token_id, seed=step
+    )
     batch.meta |= {"stop_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
     return batch
 
@@ -63,15 +67,24 @@ def logprob_gap(batch, trainer_logprobs: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("engine,world", [("vllm", 2), ("hf", 1)])
-def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(tmp_path: Path, engine: str, world: int) -> None:
+def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(
+    tmp_path: Path, engine: str, world: int
+) -> None:
     cfg = make_config(engine, world)
     model_path = resolve_model_path("tiny:0", cache_dir=tmp_path)
-    assert (Path(model_path) / "model.safetensors").stat().st_size > 2**20  # more than one sync bucket
+    assert (
+        Path(model_path) / "model.safetensors"
+    ).stat().st_size > 2**20  # more than one sync bucket
     pool = ResourcePool(nnodes=1, procs_per_node=world, device="cpu", cpus_per_proc=1)
     pool.create(timeout_s=60)
-    group = WorkerGroup(pool, __import__("workers.hybrid", fromlist=["HybridWorker"]).HybridWorker,
-                        role="actor", init_args=(cfg, model_path, "cpu"), call_timeout_s=600,
-                        env=worker_env(cfg, "cpu"))
+    group = WorkerGroup(
+        pool,
+        __import__("workers.hybrid", fromlist=["HybridWorker"]).HybridWorker,
+        role="actor",
+        init_args=(cfg, model_path, "cpu"),
+        call_timeout_s=600,
+        env=worker_env(cfg, "cpu"),
+    )
     try:
         eos = build_tiny_tokenizer().eos_token_id
         prompts = prompts_for(1)
@@ -96,7 +109,9 @@ def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(tmp_path: Path
         assert group.sync_weights() == [1] * world
 
         after_update = group.compute_logprobs(batch)["old_logprobs"]
-        assert float(((after_update - before).abs() * mask).max()) > 1e-3, "the update did not change the policy"
+        assert float(((after_update - before).abs() * mask).max()) > 1e-3, (
+            "the update did not change the policy"
+        )
 
         prompts2 = prompts_for(2)
         batch2 = prompts2.union(group.generate(prompts2))
@@ -107,22 +122,27 @@ def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(tmp_path: Path
         # and the second sync (again several buckets) brings it back.
         before2 = group.compute_logprobs(batch2)["old_logprobs"]
         train2 = batch2.with_tensors(
-            old_logprobs=before2, advantages=-torch.linspace(-1, 1, len(batch2))[:, None] * batch2["response_mask"]
+            old_logprobs=before2,
+            advantages=-torch.linspace(-1, 1, len(batch2))[:, None] * batch2["response_mask"],
         ).union(group.compute_ref_logprobs(batch2))
         group.update(train2)
         stale2_prompts = prompts_for(4)
         stale2 = stale2_prompts.union(group.generate(stale2_prompts))
         assert stale2.meta["weights_version"] == 1
         gap_stale2 = logprob_gap(stale2, group.compute_logprobs(stale2)["old_logprobs"])
-        assert gap_stale2 > 1e-3, "a stale rollout engine must show in the log-prob gap at step 2 too"
+        assert gap_stale2 > 1e-3, (
+            "a stale rollout engine must show in the log-prob gap at step 2 too"
+        )
         assert group.sync_weights() == [2] * world
         prompts3 = prompts_for(5)
         batch3 = prompts3.union(group.generate(prompts3))
         assert batch3.meta["weights_version"] == 2
         gap_after2 = logprob_gap(batch3, group.compute_logprobs(batch3)["old_logprobs"])
-        print(f"{engine} x{world}: max |rollout - trainer| log-prob gap: fresh {gap_before:.2e}, "
-              f"stale (update without sync) {gap_stale:.2e}, after sync {gap_after:.2e}, "
-              f"stale at step 2 {gap_stale2:.2e}, after the second sync {gap_after2:.2e}")
+        print(
+            f"{engine} x{world}: max |rollout - trainer| log-prob gap: fresh {gap_before:.2e}, "
+            f"stale (update without sync) {gap_stale:.2e}, after sync {gap_after:.2e}, "
+            f"stale at step 2 {gap_stale2:.2e}, after the second sync {gap_after2:.2e}"
+        )
         assert gap_before < 1e-4 and gap_after < 1e-4 and gap_after2 < 1e-4
     finally:
         group.shutdown()

@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 import torch
 
-from rlframe.config import ActorConfig, AgentConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+from rlframe.config import (
+    ActorConfig,
+    AgentConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker_group import WorkerGroup
 from rlframe.data.loader import build_prompt_batch
@@ -33,8 +41,12 @@ def make_config(max_turns: int) -> Config:
         data=DataConfig(task="guess", batch_size=4, max_prompt_length=16),
         rollout=RolloutConfig(agent="multi_turn", n=4, max_tokens=6, cpu_kv_cache_gb=1),
         agent=AgentConfig(
-            env="guess_number", env_kwargs={"hint_format": " {hint}:"}, max_turns=max_turns, max_tokens_per_turn=2,
-            close_cut_turns=True, max_obs_tokens=16,
+            env="guess_number",
+            env_kwargs={"hint_format": " {hint}:"},
+            max_turns=max_turns,
+            max_tokens_per_turn=2,
+            close_cut_turns=True,
+            max_obs_tokens=16,
         ),
         actor=ActorConfig(mini_batch_size=16, micro_batch_size=8),
         trainer=TrainerConfig(total_steps=1, procs_per_node=WORLD, device="cpu"),
@@ -61,12 +73,21 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(tmp_path
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     pool = ResourcePool(nnodes=1, procs_per_node=WORLD, device="cpu", cpus_per_proc=1)
     pool.create(timeout_s=60)
-    group = WorkerGroup(pool, HybridWorker, role="actor", init_args=(cfg, model_path, "cpu"), call_timeout_s=600,
-                        env=worker_env(cfg, "cpu"))
+    group = WorkerGroup(
+        pool,
+        HybridWorker,
+        role="actor",
+        init_args=(cfg, model_path, "cpu"),
+        call_timeout_s=600,
+        env=worker_env(cfg, "cpu"),
+    )
     try:
         records = load_prompt_records([], "guess", tokenizer, 16, seed=3, synthetic_size=4)
         prompts = build_prompt_batch(records, 4, 0, tokenizer.pad_token_id, seed=3)
-        prompts.meta |= {"stop_token_ids": [tokenizer.eos_token_id], "pad_token_id": tokenizer.pad_token_id}
+        prompts.meta |= {
+            "stop_token_ids": [tokenizer.eos_token_id],
+            "pad_token_id": tokenizer.pad_token_id,
+        }
         recorder = Recorder(group.generate)
         batch = run_episodes(prompts, AgentContext(recorder, tokenizer, cfg))
 
@@ -75,7 +96,9 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(tmp_path
         seeds = [int(s) for s in prompts["seed"]]
         for turn, (inputs, out) in enumerate(recorder.calls):
             for j in range(len(inputs)):
-                row = next(r for r, s in enumerate(seeds) if mix_seed(s, turn) == int(inputs["seed"][j]))
+                row = next(
+                    r for r, s in enumerate(seeds) if mix_seed(s, turn) == int(inputs["seed"][j])
+                )
                 prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
                 response = batch["response_ids"][row].tolist()
                 context = inputs["prompt_ids"][j][inputs["prompt_mask"][j].bool()].tolist()
@@ -84,12 +107,18 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(tmp_path
                 n = int(out["response_mask"][j].sum())
                 assert out["response_ids"][j, :n].tolist() == response[start : start + n]
                 assert batch["loss_mask"][row, start : start + n].eq(1).all()
-                assert torch.equal(out["rollout_logprobs"][j, :n], batch["rollout_logprobs"][row, start : start + n])
+                assert torch.equal(
+                    out["rollout_logprobs"][j, :n],
+                    batch["rollout_logprobs"][row, start : start + n],
+                )
         assert len(recorder.calls) >= 2 and batch["agent_turns"].max() >= 2
 
         # Observations are the template's suffix of the env's feedback (after <eos> closing the turn).
         chat = ChatFormat(tokenizer)
-        hints = {tuple(chat.observation_ids([{"role": "user", "content": f" {h}:"}], 16)[0]) for h in ("higher", "lower", "invalid")}
+        hints = {
+            tuple(chat.observation_ids([{"role": "user", "content": f" {h}:"}], 16)[0])
+            for h in ("higher", "lower", "invalid")
+        }
         for row in range(len(batch)):
             obs = (batch["response_mask"][row] - batch["loss_mask"][row]).bool()
             segments = torch.nonzero(obs).squeeze(-1).tolist()
@@ -102,8 +131,10 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(tmp_path
         trainer = group.compute_logprobs(batch)["old_logprobs"]
         mask = batch["loss_mask"]
         gap = float(((trainer - batch["rollout_logprobs"]).abs() * mask).max())
-        print(f"multi-turn x{WORLD}: {int(mask.sum())} sampled tokens, {int((batch['response_mask'] - mask).sum())} "
-              f"observation tokens, turns/mean {batch['agent_turns'].mean():.2f}, max |trainer - vLLM| log-prob {gap:.2e}")
+        print(
+            f"multi-turn x{WORLD}: {int(mask.sum())} sampled tokens, {int((batch['response_mask'] - mask).sum())} "
+            f"observation tokens, turns/mean {batch['agent_turns'].mean():.2f}, max |trainer - vLLM| log-prob {gap:.2e}"
+        )
         assert gap < 1e-4
 
         # A one-turn episode samples what single_turn samples (same seed, same context).

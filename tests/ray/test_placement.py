@@ -17,7 +17,9 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 def test_more_than_any_node_has_fails_at_once() -> None:
     pool = ResourcePool(nnodes=1, procs_per_node=3, device="cpu", cpus_per_proc=2, name="too_big")
     start = time.monotonic()
-    with pytest.raises(PlacementError, match="could not place and never can: no node has that much"):
+    with pytest.raises(
+        PlacementError, match="could not place and never can: no node has that much"
+    ):
         pool.create(timeout_s=600)
     assert time.monotonic() - start < 5
 
@@ -38,16 +40,28 @@ def test_resources_in_use_make_it_wait_and_say_what_for(caplog: pytest.LogCaptur
     holder = ResourcePool(nnodes=1, procs_per_node=3, device="cpu", cpus_per_proc=1, name="holder")
     holder.create(timeout_s=60)
     try:
-        waiter = ResourcePool(nnodes=1, procs_per_node=2, device="cpu", cpus_per_proc=1, name="waiter")
+        waiter = ResourcePool(
+            nnodes=1, procs_per_node=2, device="cpu", cpus_per_proc=1, name="waiter"
+        )
         start = time.monotonic()
         with caplog.at_level(logging.WARNING, logger="rlframe.controller.placement"):
             with pytest.raises(PlacementError, match="could not place within 3 s"):
                 waiter.create(timeout_s=3, report_every_s=1)
         assert 2.5 < time.monotonic() - start < 15
-        waits = [r.getMessage() for r in caplog.records if "waiting for placement" in r.getMessage()]
-        assert waits and "'waiter' needs 1 node(s) x 2 bundle(s)" in waits[0] and "free now" in waits[0]
+        waits = [
+            r.getMessage() for r in caplog.records if "waiting for placement" in r.getMessage()
+        ]
+        assert (
+            waits
+            and "'waiter' needs 1 node(s) x 2 bundle(s)" in waits[0]
+            and "free now" in waits[0]
+        )
         # What the timed-out request reserved is removed, not left pending forever.
-        states = [g["state"] for g in ray.util.placement_group_table().values() if g["name"].startswith("waiter")]
+        states = [
+            g["state"]
+            for g in ray.util.placement_group_table().values()
+            if g["name"].startswith("waiter")
+        ]
         assert states and all(state == "REMOVED" for state in states), states
     finally:
         holder.remove()

@@ -13,7 +13,14 @@ import pytest
 import ray
 import torch
 
-from rlframe.config import ActorConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+from rlframe.config import (
+    ActorConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
 from rlframe.controller.dispatch import Dispatch, split_call
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker_group import WorkerGroup
@@ -42,7 +49,9 @@ def make_config() -> Config:
 def make_prompts(seed: int) -> Batch:
     tok = build_tiny_tokenizer()
     records = load_prompt_records([], "arithmetic", tok, 16, seed=seed, synthetic_size=4)
-    batch = build_prompt_batch(records, n=4, first_group=0, pad_token_id=tok.pad_token_id, seed=seed)
+    batch = build_prompt_batch(
+        records, n=4, first_group=0, pad_token_id=tok.pad_token_id, seed=seed
+    )
     batch.meta |= {"stop_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
     return batch
 
@@ -60,16 +69,27 @@ def test_tp2_engine_generates_once_per_group_and_syncs_shards(tmp_path: Path) ->
     pool.create(timeout_s=60)
     group = None
     try:
-        group = WorkerGroup(pool, HybridWorker, role="actor", init_args=(cfg, model_path, "cpu"), call_timeout_s=600,
-                            env=worker_env(cfg, "cpu"), rollout_tp_size=TP)
+        group = WorkerGroup(
+            pool,
+            HybridWorker,
+            role="actor",
+            init_args=(cfg, model_path, "cpu"),
+            call_timeout_s=600,
+            env=worker_env(cfg, "cpu"),
+            rollout_tp_size=TP,
+        )
         # What the dispatch layer sends each rank: the same rows (and seeds) to both.
         prompts = make_prompts(1)
         fan_out = split_call(Dispatch.ROLLOUT_DP_SPLIT, TP, (prompts,), {}, tp_size=TP)
-        per_rank = ray.get([group.actors[c.rank].generate.remote(*c.args) for c in fan_out.calls], timeout=600)
+        per_rank = ray.get(
+            [group.actors[c.rank].generate.remote(*c.args) for c in fan_out.calls], timeout=600
+        )
         for key in ("response_ids", "rollout_logprobs"):
             assert torch.equal(per_rank[0][key], per_rank[1][key]), f"TP ranks disagree on {key}"
         batch = prompts.union(group.generate(prompts))
-        assert len(batch) == len(prompts) and torch.equal(batch["response_ids"], per_rank[0]["response_ids"])
+        assert len(batch) == len(prompts) and torch.equal(
+            batch["response_ids"], per_rank[0]["response_ids"]
+        )
         gap_before = logprob_gap(group, batch)
 
         mask = batch["response_mask"]
@@ -82,10 +102,20 @@ def test_tp2_engine_generates_once_per_group_and_syncs_shards(tmp_path: Path) ->
         prompts2 = make_prompts(2)
         batch2 = prompts2.union(group.generate(prompts2))
         gap_after = logprob_gap(group, batch2)
-        print(f"TP={TP}: max |rollout - trainer| log-prob gap before {gap_before:.2e}, after update+sync {gap_after:.2e}")
+        print(
+            f"TP={TP}: max |rollout - trainer| log-prob gap before {gap_before:.2e}, after update+sync {gap_after:.2e}"
+        )
         assert gap_before < 1e-4 and gap_after < 1e-4
         # The update moved the policy, and the sharded engine followed it.
-        assert float(((group.compute_logprobs(batch)["old_logprobs"] - train["old_logprobs"]).abs() * mask).max()) > 1e-3
+        assert (
+            float(
+                (
+                    (group.compute_logprobs(batch)["old_logprobs"] - train["old_logprobs"]).abs()
+                    * mask
+                ).max()
+            )
+            > 1e-3
+        )
     finally:
         if group is not None:
             group.shutdown()

@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from rlframe.config import ActorConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+from rlframe.config import (
+    ActorConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker_group import WorkerGroup
@@ -78,7 +85,10 @@ class LoggedHybridWorker(HybridWorker):
         self.rollout.sleep()
         self.rollout.wake_up()
         engine = dict(self.rollout.engine.model.state_dict())
-        gap = max(float((engine[k] - v.to(engine[k].dtype)).abs().max()) for k, v in self.actor.iter_full_weights(2**30))
+        gap = max(
+            float((engine[k] - v.to(engine[k].dtype)).abs().max())
+            for k, v in self.actor.iter_full_weights(2**30)
+        )
         self.rollout_weights_valid = False
         self.mode = "train"
         return gap
@@ -88,7 +98,9 @@ def make_config(engine: str, sleep_level: int) -> Config:
     return Config(
         model=ModelConfig(path="tiny:0"),
         data=DataConfig(batch_size=4, max_prompt_length=16),
-        rollout=RolloutConfig(engine=engine, n=2, max_tokens=4, cpu_kv_cache_gb=1, sleep_level=sleep_level),
+        rollout=RolloutConfig(
+            engine=engine, n=2, max_tokens=4, cpu_kv_cache_gb=1, sleep_level=sleep_level
+        ),
         actor=ActorConfig(lr=1e-2, mini_batch_size=8, micro_batch_size=8),
         trainer=TrainerConfig(total_steps=1, procs_per_node=1, device="cpu"),
     )
@@ -97,7 +109,9 @@ def make_config(engine: str, sleep_level: int) -> Config:
 def make_prompts(seed: int) -> Batch:
     tok = build_tiny_tokenizer()
     records = load_prompt_records([], "arithmetic", tok, 16, seed=seed, synthetic_size=4)
-    batch = build_prompt_batch(records, n=2, first_group=0, pad_token_id=tok.pad_token_id, seed=seed)
+    batch = build_prompt_batch(
+        records, n=2, first_group=0, pad_token_id=tok.pad_token_id, seed=seed
+    )
     batch.meta |= {"stop_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
     return batch
 
@@ -119,15 +133,23 @@ def ship_test_classes() -> None:
 
 
 @pytest.mark.parametrize("engine,sleep_level", [("hf", 2), ("vllm", 2), ("hf", 1)])
-def test_generate_without_sync_never_samples_from_discarded_weights(tmp_path: Path, engine: str, sleep_level: int) -> None:
+def test_generate_without_sync_never_samples_from_discarded_weights(
+    tmp_path: Path, engine: str, sleep_level: int
+) -> None:
     cfg = make_config(engine, sleep_level)
     model_path = resolve_model_path("tiny:0", cache_dir=tmp_path)
     pool = ResourcePool(nnodes=1, procs_per_node=1, device="cpu", cpus_per_proc=1)
     pool.create(timeout_s=60)
     group = None
     try:
-        group = WorkerGroup(pool, LoggedHybridWorker, role="actor", init_args=(cfg, model_path, "cpu"),
-                            call_timeout_s=600, env=worker_env(cfg, "cpu"))
+        group = WorkerGroup(
+            pool,
+            LoggedHybridWorker,
+            role="actor",
+            init_args=(cfg, model_path, "cpu"),
+            call_timeout_s=600,
+            env=worker_env(cfg, "cpu"),
+        )
         # Round 1: the engine is awake with the checkpoint's weights; it sleeps afterwards.
         _, gap = generate_and_gap(group, 1)
         assert group.take_calls() == [["generate", "sleep"]] and gap < 1e-4
@@ -142,7 +164,9 @@ def test_generate_without_sync_never_samples_from_discarded_weights(tmp_path: Pa
         assert group.take_calls() == [[*PUSH, "generate", "sleep"]] and gap < 1e-4
         if engine == "hf":
             discarded = group.wake_without_reload_gap()[0]
-            print(f"hf level {sleep_level}: engine weights vs actor after a bare wake-up: max gap {discarded:.3g}")
+            print(
+                f"hf level {sleep_level}: engine weights vs actor after a bare wake-up: max gap {discarded:.3g}"
+            )
             if sleep_level == 2:
                 # What the old mode machine woke to: the weights are gone...
                 assert discarded > 1e-3 or discarded != discarded

@@ -44,7 +44,10 @@ def build_chatml_tokenizer():  # -> transformers.PreTrainedTokenizerFast
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", eos_token="<|im_end|>", unk_token="<unk>",
+        tokenizer_object=tokenizer,
+        pad_token="<pad>",
+        eos_token="<|im_end|>",
+        unk_token="<unk>",
         additional_special_tokens=["<|im_start|>"],
     )
     fast.chat_template = CHATML_TEMPLATE

@@ -16,14 +16,29 @@ TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "test_multi_turn.py"
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("rollout.agent=no_such_pkg.agents:mine", "rollout.agent: cannot be loaded: ModuleNotFoundError"),
-        ("rollout.agent=three_turn", "rollout.agent: unknown rollout agent 'three_turn'; registered: ['multi_turn', 'single_turn']"),
-        ("agent.env=chess", "agent.env: unknown environment 'chess'; registered: ['calculator', 'guess_number']"),
+        (
+            "rollout.agent=no_such_pkg.agents:mine",
+            "rollout.agent: cannot be loaded: ModuleNotFoundError",
+        ),
+        (
+            "rollout.agent=three_turn",
+            "rollout.agent: unknown rollout agent 'three_turn'; registered: ['multi_turn', 'single_turn']",
+        ),
+        (
+            "agent.env=chess",
+            "agent.env: unknown environment 'chess'; registered: ['calculator', 'guess_number']",
+        ),
         (f"agent.env={TEMPLATE_LESS_ENV}:NoSuchEnv", "has no function 'NoSuchEnv'"),
         ("+agent.env_kwargs.colour=red", "agent.env_kwargs: guess_number cannot be built with"),
-        ("agent.on_env_error=ignore", "agent.on_env_error: must be one of ['raise', 'fail_episode']"),
+        (
+            "agent.on_env_error=ignore",
+            "agent.on_env_error: must be one of ['raise', 'fail_episode']",
+        ),
         ("+agent.max_turn=3", "agent.max_turn: unknown key; keys allowed in agent:"),
-        ("agent.max_obs_tokens=256", "agent.max_obs_tokens: data.max_prompt_length 16 + rollout.max_tokens 4 + (agent.max_turns - 1) * agent.max_obs_tokens = 768 = 788 tokens exceeds the model's 512 positions"),
+        (
+            "agent.max_obs_tokens=256",
+            "agent.max_obs_tokens: data.max_prompt_length 16 + rollout.max_tokens 4 + (agent.max_turns - 1) * agent.max_obs_tokens = 768 = 788 tokens exceeds the model's 512 positions",
+        ),
     ],
 )
 def test_bad_agent_inputs_fail_before_ray_with_one_line(override: str, message: str) -> None:
@@ -35,9 +50,13 @@ def test_bad_agent_inputs_fail_before_ray_with_one_line(override: str, message: 
 
 
 def test_multi_turn_needs_an_env_and_widens_responses() -> None:
-    with pytest.raises(ConfigError, match="agent.env: rollout.agent=multi_turn needs an environment"):
+    with pytest.raises(
+        ConfigError, match="agent.env: rollout.agent=multi_turn needs an environment"
+    ):
         Config(rollout=RolloutConfig(agent="multi_turn"))
     agent = AgentConfig(env="guess_number", max_turns=3, max_obs_tokens=10)
     assert compute_response_width(8, "multi_turn", agent) == 8 + 2 * 10
     assert compute_response_width(8, "single_turn", agent) == 8
-    assert RolloutConfig(agent="my_agents.py:run").agent.startswith("/")  # paths made absolute for workers
+    assert RolloutConfig(agent="my_agents.py:run").agent.startswith(
+        "/"
+    )  # paths made absolute for workers

@@ -22,7 +22,12 @@ from rlframe.algorithms.registry import Registry
 from rlframe.config import AlgorithmConfig
 
 
-def grpo(rewards: list[float], groups: list[int], norm_by_std: bool = True, mask: torch.Tensor | None = None):
+def grpo(
+    rewards: list[float],
+    groups: list[int],
+    norm_by_std: bool = True,
+    mask: torch.Tensor | None = None,
+):
     r = torch.tensor(rewards)
     m = torch.ones(len(rewards), 2) if mask is None else mask
     return compute_grpo_advantages(
@@ -72,7 +77,11 @@ def test_ppo_clip_uses_separate_low_and_high_ranges() -> None:
 
 def test_ppo_clip_gradient_is_zero_where_clipped() -> None:
     logp = torch.log(torch.tensor([[1.5, 0.9]])).requires_grad_()
-    out = compute_ppo_clip_loss(PolicyLossInputs(logp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), AlgorithmConfig()))
+    out = compute_ppo_clip_loss(
+        PolicyLossInputs(
+            logp, torch.zeros(1, 2), torch.ones(1, 2), torch.ones(1, 2), AlgorithmConfig()
+        )
+    )
     out.token_loss.sum().backward()
     # d(-A r)/d logp = -A r: zero on the clipped token, -0.9 on the other.
     torch.testing.assert_close(logp.grad, torch.tensor([[0.0, -0.9]]))
@@ -90,7 +99,9 @@ def test_kl_estimators() -> None:
 
 
 def test_entropy_of_uniform_is_log_vocab() -> None:
-    torch.testing.assert_close(compute_entropy(torch.zeros(2, 3, 8)), torch.full((2, 3), math.log(8)))
+    torch.testing.assert_close(
+        compute_entropy(torch.zeros(2, 3, 8)), torch.full((2, 3), math.log(8))
+    )
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
@@ -101,7 +112,9 @@ def test_aggregation_is_invariant_to_micro_batch_split(mode: str) -> None:
     mask[3] = 0  # a zero-length response
     scale = LossScale(tokens=float(mask.sum()), sequences=6.0)
     whole = aggregate_loss(loss, mask, mode, scale)
-    parts = sum(aggregate_loss(loss[i : i + 2], mask[i : i + 2], mode, scale) for i in range(0, 6, 2))
+    parts = sum(
+        aggregate_loss(loss[i : i + 2], mask[i : i + 2], mode, scale) for i in range(0, 6, 2)
+    )
     torch.testing.assert_close(whole, parts)
     assert torch.isfinite(whole)
 
@@ -111,8 +124,12 @@ def test_aggregation_hand_numbers() -> None:
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     scale = LossScale(tokens=4, sequences=2)
     assert aggregate_loss(loss, mask, "token-mean", scale).item() == pytest.approx(10 / 4)
-    assert aggregate_loss(loss, mask, "seq-mean-token-mean", scale).item() == pytest.approx((2 + 4) / 2)
-    assert aggregate_loss(loss, mask, "seq-mean-token-sum", scale).item() == pytest.approx((6 + 4) / 2)
+    assert aggregate_loss(loss, mask, "seq-mean-token-mean", scale).item() == pytest.approx(
+        (2 + 4) / 2
+    )
+    assert aggregate_loss(loss, mask, "seq-mean-token-sum", scale).item() == pytest.approx(
+        (6 + 4) / 2
+    )
 
 
 def test_registry_refuses_duplicates_and_loads_user_files(tmp_path: Path) -> None:

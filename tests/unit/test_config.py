@@ -20,7 +20,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     full_env["RAY_ADDRESS"] = "ray-must-not-start:1"
     return subprocess.run(
         [sys.executable, "-m", "rlframe.main", *args],
-        capture_output=True, text=True, check=False, timeout=60, env=full_env, cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env=full_env,
+        cwd=REPO,
     )
 
 
@@ -35,7 +40,6 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         ("trainer.stepz=3", "trainer.stepz", "keys allowed in trainer: cpus_per_proc"),
         ("trainer.device=gpu", "trainer.device", "expected one of [auto, cuda, cpu]"),
         ("rollout.engine=sglang", "rollout.engine", "expected one of [vllm, hf]"),
-        
         ("algorithm.loss_agg=mean", "algorithm.loss_agg", "must be one of"),
     ],
 )
@@ -73,7 +77,9 @@ def test_help_lists_recipes() -> None:
 
 
 def test_user_recipe_folder(tmp_path: Path) -> None:
-    (tmp_path / "mine.yaml").write_text("model:\n  path: /models/mine\ntrainer:\n  total_steps: 7\n")
+    (tmp_path / "mine.yaml").write_text(
+        "model:\n  path: /models/mine\ntrainer:\n  total_steps: 7\n"
+    )
     result = run_cli("+recipe=mine", "--cfg", "job", env={"RLFRAME_RECIPE_DIRS": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert "path: /models/mine" in result.stdout and "total_steps: 7" in result.stdout
@@ -117,22 +123,36 @@ def test_gpu_recipes_compose_and_validate(recipe: str, advantage: str) -> None:
 
 def test_recipe_specifics() -> None:
     dapo = compose("dapo_qwen")
-    assert dapo.algorithm.dynamic_sampling and dapo.algorithm.clip_high == 0.28 and dapo.reward.overlong_buffer > 0
+    assert (
+        dapo.algorithm.dynamic_sampling
+        and dapo.algorithm.clip_high == 0.28
+        and dapo.reward.overlong_buffer > 0
+    )
     assert compose("gspo_qwen").algorithm.policy_loss == "gspo"
     drgrpo = compose("drgrpo_qwen")
-    assert not drgrpo.algorithm.norm_by_std and drgrpo.algorithm.loss_agg == "seq-mean-token-sum-norm"
+    assert (
+        not drgrpo.algorithm.norm_by_std and drgrpo.algorithm.loss_agg == "seq-mean-token-sum-norm"
+    )
     assert drgrpo.algorithm.loss_agg_norm == drgrpo.rollout.max_tokens == 1024
     assert compose("ppo_tiny").critic.enable and compose("grpo_tiny").critic.enable is False
 
 
 def test_gae_without_critic_is_refused() -> None:
     with pytest.raises(ConfigError, match="critic.enable"):
-        build_config({"model": {"path": "x"}, "algorithm": {"advantage": "gae"}, "critic": {"enable": False}})
+        build_config(
+            {"model": {"path": "x"}, "algorithm": {"advantage": "gae"}, "critic": {"enable": False}}
+        )
 
 
 def test_build_config_reports_all_cross_field_rules() -> None:
     with pytest.raises(ConfigError) as info:
-        build_config({"model": {"path": "x"}, "trainer": {"procs_per_node": 3}, "actor": {"mini_batch_size": 32}})
+        build_config(
+            {
+                "model": {"path": "x"},
+                "trainer": {"procs_per_node": 3},
+                "actor": {"mini_batch_size": 32},
+            }
+        )
     assert info.value.key == "actor.mini_batch_size"
     assert "multiple of the number of ranks" in str(info.value)
 

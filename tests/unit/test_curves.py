@@ -49,17 +49,31 @@ def test_tensorboard_sink_and_resume_purge(tmp_path: Path) -> None:
     resumed.close()
     values = dict(read_scalars(tmp_path / "tensorboard", "reward/mean"))
     assert sorted(values) == list(range(1, 9))
-    assert values[6] == 16.0 and abs(values[4] - fake_step(4)["reward/mean"]) < 1e-6  # float32 in events
+    assert (
+        values[6] == 16.0 and abs(values[4] - fake_step(4)["reward/mean"]) < 1e-6
+    )  # float32 in events
 
 
 def test_plot_writes_a_png_with_every_panel(tmp_path: Path) -> None:
     tracker = Tracker(tmp_path, ["jsonl"], 30, {}, "p", "e")
     tracker.log(0, {"val/reward/mean": 0.05})
     for step in range(1, 31):
-        tracker.log(step, fake_step(step) | ({"val/reward/mean": step / 40} if step % 10 == 0 else {}))
+        tracker.log(
+            step, fake_step(step) | ({"val/reward/mean": step / 40} if step % 10 == 0 else {})
+        )
     rows = read_metrics(tmp_path)
-    assert stage_keys(rows) == ["timing_s/gen", "timing_s/reward", "timing_s/update", "timing_s/step"]
-    done = subprocess.run([sys.executable, "-m", "rlframe.plot", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert stage_keys(rows) == [
+        "timing_s/gen",
+        "timing_s/reward",
+        "timing_s/update",
+        "timing_s/step",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "rlframe.plot", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     png = tmp_path / "curves.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
@@ -67,7 +81,12 @@ def test_plot_writes_a_png_with_every_panel(tmp_path: Path) -> None:
 
 
 def test_plot_of_a_folder_without_metrics_says_so(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "rlframe.plot", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlframe.plot", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2 and "no metrics.jsonl" in done.stderr
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
     assert plot_run(tmp_path).is_file()  # panels it cannot fill say "not logged by this run"

@@ -22,15 +22,24 @@ def test_hermes_parser_finds_every_call_and_reports_malformed_ones() -> None:
         "<tool_call>{not json}</tool_call><tool_call>[1, 2]</tool_call>"
     )
     parsed = parse(text)
-    assert [(c.name, c.arguments) for c in parsed.calls] == [("calculate", {"expression": "2+3"}), ("calculate", {"expression": "4*5"})]
-    assert len(parsed.errors) == 2 and "not valid JSON" in parsed.errors[0] and "'name'" in parsed.errors[1]
+    assert [(c.name, c.arguments) for c in parsed.calls] == [
+        ("calculate", {"expression": "2+3"}),
+        ("calculate", {"expression": "4*5"}),
+    ]
+    assert (
+        len(parsed.errors) == 2
+        and "not valid JSON" in parsed.errors[0]
+        and "'name'" in parsed.errors[1]
+    )
     assert not parse("The answer is 5.").has_calls
     # A turn that stopped right after the JSON (no closing tag) still counts.
     assert parse('<tool_call>{"name": "f", "arguments": {}}').calls[0].name == "f"
     assert TOOL_PARSERS.get("qwen") is parse
 
 
-def lookup(city: str, units: Literal["metric", "imperial"] = "metric", days: list[int] | None = None) -> dict:
+def lookup(
+    city: str, units: Literal["metric", "imperial"] = "metric", days: list[int] | None = None
+) -> dict:
     """Look up the weather.
 
     Longer explanation that is not part of the description.
@@ -57,9 +66,20 @@ def test_tool_schema_from_signature_and_docstring() -> None:
             "parameters": {
                 "type": "object",
                 "properties": {
-                    "city": {"type": "string", "description": "the city's name, as written locally."},
-                    "units": {"type": "string", "enum": ["metric", "imperial"], "description": "unit system."},
-                    "days": {"type": "array", "items": {"type": "integer"}, "description": "days ahead."},
+                    "city": {
+                        "type": "string",
+                        "description": "the city's name, as written locally.",
+                    },
+                    "units": {
+                        "type": "string",
+                        "enum": ["metric", "imperial"],
+                        "description": "unit system.",
+                    },
+                    "days": {
+                        "type": "array",
+                        "items": {"type": "integer"},
+                        "description": "days ahead.",
+                    },
                 },
                 "required": ["city"],
             },
@@ -76,7 +96,9 @@ def test_tool_schema_from_signature_and_docstring() -> None:
 def test_tool_env_runs_calls_and_reports_errors() -> None:
     env = ToolEnv([lookup, calculate], max_calls_per_turn=2)
     assert [t["function"]["name"] for t in env.tools] == ["lookup", "calculate"]
-    assert env.reset({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}) == [{"role": "user", "content": "hi"}]
+    assert env.reset({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}) == [
+        {"role": "user", "content": "hi"}
+    ]
     obs, reward, done, info = env.step(
         '<tool_call>{"name": "calculate", "arguments": {"expression": "(2+3)*4"}}</tool_call>'
         '<tool_call>{"name": "nope", "arguments": {}}</tool_call>'
@@ -85,11 +107,18 @@ def test_tool_env_runs_calls_and_reports_errors() -> None:
     assert obs[0] == {"role": "tool", "name": "calculate", "content": "20"}
     assert obs[1]["content"].startswith("error: unknown tool 'nope'")
     assert info == {"tool_calls": 2, "tool_errors": 1}
-    obs, _, _, info = env.step('<tool_call>{"name": "calculate", "arguments": {"expression": "import os"}}</tool_call>')
+    obs, _, _, info = env.step(
+        '<tool_call>{"name": "calculate", "arguments": {"expression": "import os"}}</tool_call>'
+    )
     assert obs[0]["content"].startswith("error: ") and info["tool_errors"] == 1
-    obs, _, _, info = env.step('<tool_call>{"name": "lookup", "arguments": {"city": "Oslo"}}</tool_call>' * 3)
+    obs, _, _, info = env.step(
+        '<tool_call>{"name": "lookup", "arguments": {"city": "Oslo"}}</tool_call>' * 3
+    )
     assert json.loads(obs[0]["content"]) == {"city": "Oslo", "units": "metric", "days": None}
-    assert obs[2]["content"].startswith("error: more than 2 tool calls") and info == {"tool_calls": 3, "tool_errors": 1}
+    assert obs[2]["content"].startswith("error: more than 2 tool calls") and info == {
+        "tool_calls": 3,
+        "tool_errors": 1,
+    }
     # No call: the final answer, which ends the episode.
     assert env.step("It is 20.") == ([], 0.0, True, {"tool_calls": 0, "tool_errors": 0})
 
@@ -101,7 +130,9 @@ def test_calculator_is_safe_and_scores_answers_when_asked() -> None:
         with pytest.raises(ValueError):
             calculate(bad)
     env = CalculatorEnv(answer_reward=1.0)
-    messages = env.reset({"prompt": "q", "messages": [{"role": "user", "content": "q"}], "ground_truth": "#### 18"})
+    messages = env.reset(
+        {"prompt": "q", "messages": [{"role": "user", "content": "q"}], "ground_truth": "#### 18"}
+    )
     assert messages[0]["role"] == "system" and messages[1]["content"] == "q"
     assert env.step("so #### 18").reward == 1.0 and env.step("#### 17").reward == 0.0
     assert CalculatorEnv().step("#### 18").reward == 0.0  # answer scoring left to reward.fn
@@ -122,14 +153,22 @@ def test_observation_suffix_aligns_at_the_end_of_turn_token() -> None:
     tokenizer = build_chatml_tokenizer()
     env = CalculatorEnv(system_prompt="Be brief.")
     chat = ChatFormat(tokenizer, tools=env.tools)
-    opening = env.reset({"prompt": "What is 2+3?", "messages": [{"role": "user", "content": "What is 2+3?"}]})
+    opening = env.reset(
+        {"prompt": "What is 2+3?", "messages": [{"role": "user", "content": "What is 2+3?"}]}
+    )
     call = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2+3"}}\n</tool_call>'
     answer = "It is 5.\n#### 5"
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     observation = env.step(call).observation
     obs_ids, cut = chat.observation_ids(observation, 100)
-    ids = chat.prompt_ids(opening) + chat.encode(call) + [end] + obs_ids + chat.encode(answer) + [end]
-    whole = opening + [{"role": "assistant", "content": call}, *observation, {"role": "assistant", "content": answer}]
+    ids = (
+        chat.prompt_ids(opening) + chat.encode(call) + [end] + obs_ids + chat.encode(answer) + [end]
+    )
+    whole = opening + [
+        {"role": "assistant", "content": call},
+        *observation,
+        {"role": "assistant", "content": answer},
+    ]
     expected = chat.encode(chat.render(whole, add_generation_prompt=False))
     # The template writes a newline after the last <|im_end|>; the sampled ids stop at it.
     assert not cut and ids == expected[: len(ids)] and expected[len(ids) :] == chat.encode("\n")
@@ -150,6 +189,10 @@ def test_long_observations_are_cut_to_fit_and_tiny_limits_are_refused() -> None:
     chat = ChatFormat(tokenizer)
     ids, cut = chat.observation_ids([{"role": "tool", "content": "9" * 200}], 60)
     text = tokenizer.decode(ids)
-    assert cut and len(ids) <= 60 and text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert (
+        cut
+        and len(ids) <= 60
+        and text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    )
     with pytest.raises(EnvError, match="agent.max_obs_tokens"):
         chat.observation_ids([{"role": "tool", "content": "9" * 200}], 10)

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from rlframe.config import ActorConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig
+from rlframe.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+)
 from rlframe.data.loader import PromptLoader
 from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
@@ -19,13 +26,20 @@ TOKENIZER = build_tiny_tokenizer()
 def generate(prompts: Batch) -> Batch:
     """One token per row: greedy rows answer 1, sampled rows the parity of their seed."""
     rows = len(prompts)
-    token = torch.ones(rows, dtype=torch.long) if prompts.meta.get("greedy") else torch.tensor(
-        [int(s) % 2 for s in prompts["seed"]]
+    token = (
+        torch.ones(rows, dtype=torch.long)
+        if prompts.meta.get("greedy")
+        else torch.tensor([int(s) % 2 for s in prompts["seed"]])
     )
     ids = torch.stack([token, torch.zeros(rows, dtype=torch.long)], 1)
     mask = torch.tensor([[1.0, 0.0]] * rows)
     return Batch(
-        {"response_ids": ids, "response_mask": mask, "loss_mask": mask.clone(), "rollout_logprobs": -mask},
+        {
+            "response_ids": ids,
+            "response_mask": mask,
+            "loss_mask": mask.clone(),
+            "rollout_logprobs": -mask,
+        },
         {"finish_reason": ["stop"] * rows},
     )
 
@@ -43,7 +57,9 @@ def make_producer(**algorithm: object) -> ExperienceProducer:
         actor=ActorConfig(mini_batch_size=8, micro_batch_size=8),
         algorithm=AlgorithmConfig(**algorithm),
     )
-    records = [PromptRecord(f"{i}+1=", TOKENIZER(f"{i}+1=")["input_ids"], str(i + 1), {}) for i in range(8)]
+    records = [
+        PromptRecord(f"{i}+1=", TOKENIZER(f"{i}+1=")["input_ids"], str(i + 1), {}) for i in range(8)
+    ]
     return ExperienceProducer(cfg, generate, TOKENIZER, PromptLoader(records, 2, seed=0), score)
 
 

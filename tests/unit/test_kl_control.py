@@ -11,7 +11,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlframe.config import ActorConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+from rlframe.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
 from rlframe.protocol import Batch
 from rlframe.trainer import Trainer
 
@@ -25,7 +33,12 @@ def make_trainer(ctrl: str, horizon: int = 64, advantage: str = "grpo") -> Train
         rollout=RolloutConfig(engine="hf", n=4, max_tokens=TOKENS),
         actor=ActorConfig(mini_batch_size=8, micro_batch_size=4),
         algorithm=AlgorithmConfig(
-            advantage=advantage, kl_reward_coef=0.05, kl_reward_ctrl=ctrl, kl_target=0.1, kl_horizon=horizon, kl_reward_estimator="k1"
+            advantage=advantage,
+            kl_reward_coef=0.05,
+            kl_reward_ctrl=ctrl,
+            kl_target=0.1,
+            kl_horizon=horizon,
+            kl_reward_estimator="k1",
         ),
         trainer=TrainerConfig(total_steps=1, device="cpu"),
     )
@@ -59,9 +72,13 @@ def test_adaptive_coefficient_follows_the_target_over_steps() -> None:
         metrics: dict[str, float] = {}
         trainer.compute_advantages(batch_with_kl(kl), metrics)
         # The step's penalty uses the coefficient from before its own update.
-        assert metrics["actor/kl_reward_coef"] == pytest.approx(expected[step], rel=1e-6)  # the KL is measured in float32
+        assert metrics["actor/kl_reward_coef"] == pytest.approx(
+            expected[step], rel=1e-6
+        )  # the KL is measured in float32
         assert metrics["actor/reward_kl"] == pytest.approx(kl, abs=1e-6)
-    assert trainer.kl_ctrl.value == pytest.approx(expected[-1], rel=1e-6)  # KL is measured in float32
+    assert trainer.kl_ctrl.value == pytest.approx(
+        expected[-1], rel=1e-6
+    )  # KL is measured in float32
 
 
 def test_penalty_lowers_the_rewards_by_the_current_coefficient() -> None:
@@ -69,9 +86,13 @@ def test_penalty_lowers_the_rewards_by_the_current_coefficient() -> None:
     # tokens from t on, so the first token's return is reward - beta * 3 * KL.
     trainer = make_trainer("adaptive", advantage="reinforce_pp")
     first = trainer.compute_advantages(batch_with_kl(0.2), {})
-    torch.testing.assert_close(first["returns"][:, 0], torch.tensor([1.0, 0.0] * 4) - 0.05 * 3 * 0.2)
+    torch.testing.assert_close(
+        first["returns"][:, 0], torch.tensor([1.0, 0.0] * 4) - 0.05 * 3 * 0.2
+    )
     second = trainer.compute_advantages(batch_with_kl(0.2), {})  # beta is now 0.05 * 1.025
-    torch.testing.assert_close(second["returns"][:, 0], torch.tensor([1.0, 0.0] * 4) - 0.05125 * 3 * 0.2)
+    torch.testing.assert_close(
+        second["returns"][:, 0], torch.tensor([1.0, 0.0] * 4) - 0.05125 * 3 * 0.2
+    )
 
 
 def test_fixed_coefficient_never_moves() -> None:

@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from rlframe.algorithms.losses import KLController
-from rlframe.checkpoint import Checkpointer, find_latest_checkpoint, resolve_resume, truncate_run_logs
+from rlframe.checkpoint import (
+    Checkpointer,
+    find_latest_checkpoint,
+    resolve_resume,
+    truncate_run_logs,
+)
 from rlframe.config import Config, ConfigError, DataConfig, ModelConfig, TrainerConfig, ValConfig
 from rlframe.data.loader import PromptLoader
 from rlframe.data.prompts import PromptRecord
@@ -20,7 +25,9 @@ from rlframe.validation import compute_validation_metrics, estimate_pass_at_k, l
 
 
 def make_config(out: Path, **trainer: object) -> Config:
-    return Config(model=ModelConfig(path="tiny:0"), trainer=TrainerConfig(output_dir=str(out), **trainer))
+    return Config(
+        model=ModelConfig(path="tiny:0"), trainer=TrainerConfig(output_dir=str(out), **trainer)
+    )
 
 
 def make_checkpointer(out: Path, keep_last: int) -> Checkpointer:
@@ -35,7 +42,11 @@ def test_save_marks_latest_and_prunes_to_keep_last(tmp_path: Path) -> None:
     root = tmp_path / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000020", "step_00000030"]
     assert find_latest_checkpoint(tmp_path) == root / "step_00000030"
-    assert json.loads((root / "step_00000030" / "driver_state.json").read_text()) == {"step": 30, "groups_served": 30, "seed": 0}
+    assert json.loads((root / "step_00000030" / "driver_state.json").read_text()) == {
+        "step": 30,
+        "groups_served": 30,
+        "seed": 0,
+    }
 
 
 def test_killed_save_leaves_previous_checkpoint_and_is_cleaned_up(tmp_path: Path) -> None:
@@ -67,7 +78,9 @@ def test_resume_resolution_and_run_directory_safety(tmp_path: Path) -> None:
     used.mkdir()
     (used / "metrics.jsonl").write_text("")
     for resume in ("auto", "never"):
-        with pytest.raises(ConfigError, match=rf"trainer.output_dir: {used} already holds a run \(metrics.jsonl\)"):
+        with pytest.raises(
+            ConfigError, match=rf"trainer.output_dir: {used} already holds a run \(metrics.jsonl\)"
+        ):
             resolve_resume(make_config(used, resume=resume))
     make_checkpointer(used, 2).save(4, {"seed": 0})
     assert resolve_resume(make_config(used)) == used / "checkpoints" / "step_00000004"
@@ -75,15 +88,24 @@ def test_resume_resolution_and_run_directory_safety(tmp_path: Path) -> None:
         resolve_resume(make_config(used, seed=1))
     with pytest.raises(ConfigError, match="trainer.resume=never"):
         resolve_resume(make_config(used, resume="never"))
-    assert resolve_resume(make_config(fresh, resume=str(used / "checkpoints" / "step_00000004"))) is not None
+    assert (
+        resolve_resume(make_config(fresh, resume=str(used / "checkpoints" / "step_00000004")))
+        is not None
+    )
     with pytest.raises(ConfigError, match="is not a checkpoint"):
         resolve_resume(make_config(fresh, resume=str(used)))
 
 
-def test_truncate_run_logs_keeps_steps_up_to_the_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 6)))
+def test_truncate_run_logs_keeps_steps_up_to_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s}) + "\n" for s in range(1, 6))
+    )
     truncate_run_logs(tmp_path, 3)
-    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert [
+        json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ] == [1, 2, 3]
     assert "dropped 2 lines" in capsys.readouterr().out
 
 
@@ -95,7 +117,9 @@ def test_prompt_loader_state_round_trip() -> None:
     state = json.loads(json.dumps(a.state_dict()))  # it goes through JSON in a checkpoint
     b = PromptLoader(records, 3, seed=99)
     b.load_state_dict(state)
-    assert [[r.prompt for r in a.next_records()] for _ in range(8)] == [[r.prompt for r in b.next_records()] for _ in range(8)]
+    assert [[r.prompt for r in a.next_records()] for _ in range(8)] == [
+        [r.prompt for r in b.next_records()] for _ in range(8)
+    ]
     with pytest.raises(ValueError, match="ran over 10 prompts, this run has 9"):
         PromptLoader(records[:9], 3, seed=7).load_state_dict(state)
 
@@ -108,7 +132,9 @@ def test_kl_controller_state() -> None:
     assert other.value == ctrl.value != 0.1
 
 
-def test_resumed_tracker_continues_the_wandb_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resumed_tracker_continues_the_wandb_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")  # real wandb, nothing leaves the machine
     monkeypatch.setenv("WANDB_SILENT", "true")
     first = Tracker(tmp_path, ["wandb"], 3, {"lr": 1.0}, "p", "e")
@@ -123,7 +149,9 @@ def test_resumed_tracker_continues_the_wandb_run(tmp_path: Path, monkeypatch: py
 
 
 def test_pass_at_k_by_hand() -> None:
-    assert list_pass_ks(4) == [1, 2, 4] and list_pass_ks(6) == [1, 2, 4, 6] and list_pass_ks(1) == [1]
+    assert (
+        list_pass_ks(4) == [1, 2, 4] and list_pass_ks(6) == [1, 2, 4, 6] and list_pass_ks(1) == [1]
+    )
     assert estimate_pass_at_k(4, 1, 1) == pytest.approx(0.25)
     assert estimate_pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
     assert estimate_pass_at_k(4, 0, 4) == 0.0 and estimate_pass_at_k(4, 3, 2) == 1.0
@@ -138,10 +166,14 @@ def test_validation_metrics_overall_and_per_source() -> None:
     scores = torch.tensor([1.0, 0.0, 1.0, 1.0])
     rewards = scores - 0.5
     lengths = torch.tensor([2, 4, 6, 8])
-    m = compute_validation_metrics(scores, rewards, lengths, n=2, threshold=1.0, sources=["a", "a", "b", "b"])
+    m = compute_validation_metrics(
+        scores, rewards, lengths, n=2, threshold=1.0, sources=["a", "a", "b", "b"]
+    )
     assert m["val/pass@1"] == pytest.approx((0.5 + 1.0) / 2)
     assert m["val/pass@2"] == pytest.approx(1.0)
-    assert m["val/reward/mean"] == pytest.approx(0.25) and m["val/response_length/mean"] == pytest.approx(5)
+    assert m["val/reward/mean"] == pytest.approx(0.25) and m[
+        "val/response_length/mean"
+    ] == pytest.approx(5)
     assert m["val/a/pass@1"] == pytest.approx(0.5) and m["val/b/reward/mean"] == pytest.approx(0.5)
 
 
@@ -153,4 +185,8 @@ def test_config_checks_for_long_runs() -> None:
     with pytest.raises(ConfigError, match="val.n"):
         ValConfig(n=0)
     with pytest.raises(ConfigError, match="data.val_files"):
-        Config(model=ModelConfig(path="x"), data=DataConfig(train_files=["a.jsonl"]), trainer=TrainerConfig(val_every=5))
+        Config(
+            model=ModelConfig(path="x"),
+            data=DataConfig(train_files=["a.jsonl"]),
+            trainer=TrainerConfig(val_every=5),
+        )

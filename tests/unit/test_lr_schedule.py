@@ -11,7 +11,14 @@ from workers.engines.fsdp import OptimizerSpec, build_lr_lambda
 
 
 def spec(schedule: str, warmup: int, total: int) -> OptimizerSpec:
-    return OptimizerSpec(lr=1e-3, weight_decay=0.0, grad_clip=1.0, warmup_steps=warmup, lr_schedule=schedule, total_steps=total)
+    return OptimizerSpec(
+        lr=1e-3,
+        weight_decay=0.0,
+        grad_clip=1.0,
+        warmup_steps=warmup,
+        lr_schedule=schedule,
+        total_steps=total,
+    )
 
 
 def test_warmup_then_cosine_to_a_tenth() -> None:
@@ -38,12 +45,21 @@ def test_schedule_drives_the_optimizer_learning_rate() -> None:
     """The factor is applied by LambdaLR as the engine builds it: lr after k scheduler steps."""
     param = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.AdamW([param], lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, build_lr_lambda(spec("cosine", warmup=2, total=6)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, build_lr_lambda(spec("cosine", warmup=2, total=6))
+    )
     seen = []
     for _ in range(7):
         seen.append(optimizer.param_groups[0]["lr"])
         optimizer.step()
         scheduler.step()
-    expected = [5e-4, 1e-3, 1e-3, 1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi / 4))), 5.5e-4,
-                1e-3 * (0.1 + 0.45 * (1 + math.cos(3 * math.pi / 4))), 1e-4]
+    expected = [
+        5e-4,
+        1e-3,
+        1e-3,
+        1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi / 4))),
+        5.5e-4,
+        1e-3 * (0.1 + 0.45 * (1 + math.cos(3 * math.pi / 4))),
+        1e-4,
+    ]
     assert seen == pytest.approx(expected)

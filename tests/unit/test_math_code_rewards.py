@@ -47,14 +47,18 @@ ADD_STDIO = json.dumps({"inputs": ["1 2\n", "10 -3\n", "0 0\n"], "outputs": ["3\
 )
 def test_code_tests_stdin_stdout(program: str, score: float) -> None:
     response = f"Here is my solution:\n```python\n{program}\n```\nIt adds."
-    assert REWARDS.get("code_tests")(response, ADD_STDIO, {"time_limit_s": 1}) == pytest.approx(score)
+    assert REWARDS.get("code_tests")(response, ADD_STDIO, {"time_limit_s": 1}) == pytest.approx(
+        score
+    )
 
 
 def test_code_tests_assert_style_from_the_tests_column() -> None:
     tests = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add('a', 'b') == 'ab'"]
     fn = REWARDS.get("code_tests")
     assert fn("def add(a, b):\n    return a + b\n", "", {"tests": tests}) == 1.0
-    assert fn("```py\ndef add(a, b):\n    return int(a) + int(b)\n```", "", {"tests": {"asserts": tests}}) == pytest.approx(2 / 3)
+    assert fn(
+        "```py\ndef add(a, b):\n    return int(a) + int(b)\n```", "", {"tests": {"asserts": tests}}
+    ) == pytest.approx(2 / 3)
     assert fn("def sub(a, b):\n    return a - b", "", {"tests": tests}) == 0.0
 
 

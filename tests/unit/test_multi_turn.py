@@ -11,8 +11,21 @@ from typing import Any
 import pytest
 import torch
 
-from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs, compute_reverse_cumsum, place_on_last_token
-from rlframe.config import ActorConfig, AgentConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig
+from rlframe.algorithms.advantages import (
+    ADVANTAGES,
+    AdvantageInputs,
+    compute_reverse_cumsum,
+    place_on_last_token,
+)
+from rlframe.config import (
+    ActorConfig,
+    AgentConfig,
+    AlgorithmConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+)
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
@@ -41,23 +54,46 @@ class ScriptedPolicy:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, batch: Batch) -> Batch:
-        contexts = [ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"])]
+        contexts = [
+            ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"])
+        ]
         caps = batch["max_tokens"].tolist()
         self.calls.append({"contexts": contexts, "max_tokens": caps, "meta": dict(batch.meta)})
         ids = torch.zeros(len(contexts), self.width, dtype=torch.long)
-        mask, logprobs, reasons = torch.zeros(len(contexts), self.width), torch.zeros(len(contexts), self.width), []
+        mask, logprobs, reasons = (
+            torch.zeros(len(contexts), self.width),
+            torch.zeros(len(contexts), self.width),
+            [],
+        )
         for i, (context, cap) in enumerate(zip(contexts, caps)):
             row = next(r for r, p in enumerate(self.prompts) if context[: len(p)] == p)
-            turn = sum(1 for c in self.calls if any(ctx[: len(self.prompts[row])] == self.prompts[row] for ctx in c["contexts"])) - 1
+            turn = (
+                sum(
+                    1
+                    for c in self.calls
+                    if any(
+                        ctx[: len(self.prompts[row])] == self.prompts[row] for ctx in c["contexts"]
+                    )
+                )
+                - 1
+            )
             text = self.turns[row][turn]
-            sampled = (encode(text.removesuffix("<eos>")) + ([EOS] if text.endswith("<eos>") else []))[:cap]
+            sampled = (
+                encode(text.removesuffix("<eos>")) + ([EOS] if text.endswith("<eos>") else [])
+            )[:cap]
             ids[i, : len(sampled)] = torch.tensor(sampled)
             mask[i, : len(sampled)] = 1
             logprobs[i, : len(sampled)] = -torch.tensor(sampled, dtype=torch.float) / 100
             reasons.append("stop" if sampled and sampled[-1] == EOS else "length")
         return Batch(
-            {"response_ids": ids, "response_mask": mask, "loss_mask": mask.clone(), "rollout_logprobs": logprobs},
-            {"finish_reason": reasons}, {"weights_version": 3},
+            {
+                "response_ids": ids,
+                "response_mask": mask,
+                "loss_mask": mask.clone(),
+                "rollout_logprobs": logprobs,
+            },
+            {"finish_reason": reasons},
+            {"weights_version": 3},
         )
 
 
@@ -74,7 +110,10 @@ def make_config(env: str, n_prompts: int, max_tokens: int = 12, **agent: Any) ->
 
 
 def make_prompts(prompts: list[str], truths: list[str]) -> Batch:
-    records = [PromptRecord(p, encode(p), t, {}, [{"role": "user", "content": p}]) for p, t in zip(prompts, truths)]
+    records = [
+        PromptRecord(p, encode(p), t, {}, [{"role": "user", "content": p}])
+        for p, t in zip(prompts, truths)
+    ]
     batch = build_prompt_batch(records, 1, 0, TOKENIZER.pad_token_id, seed=5)
     batch.meta |= {"stop_token_ids": [EOS], "pad_token_id": TOKENIZER.pad_token_id}
     return batch
@@ -90,7 +129,9 @@ HINTS = {"hint_format": " {hint}:"}
 
 def test_ids_concatenate_exactly_and_observations_are_masked() -> None:
     prompts = ["a:", "b:"]
-    policy = ScriptedPolicy(prompts, [["5<eos>", "8<eos>", "7<eos>"], ["3<eos>", "9", "x"]], width=12)
+    policy = ScriptedPolicy(
+        prompts, [["5<eos>", "8<eos>", "7<eos>"], ["3<eos>", "9", "x"]], width=12
+    )
     cfg = make_config(GUESS, 2, env_kwargs=HINTS, max_turns=3)
     batch = run(cfg, policy, make_prompts(prompts, ["7", "4"]))
 
@@ -101,12 +142,21 @@ def test_ids_concatenate_exactly_and_observations_are_masked() -> None:
     expected0 = turns0[0] + obs0[0] + turns0[1] + obs0[1] + turns0[2]
     n0 = len(expected0)
     assert batch["response_ids"][0, :n0].tolist() == expected0
-    assert batch["loss_mask"][0, :n0].tolist() == [1] * 2 + [0] * len(obs0[0]) + [1] * 2 + [0] * len(obs0[1]) + [1] * 2
+    assert (
+        batch["loss_mask"][0, :n0].tolist()
+        == [1] * 2 + [0] * len(obs0[0]) + [1] * 2 + [0] * len(obs0[1]) + [1] * 2
+    )
     assert batch["response_mask"][0].sum() == n0 and batch["loss_mask"][0, n0:].sum() == 0
     # Sampled log-probs are the engine's, unchanged; observations carry 0.
     sampled = batch["response_ids"][0][batch["loss_mask"][0].bool()]
-    torch.testing.assert_close(batch["rollout_logprobs"][0][batch["loss_mask"][0].bool()], -sampled.float() / 100)
-    assert batch["rollout_logprobs"][0][(batch["response_mask"][0] - batch["loss_mask"][0]).bool()].eq(0).all()
+    torch.testing.assert_close(
+        batch["rollout_logprobs"][0][batch["loss_mask"][0].bool()], -sampled.float() / 100
+    )
+    assert (
+        batch["rollout_logprobs"][0][(batch["response_mask"][0] - batch["loss_mask"][0]).bool()]
+        .eq(0)
+        .all()
+    )
 
     # Token in, token out: each turn's context is exactly the previous context + sampled + observation ids.
     prompt0 = encode("a:")
@@ -124,7 +174,9 @@ def test_ids_concatenate_exactly_and_observations_are_masked() -> None:
 
 def test_each_turn_gets_what_is_left_of_the_budget() -> None:
     policy = ScriptedPolicy(["a:"], [["12<eos>", "34<eos>", "56<eos>"]], width=7)
-    batch = run(make_config(GUESS, 1, max_tokens=7, env_kwargs=HINTS), policy, make_prompts(["a:"], ["9"]))
+    batch = run(
+        make_config(GUESS, 1, max_tokens=7, env_kwargs=HINTS), policy, make_prompts(["a:"], ["9"])
+    )
     assert [c["max_tokens"] for c in policy.calls] == [[7], [4], [1]]
     assert batch["loss_mask"].sum() == 7 and batch["agent_turns"].item() == 3
     assert batch["finish_reason"][0] == "length"
@@ -135,7 +187,9 @@ def test_each_turn_gets_what_is_left_of_the_budget() -> None:
 
 def test_max_turns_and_per_turn_cap_with_closed_turns() -> None:
     policy = ScriptedPolicy(["a:"], [["55", "66", "77"]], width=12)
-    cfg = make_config(GUESS, 1, env_kwargs=HINTS, max_turns=2, max_tokens_per_turn=1, close_cut_turns=True)
+    cfg = make_config(
+        GUESS, 1, env_kwargs=HINTS, max_turns=2, max_tokens_per_turn=1, close_cut_turns=True
+    )
     batch = run(cfg, policy, make_prompts(["a:"], ["9"]))
     assert [c["max_tokens"] for c in policy.calls] == [[1], [1]]
     # The cut turn is closed with <eos> that the policy did not sample: loss mask 0.
@@ -155,7 +209,9 @@ class SleepyEnv:
 
     def step(self, action: str) -> StepResult:
         time.sleep(self.seconds)
-        return StepResult([{"role": "user", "content": " ok:"}], 0.5, False, {"tool_calls": 1, "tool_errors": 0})
+        return StepResult(
+            [{"role": "user", "content": " ok:"}], 0.5, False, {"tool_calls": 1, "tool_errors": 0}
+        )
 
 
 class AsyncSleepyEnv(SleepyEnv):
@@ -187,14 +243,29 @@ def test_env_errors_name_the_env_and_sample_or_fail_the_episode() -> None:
     prompts = ["a:", "b:"]
     policy = ScriptedPolicy(prompts, [["1<eos>", "1<eos>"], ["2<eos>", "2<eos>"]], width=6)
     env = "tests.unit.test_multi_turn:BrokenEnv"
-    with pytest.raises(EnvError, match=r"BrokenEnv step failed on sample 1 at turn 1 .*'b:'.*RuntimeError: the sandbox crashed"):
-        run(make_config(env, 2, max_tokens=6, env_kwargs={"seconds": 0}), policy, make_prompts(prompts, ["0", "0"]))
+    with pytest.raises(
+        EnvError,
+        match=r"BrokenEnv step failed on sample 1 at turn 1 .*'b:'.*RuntimeError: the sandbox crashed",
+    ):
+        run(
+            make_config(env, 2, max_tokens=6, env_kwargs={"seconds": 0}),
+            policy,
+            make_prompts(prompts, ["0", "0"]),
+        )
 
     policy = ScriptedPolicy(prompts, [["1<eos>", "1<eos>"], ["2<eos>", "2<eos>"]], width=6)
-    cfg = make_config(env, 2, max_tokens=6, env_kwargs={"seconds": 0}, on_env_error="fail_episode", max_turns=2)
+    cfg = make_config(
+        env, 2, max_tokens=6, env_kwargs={"seconds": 0}, on_env_error="fail_episode", max_turns=2
+    )
     batch = run(cfg, policy, make_prompts(prompts, ["0", "0"]))
-    assert batch["env_failed"].tolist() == [0.0, 1.0] and batch["agent_turns"].tolist() == [2.0, 1.0]
-    scored = combine_rewards(batch.with_tensors(score=torch.tensor([0.25, 0.25]), reward=torch.tensor([0.25, 0.25])), cfg.agent)
+    assert batch["env_failed"].tolist() == [0.0, 1.0] and batch["agent_turns"].tolist() == [
+        2.0,
+        1.0,
+    ]
+    scored = combine_rewards(
+        batch.with_tensors(score=torch.tensor([0.25, 0.25]), reward=torch.tensor([0.25, 0.25])),
+        cfg.agent,
+    )
     assert scored["score"].tolist() == [1.25, 0.0] and scored["reward"].tolist() == [1.25, 0.0]
     metrics = collect_agent_metrics(batch)
     assert metrics["agent/env_failures"] == 1 and metrics["agent/turns/mean"] == 1.5
@@ -203,7 +274,13 @@ def test_env_errors_name_the_env_and_sample_or_fail_the_episode() -> None:
 
 def test_env_timeouts_end_as_errors() -> None:
     policy = ScriptedPolicy(["a:"], [["1<eos>"]], width=4)
-    cfg = make_config("tests.unit.test_multi_turn:SleepyEnv", 1, max_tokens=4, env_kwargs={"seconds": 3}, step_timeout_s=0.2)
+    cfg = make_config(
+        "tests.unit.test_multi_turn:SleepyEnv",
+        1,
+        max_tokens=4,
+        env_kwargs={"seconds": 3},
+        step_timeout_s=0.2,
+    )
     start = time.perf_counter()
     with pytest.raises(EnvError, match=r"TimeoutError: no answer within 0.2 s"):
         run(cfg, policy, make_prompts(["a:"], ["0"]))
@@ -211,11 +288,17 @@ def test_env_timeouts_end_as_errors() -> None:
 
 
 def test_rewards_combine_with_weights_and_the_overlong_penalty_stays() -> None:
-    batch = Batch({
-        "score": torch.tensor([1.0, 0.0]), "reward": torch.tensor([0.5, -0.5]),
-        "env_reward": torch.tensor([2.0, 1.0]), "env_failed": torch.tensor([0.0, 0.0]),
-    })
-    out = combine_rewards(batch, AgentConfig(env="guess_number", rule_reward_weight=0.5, env_reward_weight=2.0))
+    batch = Batch(
+        {
+            "score": torch.tensor([1.0, 0.0]),
+            "reward": torch.tensor([0.5, -0.5]),
+            "env_reward": torch.tensor([2.0, 1.0]),
+            "env_failed": torch.tensor([0.0, 0.0]),
+        }
+    )
+    out = combine_rewards(
+        batch, AgentConfig(env="guess_number", rule_reward_weight=0.5, env_reward_weight=2.0)
+    )
     assert out["score"].tolist() == [4.5, 2.0] and out["reward"].tolist() == [4.0, 1.5]
     assert out["rule_score"].tolist() == [1.0, 0.0]
 
@@ -239,18 +322,30 @@ def test_returns_flow_across_observations() -> None:
 def test_gae_skips_observations_and_reaches_the_first_turn() -> None:
     values = torch.tensor([[0.1, 0.2, 9.0, 9.0, 0.3, 0.4, 9.0]])
     cfg = AlgorithmConfig(gamma=1.0, lam=1.0)
-    out = ADVANTAGES.get("gae")(AdvantageInputs(torch.tensor([1.0]), MASK, torch.tensor([0]), cfg, values=values * MASK))
+    out = ADVANTAGES.get("gae")(
+        AdvantageInputs(torch.tensor([1.0]), MASK, torch.tensor([0]), cfg, values=values * MASK)
+    )
     # gamma = lambda = 1: returns are the final reward on every sampled token, observations 0.
     torch.testing.assert_close(out.returns, torch.tensor([[1.0, 1.0, 0, 0, 1.0, 1.0, 0]]))
     # Single-turn rows are unchanged by the gap handling: padding carries zeros.
     single = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    out1 = ADVANTAGES.get("gae")(AdvantageInputs(torch.tensor([1.0]), single, torch.tensor([0]), cfg, values=torch.tensor([[0.5, 0.5, 0.5, 0.0]])))
+    out1 = ADVANTAGES.get("gae")(
+        AdvantageInputs(
+            torch.tensor([1.0]),
+            single,
+            torch.tensor([0]),
+            cfg,
+            values=torch.tensor([[0.5, 0.5, 0.5, 0.0]]),
+        )
+    )
     torch.testing.assert_close(out1.returns, torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
 
 
 def test_readme_env_example_retries_until_right() -> None:
     policy = ScriptedPolicy(["3+4="], [["6<eos>", "7<eos>", "7<eos>"]], width=9)
-    cfg = make_config("tests/plugins/retry_env.py:RetryEnv", 1, max_tokens=9, max_turns=3, max_obs_tokens=32)
+    cfg = make_config(
+        "tests/plugins/retry_env.py:RetryEnv", 1, max_tokens=9, max_turns=3, max_obs_tokens=32
+    )
     batch = run(cfg, policy, make_prompts(["3+4="], ["7"]))
     expected = encode("6") + [EOS] + encode(" wrong, try again:") + encode("7") + [EOS]
     assert batch["response_ids"][0, : len(expected)].tolist() == expected

@@ -22,7 +22,9 @@ from workers.engines.fsdp import FSDPEngine, compute_layout_logprobs
 from workers.hybrid import HybridWorker
 
 # turn 1 | observation | turn 2 | padding
-LOSS_MASK = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]])
+LOSS_MASK = torch.tensor(
+    [[1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]]
+)
 RESPONSE_MASK = torch.tensor([[1.0] * 7 + [0.0], [1.0] * 6 + [0.0] * 2])
 
 
@@ -30,18 +32,24 @@ def make_batch(seed: int, obs_noise: float) -> Batch:
     gen = torch.Generator().manual_seed(seed)
     rows, width = LOSS_MASK.shape
     observation = RESPONSE_MASK - LOSS_MASK
-    noise = torch.randn(rows, width, generator=torch.Generator().manual_seed(99)) * obs_noise * observation
-    return Batch({
-        "prompt_ids": torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]),
-        "prompt_mask": torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
-        "response_ids": torch.randint(3, 50, (rows, width), generator=gen),
-        "response_mask": RESPONSE_MASK,
-        "loss_mask": LOSS_MASK,
-        "advantages": (torch.randn(rows, width, generator=gen) * LOSS_MASK) + noise * 50,
-        "old_logprobs": torch.full((rows, width), -4.0) + noise,
-        "ref_logprobs": torch.full((rows, width), -3.9) + noise,
-        "rollout_logprobs": torch.full((rows, width), -4.05) + noise,
-    })
+    noise = (
+        torch.randn(rows, width, generator=torch.Generator().manual_seed(99))
+        * obs_noise
+        * observation
+    )
+    return Batch(
+        {
+            "prompt_ids": torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]),
+            "prompt_mask": torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
+            "response_ids": torch.randint(3, 50, (rows, width), generator=gen),
+            "response_mask": RESPONSE_MASK,
+            "loss_mask": LOSS_MASK,
+            "advantages": (torch.randn(rows, width, generator=gen) * LOSS_MASK) + noise * 50,
+            "old_logprobs": torch.full((rows, width), -4.0) + noise,
+            "ref_logprobs": torch.full((rows, width), -3.9) + noise,
+            "rollout_logprobs": torch.full((rows, width), -4.05) + noise,
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,16 +60,25 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 def parameter_grads(model_path: str, batch: Batch, loss: str) -> list[torch.Tensor]:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    algorithm = AlgorithmConfig(policy_loss=loss, entropy_coef=0.01, kl_coef=0.1, kl_estimator="k3", tis_cap=2.0)
+    algorithm = AlgorithmConfig(
+        policy_loss=loss, entropy_coef=0.01, kl_coef=0.1, kl_estimator="k3", tis_cap=2.0
+    )
     cfg = Config(rollout=RolloutConfig(temperature=1.0), algorithm=algorithm)
     # The engine's log-prob path on a plain (unsharded) model: it only reads .model and .device.
     actor = SimpleNamespace(model=model, device="cpu")
     actor.compute_token_logprobs = MethodType(FSDPEngine.compute_token_logprobs, actor)
     worker = SimpleNamespace(
-        cfg=cfg, device="cpu", world_size=1, actor=actor, packed=False, policy_loss=POLICY_LOSSES.get(loss)
+        cfg=cfg,
+        device="cpu",
+        world_size=1,
+        actor=actor,
+        packed=False,
+        policy_loss=POLICY_LOSSES.get(loss),
     )
     worker.take_old_logprobs = MethodType(HybridWorker.take_old_logprobs, worker)
-    HybridWorker.forward_backward(worker, batch, LossScale(tokens=float(LOSS_MASK.sum()), sequences=2.0))
+    HybridWorker.forward_backward(
+        worker, batch, LossScale(tokens=float(LOSS_MASK.sum()), sequences=2.0)
+    )
     return [p.grad.clone() for p in model.parameters()]
 
 
@@ -78,12 +95,22 @@ def test_logprob_gradient_is_zero_exactly_on_observations(model_path: str) -> No
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     batch = make_batch(2, obs_noise=3.0)
     layout = build_layout(batch, packed=False)
-    logprobs = layout.to_grid(compute_layout_logprobs(model, layout, 1.0, chunk=0, with_entropy=False).logprobs)
+    logprobs = layout.to_grid(
+        compute_layout_logprobs(model, layout, 1.0, chunk=0, with_entropy=False).logprobs
+    )
     logprobs.retain_grad()
     out = POLICY_LOSSES.get("ppo_clip")(
         # Old log-probs equal to the current ones (ratio 1): no sampled token is clipped.
-        PolicyLossInputs(logprobs, logprobs.detach() + batch["old_logprobs"] * (1 - LOSS_MASK), batch["advantages"], LOSS_MASK, AlgorithmConfig())
+        PolicyLossInputs(
+            logprobs,
+            logprobs.detach() + batch["old_logprobs"] * (1 - LOSS_MASK),
+            batch["advantages"],
+            LOSS_MASK,
+            AlgorithmConfig(),
+        )
     )
-    aggregate_loss(out.token_loss, LOSS_MASK, "token-mean", LossScale(float(LOSS_MASK.sum()), 2.0)).backward()
+    aggregate_loss(
+        out.token_loss, LOSS_MASK, "token-mean", LossScale(float(LOSS_MASK.sum()), 2.0)
+    ).backward()
     assert torch.equal(logprobs.grad * (1 - LOSS_MASK), torch.zeros_like(logprobs))
     assert (logprobs.grad[LOSS_MASK.bool()] != 0).all()

@@ -26,15 +26,30 @@ PLUGINS = Path(__file__).resolve().parents[1] / "plugins" / "my_algorithms.py"
     [
         ("reward.fn=no_such_file.py:score", "no_such_file.py:score': no file"),
         (f"reward.fn={PLUGINS}:missing", "has no function 'missing'"),
-        ("algorithm.policy_loss=no_such_pkg.losses:mine", "algorithm.policy_loss: cannot be loaded: ModuleNotFoundError"),
-        ("algorithm.advantage=gea", "algorithm.advantage: unknown advantage 'gea'; registered: ['gae', 'grpo', 'grpo_passk'"),
-        ("actor.worker_cls=workers.hybrid.NoSuchWorker", "actor.worker_cls: cannot be loaded: ImportError: 'workers.hybrid.NoSuchWorker' cannot be imported"),
+        (
+            "algorithm.policy_loss=no_such_pkg.losses:mine",
+            "algorithm.policy_loss: cannot be loaded: ModuleNotFoundError",
+        ),
+        (
+            "algorithm.advantage=gea",
+            "algorithm.advantage: unknown advantage 'gea'; registered: ['gae', 'grpo', 'grpo_passk'",
+        ),
+        (
+            "actor.worker_cls=workers.hybrid.NoSuchWorker",
+            "actor.worker_cls: cannot be loaded: ImportError: 'workers.hybrid.NoSuchWorker' cannot be imported",
+        ),
         ("model.path=/no/such/model", "model.path: no such folder /no/such/model"),
-        ("data.train_files=[/no/such/file.jsonl]", "data.train_files: /no/such/file.jsonl: no such file"),
+        (
+            "data.train_files=[/no/such/file.jsonl]",
+            "data.train_files: /no/such/file.jsonl: no such file",
+        ),
         ("data.task=arithmatic", "data.task: must be one of ['arithmetic'"),
         ("+trainer.foo=1", "trainer.foo: unknown key; keys allowed in trainer:"),
         ("+trainer.total_step=5", "trainer.total_step: unknown key"),
-        ("+trainer.total_steps=5", "trainer.total_steps: set schema keys as trainer.total_steps=VALUE, without '+'"),
+        (
+            "+trainer.total_steps=5",
+            "trainer.total_steps: set schema keys as trainer.total_steps=VALUE, without '+'",
+        ),
         ("rollout.n=1", "rollout.n: algorithm.advantage=grpo compares the responses to one prompt"),
     ],
 )
@@ -49,7 +64,9 @@ def test_bad_inputs_fail_before_ray_with_one_line(override: str, message: str) -
 def make_config(files: list[str], batch_size: int = 2, max_prompt_length: int = 16) -> Config:
     return Config(
         model=ModelConfig(path="tiny:0"),
-        data=DataConfig(train_files=files, batch_size=batch_size, max_prompt_length=max_prompt_length),
+        data=DataConfig(
+            train_files=files, batch_size=batch_size, max_prompt_length=max_prompt_length
+        ),
         rollout=RolloutConfig(n=2),
         actor=ActorConfig(mini_batch_size=2 * batch_size, micro_batch_size=2),
     )
@@ -66,7 +83,9 @@ def write_bad_files(folder: Path) -> dict[str, Path]:
     }
     files["empty"].write_text("")
     files["corrupt"].write_bytes(b"PAR1 this is not a parquet file")
-    files["broken_line"].write_text(json.dumps({"prompt": "1+1=", "ground_truth": "2"}) + "\n{not json\n")
+    files["broken_line"].write_text(
+        json.dumps({"prompt": "1+1=", "ground_truth": "2"}) + "\n{not json\n"
+    )
     files["no_truth"].write_text(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
     files["no_prompt"].write_text(json.dumps({"question": "1+1=", "ground_truth": "2"}) + "\n")
     files["csv"].write_text("prompt,ground_truth\n1+1=,2\n")
@@ -79,8 +98,14 @@ def write_bad_files(folder: Path) -> dict[str, Path]:
         ("empty", "empty.jsonl: the file holds no rows"),
         ("corrupt", "corrupt.parquet: cannot be read as parquet"),
         ("broken_line", "broken.jsonl: cannot be read as jsonl: line 2"),
-        ("no_truth", "no_truth.jsonl row 0: a row needs a 'ground_truth' column; it has ['answer', 'prompt']"),
-        ("no_prompt", "no_prompt.jsonl row 0: a row needs a 'prompt' or 'messages' column; it has ['ground_truth', 'question']"),
+        (
+            "no_truth",
+            "no_truth.jsonl row 0: a row needs a 'ground_truth' column; it has ['answer', 'prompt']",
+        ),
+        (
+            "no_prompt",
+            "no_prompt.jsonl row 0: a row needs a 'prompt' or 'messages' column; it has ['ground_truth', 'question']",
+        ),
         ("csv", "rows.csv: prompt files must be .parquet, .jsonl or .json"),
     ],
 )
@@ -92,13 +117,22 @@ def test_bad_data_files_are_named(tmp_path: Path, name: str, message: str) -> No
     assert message in str(error.value)
 
 
-def test_too_few_prompts_and_dropped_ones_are_counted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_too_few_prompts_and_dropped_ones_are_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "few.parquet"
-    pq.write_table(pa.table({"prompt": ["1+1=", "2+2=", "9" * 40], "ground_truth": ["2", "4", "9"]}), path)
+    pq.write_table(
+        pa.table({"prompt": ["1+1=", "2+2=", "9" * 40], "ground_truth": ["2", "4", "9"]}), path
+    )
     records = load_training_prompts(make_config([str(path)], batch_size=2), build_tiny_tokenizer())
     assert [r.prompt for r in records] == ["1+1=", "2+2="]
-    assert "1 of 3 prompts dropped: longer than data.max_prompt_length=16 tokens" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match=r"data.batch_size: 4 exceeds the 2 prompts available \(3 rows, 1 longer"):
+    assert (
+        "1 of 3 prompts dropped: longer than data.max_prompt_length=16 tokens"
+        in capsys.readouterr().err
+    )
+    with pytest.raises(
+        ConfigError, match=r"data.batch_size: 4 exceeds the 2 prompts available \(3 rows, 1 longer"
+    ):
         load_training_prompts(make_config([str(path)], batch_size=4), build_tiny_tokenizer())
 
 

@@ -18,24 +18,42 @@ from tests.unit.test_config import run_cli
         ("reward.on_error=skip", "reward.on_error: must be one of ['raise', 'zero'], got 'skip'"),
         ("reward.num_workers=-2", "reward.num_workers: must be >= 0"),
         ("reward.timeout_s=0", "reward.timeout_s: must be > 0"),
-        ("reward.weight=0", "reward.weight: is 0, which turns the rule reward off, and no reward.model.path is set"),
+        (
+            "reward.weight=0",
+            "reward.weight: is 0, which turns the rule reward off, and no reward.model.path is set",
+        ),
         ("reward.model.path=/no/such/rm", "reward.model.path: no such folder /no/such/rm"),
-        ("reward.model.path=tiny-rm:x", "reward.model.path: 'tiny-rm:x': use 'tiny-rm:<integer seed>'"),
-        ("reward.model.worker_cls=workers.reward_model.Nope", "reward.model.worker_cls: cannot be loaded"),
+        (
+            "reward.model.path=tiny-rm:x",
+            "reward.model.path: 'tiny-rm:x': use 'tiny-rm:<integer seed>'",
+        ),
+        (
+            "reward.model.worker_cls=workers.reward_model.Nope",
+            "reward.model.worker_cls: cannot be loaded",
+        ),
         ("reward.model.dtype=float16", "reward.model.dtype: must be one of"),
     ],
 )
 def test_reward_mistakes_exit_before_ray(override: str, message: str) -> None:
-    extra = ["reward.model.path=tiny-rm:0"] if override.startswith("reward.model.worker_cls") else []
+    extra = (
+        ["reward.model.path=tiny-rm:0"] if override.startswith("reward.model.worker_cls") else []
+    )
     result = run_cli("+recipe=grpo_tiny", override, *extra)
     assert result.returncode == 2, result.stderr[-2000:]
     assert message in result.stderr, result.stderr[-2000:]
 
 
 def test_a_model_with_several_labels_is_not_a_reward_model(tmp_path: Path) -> None:
-    policy = resolve_model_path("tiny:0", cache_dir=tmp_path)  # a causal LM: config num_labels defaults to 2
-    cfg = Config(model=ModelConfig(path="tiny:0"), reward=RewardConfig(model=RewardModelConfig(path=policy)))
-    with pytest.raises(ConfigError, match="reward.model.path: .* has 2 labels; a reward model is a classifier with one"):
+    policy = resolve_model_path(
+        "tiny:0", cache_dir=tmp_path
+    )  # a causal LM: config num_labels defaults to 2
+    cfg = Config(
+        model=ModelConfig(path="tiny:0"), reward=RewardConfig(model=RewardModelConfig(path=policy))
+    )
+    with pytest.raises(
+        ConfigError,
+        match="reward.model.path: .* has 2 labels; a reward model is a classifier with one",
+    ):
         check_reward_inputs(cfg)
 
 
@@ -43,8 +61,13 @@ def test_tiny_reward_model_is_built_and_code_rewards_say_how_they_are_sandboxed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("RLFRAME_CACHE", str(tmp_path))
-    cfg = Config(model=ModelConfig(path="tiny:0"), reward=RewardConfig(fn="code_tests", model=RewardModelConfig(path="tiny-rm:3")))
+    cfg = Config(
+        model=ModelConfig(path="tiny:0"),
+        reward=RewardConfig(fn="code_tests", model=RewardModelConfig(path="tiny-rm:3")),
+    )
     path = check_reward_inputs(cfg)
-    assert path is not None and Path(path, "config.json").is_file() and Path(path).parent == tmp_path
+    assert (
+        path is not None and Path(path, "config.json").is_file() and Path(path).parent == tmp_path
+    )
     assert "rlframe: sandbox: namespaces=" in capsys.readouterr().err
     assert check_reward_inputs(Config(model=ModelConfig(path="tiny:0"))) is None

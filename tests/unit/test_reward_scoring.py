@@ -43,10 +43,14 @@ def plugin(tmp_path: Path) -> str:
     return f"{path}:behave"
 
 
-def score(spec: str, responses: list[str], **cfg: object) -> tuple[list[float], list[bool], list[bool]]:
+def score(
+    spec: str, responses: list[str], **cfg: object
+) -> tuple[list[float], list[bool], list[bool]]:
     scorer = RuleScorer(spec, RewardConfig(**cfg))  # type: ignore[arg-type]
     try:
-        out = scorer.score(responses, ["x"] * len(responses), [{"prompt": f"p{i}"} for i in range(len(responses))])
+        out = scorer.score(
+            responses, ["x"] * len(responses), [{"prompt": f"p{i}"} for i in range(len(responses))]
+        )
     finally:
         scorer.close()
     return out.scores, out.errors, out.timeouts
@@ -59,7 +63,9 @@ def test_pool_scores_like_the_driver() -> None:
     scorer = RuleScorer("char_match", RewardConfig(num_workers=3))
     try:
         assert scorer.score(responses, truths, [{}] * len(responses)).scores == expected
-        assert scorer.score(responses[:2], truths[:2], [{}] * 2).scores == expected[:2]  # the pool is reused
+        assert (
+            scorer.score(responses[:2], truths[:2], [{}] * 2).scores == expected[:2]
+        )  # the pool is reused
     finally:
         scorer.close()
 
@@ -76,7 +82,9 @@ def test_samples_are_scored_in_parallel(plugin: str) -> None:
 def test_failures_score_zero_and_are_counted(plugin: str) -> None:
     responses = ["0.5", "hang", "raise", "text", "nan", "die", "print", "1", "hang"]
     start = time.monotonic()
-    scores, errors, timeouts = score(plugin, responses, num_workers=2, timeout_s=1.0, on_error="zero")
+    scores, errors, timeouts = score(
+        plugin, responses, num_workers=2, timeout_s=1.0, on_error="zero"
+    )
     assert time.monotonic() - start < 10  # two hangs of 1 s each, not an hour
     assert scores == [0.5, 0, 0, 0, 0, 0, 0.25, 1.0, 0]
     assert timeouts == [False, True, False, False, False, False, False, False, True]
@@ -99,7 +107,9 @@ def test_default_policy_names_function_and_sample(plugin: str, response: str, me
 
 
 def test_driver_scoring_applies_the_same_policy(plugin: str) -> None:
-    scores, errors, timeouts = score(plugin, ["0.5", "raise", "nan", "1"], num_workers=0, on_error="zero")
+    scores, errors, timeouts = score(
+        plugin, ["0.5", "raise", "nan", "1"], num_workers=0, on_error="zero"
+    )
     assert (scores, errors, timeouts) == ([0.5, 0, 0, 1.0], [False, True, True, False], [False] * 4)
     with pytest.raises(RewardError, match="returned nan on sample 0"):
         compute_rewards(lambda r, g, s: float("nan"), "nan_fn", ["a"], ["b"], [{}])

@@ -5,12 +5,19 @@ from __future__ import annotations
 import torch
 
 from rlframe.protocol import Batch
-from rlframe.rollout.sampling import concat_groups, run_sampling_rounds, select_groups, split_uniform_groups
+from rlframe.rollout.sampling import (
+    concat_groups,
+    run_sampling_rounds,
+    select_groups,
+    split_uniform_groups,
+)
 
 N = 2
 
 
-def groups_batch(rewards: list[tuple[float, float]], first_group: int, prompt_width: int = 3) -> Batch:
+def groups_batch(
+    rewards: list[tuple[float, float]], first_group: int, prompt_width: int = 3
+) -> Batch:
     """One row per response, N per group, with the group's rewards and a prompt of ``prompt_width``."""
     rows = len(rewards) * N
     return Batch(
@@ -28,7 +35,9 @@ def groups_batch(rewards: list[tuple[float, float]], first_group: int, prompt_wi
 class Rounds:
     """Draws scripted rounds of scored groups, as the producer's ``draw`` would."""
 
-    def __init__(self, rounds: list[list[tuple[float, float]]], widths: list[int] | None = None) -> None:
+    def __init__(
+        self, rounds: list[list[tuple[float, float]]], widths: list[int] | None = None
+    ) -> None:
         self.rounds, self.widths, self.calls, self.next_group = rounds, widths, 0, 0
 
     def __call__(self) -> Batch:
@@ -57,7 +66,9 @@ def test_select_groups_keeps_informative_first_and_truncates() -> None:
 
 
 def test_rounds_stop_once_enough_informative_groups() -> None:
-    draw = Rounds([[INFORMATIVE, UNIFORM, UNIFORM], [INFORMATIVE, INFORMATIVE, UNIFORM], [INFORMATIVE] * 3])
+    draw = Rounds(
+        [[INFORMATIVE, UNIFORM, UNIFORM], [INFORMATIVE, INFORMATIVE, UNIFORM], [INFORMATIVE] * 3]
+    )
     batch, metrics = run_sampling_rounds(draw, N, wanted=3, max_rounds=5)
     assert draw.calls == 2
     assert metrics["rollout/sampling_rounds"] == 2
@@ -92,7 +103,9 @@ def test_rounds_with_different_prompt_widths_concatenate() -> None:
 
 
 def test_split_uniform_groups() -> None:
-    informative, uniform = split_uniform_groups(groups_batch([UNIFORM, INFORMATIVE, (0.5, 0.5)], 0), N)
+    informative, uniform = split_uniform_groups(
+        groups_batch([UNIFORM, INFORMATIVE, (0.5, 0.5)], 0), N
+    )
     assert [kept_groups(g) for g in informative] == [[1]]
     assert [kept_groups(g) for g in uniform] == [[0], [2]]
     assert len(concat_groups(informative + uniform)) == 3 * N

@@ -12,7 +12,9 @@ import pytest
 from rlframe.rewards.sandbox import SandboxLimits, detect_isolation, run_python
 
 ISOLATED = detect_isolation().namespaces
-needs_namespaces = pytest.mark.skipif(not ISOLATED, reason=f"no namespaces here: {detect_isolation().reason}")
+needs_namespaces = pytest.mark.skipif(
+    not ISOLATED, reason=f"no namespaces here: {detect_isolation().reason}"
+)
 
 
 def sandbox_processes() -> list[int]:
@@ -74,7 +76,9 @@ def test_memory_hog_gets_memory_error() -> None:
 
 
 def test_output_flood_stops_at_the_file_size_limit() -> None:
-    result = run_python("while True:\n    print('x' * 1000)\n", limits=SandboxLimits(file_size_mb=1, wall_s=10.0))
+    result = run_python(
+        "while True:\n    print('x' * 1000)\n", limits=SandboxLimits(file_size_mb=1, wall_s=10.0)
+    )
     # Python ignores SIGXFSZ, so the write past the limit raises EFBIG instead.
     assert result.status == "error" and "File too large" in result.stderr
     assert len(result.stdout) <= 1 << 20 and result.wall_s < 5.0
@@ -147,7 +151,10 @@ def test_without_namespaces_limits_still_hold_and_it_says_so(
     monkeypatch.setattr(sandbox.warn_if_not_isolated, "warned", False, raising=False)
     assert not sandbox.warn_if_not_isolated().network_isolated
     warning = capsys.readouterr().err
-    assert "forced off by the test" in warning and "network and the file system are NOT isolated" in warning
+    assert (
+        "forced off by the test" in warning
+        and "network and the file system are NOT isolated" in warning
+    )
     loop = run_python("while True:\n    pass\n", limits=SandboxLimits(wall_s=1.0))
     assert loop.status == "timeout" and not loop.isolation.namespaces
     hog = run_python("x = bytearray(1 << 30)\n", limits=SandboxLimits(memory_mb=256))

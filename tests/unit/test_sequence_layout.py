@@ -8,7 +8,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlframe.config import ActorConfig, AlgorithmConfig, Config, ConfigError, CriticConfig, DataConfig, RolloutConfig, TrainerConfig
+from rlframe.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    Config,
+    ConfigError,
+    CriticConfig,
+    DataConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import (
     balance_ranks,
@@ -123,7 +132,9 @@ def test_config_keys() -> None:
     with pytest.raises(ConfigError, match="actor.max_tokens_per_micro_batch"):
         make_config(actor=ActorConfig(mini_batch_size=16, max_tokens_per_micro_batch=20))
     # With a token budget micro_batch_size is not used, so it need not divide anything.
-    make_config(actor=ActorConfig(mini_batch_size=16, micro_batch_size=5, max_tokens_per_micro_batch=24))
+    make_config(
+        actor=ActorConfig(mini_batch_size=16, micro_batch_size=5, max_tokens_per_micro_batch=24)
+    )
 
 
 def needs_pass(cfg: Config, critic: bool = False, step: int = 1) -> bool:
@@ -131,7 +142,14 @@ def needs_pass(cfg: Config, critic: bool = False, step: int = 1) -> bool:
 
     # The Trainer hands actor.generate to its experience producer; this check never calls it.
     actor = SimpleNamespace(generate=None)
-    trainer = Trainer(cfg, actor=actor, critic=object() if critic else None, tokenizer=None, loader=None, tracker=None)
+    trainer = Trainer(
+        cfg,
+        actor=actor,
+        critic=object() if critic else None,
+        tokenizer=None,
+        loader=None,
+        tracker=None,
+    )
     trainer.step_count = step
     return trainer.needs_old_logprob_pass()
 
@@ -140,11 +158,15 @@ def test_old_logprob_pass_only_when_needed() -> None:
     assert not needs_pass(make_config())
     assert needs_pass(make_config(algorithm=AlgorithmConfig(recompute_old_logprobs=True)))
     assert needs_pass(make_config(actor=ActorConfig(mini_batch_size=8, micro_batch_size=4)))
-    assert needs_pass(make_config(actor=ActorConfig(mini_batch_size=16, micro_batch_size=4, epochs=2)))
+    assert needs_pass(
+        make_config(actor=ActorConfig(mini_batch_size=16, micro_batch_size=4, epochs=2))
+    )
     assert needs_pass(make_config(algorithm=AlgorithmConfig(kl_reward_coef=0.1)))
     # A KL loss term reads the reference, not the old log-probs.
     assert not needs_pass(make_config(algorithm=AlgorithmConfig(kl_coef=0.1)))
     # While the critic warms up the actor does not update: nothing else would compute them.
-    warmup = make_config(algorithm=AlgorithmConfig(advantage="gae"), critic=CriticConfig(warmup_steps=2))
+    warmup = make_config(
+        algorithm=AlgorithmConfig(advantage="gae"), critic=CriticConfig(warmup_steps=2)
+    )
     assert needs_pass(warmup, critic=True, step=2)
     assert not needs_pass(warmup, critic=True, step=3)

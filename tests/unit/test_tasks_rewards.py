@@ -49,12 +49,14 @@ def test_rule_rewards() -> None:
 def test_reward_errors_name_function_and_sample(tmp_path: Path) -> None:
     plugin = tmp_path / "my_reward.py"
     plugin.write_text(
-        "def reward(response, ground_truth, sample):\n"
-        "    return 1.0 / len(response)\n"
+        "def reward(response, ground_truth, sample):\n    return 1.0 / len(response)\n"
     )
     fn = REWARDS.get(f"{plugin}:reward")
     assert compute_rewards(fn, "mine", ["ab"], ["x"], [{"prompt": "p"}]) == [0.5]
-    with pytest.raises(RewardError, match=r"reward function mine raised ZeroDivisionError.* on sample 1 \(prompt 'q'"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward function mine raised ZeroDivisionError.* on sample 1 \(prompt 'q'",
+    ):
         compute_rewards(fn, "mine", ["ab", ""], ["x", "y"], [{"prompt": "p"}, {"prompt": "q"}])
     with pytest.raises(RewardError, match="returned nan"):
         compute_rewards(lambda r, g, s: float("nan"), "nan_fn", ["a"], ["b"], [{}])

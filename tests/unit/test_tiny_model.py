@@ -29,7 +29,11 @@ def test_tiny_model_builds_once_and_loads(tmp_path: Path) -> None:
     assert logits.shape == (1, len(ids), model.config.vocab_size) and torch.isfinite(logits).all()
 
     # The same seed gives the same weights; another seed does not.
-    again = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny:0", cache_dir=tmp_path / "b"))
+    again = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path("tiny:0", cache_dir=tmp_path / "b")
+    )
     other = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny:1", cache_dir=tmp_path))
     w = model.model.embed_tokens.weight
-    assert torch.equal(w, again.model.embed_tokens.weight) and not torch.equal(w, other.model.embed_tokens.weight)
+    assert torch.equal(w, again.model.embed_tokens.weight) and not torch.equal(
+        w, other.model.embed_tokens.weight
+    )

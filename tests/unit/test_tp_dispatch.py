@@ -10,16 +10,24 @@ from rlframe.protocol import Batch
 
 
 def make_batch(rows: int) -> Batch:
-    return Batch({"x": torch.arange(rows, dtype=torch.float32), "seed": torch.arange(rows) * 10}, {"tag": list(range(rows))})
+    return Batch(
+        {"x": torch.arange(rows, dtype=torch.float32), "seed": torch.arange(rows) * 10},
+        {"tag": list(range(rows))},
+    )
 
 
 def fake_generate(chunk: Batch, rank: int) -> Batch:
     """What a rank returns: its input rows, doubled, and who computed them."""
-    return Batch({"y": chunk["x"] * 2, "rank": torch.full((len(chunk),), rank)}, {"tag": chunk.columns["tag"]})
+    return Batch(
+        {"y": chunk["x"] * 2, "rank": torch.full((len(chunk),), rank)},
+        {"tag": chunk.columns["tag"]},
+    )
 
 
 @pytest.mark.parametrize("world,tp,rows", [(4, 2, 6), (4, 4, 5), (2, 2, 3), (6, 3, 7), (4, 1, 5)])
-def test_tp_ranks_share_rows_and_one_result_per_group_is_kept(world: int, tp: int, rows: int) -> None:
+def test_tp_ranks_share_rows_and_one_result_per_group_is_kept(
+    world: int, tp: int, rows: int
+) -> None:
     batch = make_batch(rows)
     fan_out = split_call(Dispatch.ROLLOUT_DP_SPLIT, world, (batch,), {}, tp_size=tp)
     assert [c.rank for c in fan_out.calls] == list(range(world))
@@ -27,14 +35,18 @@ def test_tp_ranks_share_rows_and_one_result_per_group_is_kept(world: int, tp: in
     for rank in range(world):
         first = chunks[rank - rank % tp]
         # Same rows and the same per-row sampling seeds inside a TP group.
-        assert torch.equal(chunks[rank]["x"], first["x"]) and torch.equal(chunks[rank]["seed"], first["seed"])
+        assert torch.equal(chunks[rank]["x"], first["x"]) and torch.equal(
+            chunks[rank]["seed"], first["seed"]
+        )
     groups = [chunks[g * tp] for g in range(world // tp)]
     # Different groups get disjoint rows that, without the padding, cover the batch once.
     covered = torch.cat([g["x"] for g in groups])[:rows]
     assert torch.equal(covered, batch["x"])
     results = [fake_generate(chunks[r], r) for r in range(world)]
     merged = collect_results(Dispatch.ROLLOUT_DP_SPLIT, fan_out, results)
-    assert torch.equal(merged["y"], batch["x"] * 2) and list(merged.columns["tag"]) == list(range(rows))
+    assert torch.equal(merged["y"], batch["x"] * 2) and list(merged.columns["tag"]) == list(
+        range(rows)
+    )
     # Collected from the first rank of each group.
     assert set(merged["rank"].tolist()) <= set(range(0, world, tp))
 

@@ -29,6 +29,8 @@ def test_clip_range_bounds_the_move_in_both_directions() -> None:
     # (0.75 - 1)^2 = 0.0625 is below the unclipped (-1 - 1)^2 = 4, so the loss stays 2.
     # Return -3: clipped (0.75 + 3)^2 = 14.0625 beats (-1 + 3)^2 = 4: loss 7.03125.
     values = torch.tensor([[-1.0, -1.0]])
-    loss, clipped = compute_value_loss(values, torch.tensor([[1.0, 1.0]]), torch.tensor([[1.0, -3.0]]), cliprange=0.25)
+    loss, clipped = compute_value_loss(
+        values, torch.tensor([[1.0, 1.0]]), torch.tensor([[1.0, -3.0]]), cliprange=0.25
+    )
     torch.testing.assert_close(loss, torch.tensor([[2.0, 7.03125]]))
     assert clipped.tolist() == [[0.0, 1.0]]

@@ -16,7 +16,15 @@ def main() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
     from rlframe.data.tiny_model import resolve_model_path
     from tests.workers.test_update import make_batch, make_config
     from workers.hybrid import HybridWorker
@@ -30,8 +38,11 @@ def main() -> int:
         worker = HybridWorker(cfg, path, "cuda")
         metrics = worker.update(make_batch())
         norms.append(metrics["actor/grad_norm"])
-        print(f"cuda bf16 micro={micro}: grad_norm {norms[-1]:.5f}, peak memory "
-              f"{torch.cuda.max_memory_allocated() / 2**20:.1f} MiB", flush=True)
+        print(
+            f"cuda bf16 micro={micro}: grad_norm {norms[-1]:.5f}, peak memory "
+            f"{torch.cuda.max_memory_allocated() / 2**20:.1f} MiB",
+            flush=True,
+        )
         assert all(torch.isfinite(torch.tensor(v)) for v in metrics.values()), metrics
     # bf16 compute: the two splits agree to bf16 precision, not bit for bit.
     ok = abs(norms[0] - norms[1]) <= 2e-2 * abs(norms[0]) and norms[0] > 0

@@ -9,11 +9,25 @@ from pathlib import Path
 
 import torch
 
-from rlframe.config import ActorConfig, AlgorithmConfig, Config, DataConfig, ModelConfig, RolloutConfig, TrainerConfig
+from rlframe.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
 from rlframe.protocol import Batch
 
 ROWS, PROMPT, RESPONSE = 16, 6, 9
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "token-sum")
+LOSS_AGGS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "token-sum",
+)
 
 
 def free_port() -> int:
@@ -25,21 +39,38 @@ def free_port() -> int:
 def set_rank_env(rank: int, world_size: int, port: int) -> None:
     """The environment a worker of a ``world_size`` group reads (see rlframe.controller.worker)."""
     os.environ.update(
-        {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
     )
 
 
 def make_config(
-    loss_agg: str = "token-mean", micro: int = 16, budget: int = 0, packed: bool = True, chunk: int = 0,
-    world_size: int = 1, entropy_coef: float = 0.01, kl_coef: float = 0.1, temperature: float = 1.0,
+    loss_agg: str = "token-mean",
+    micro: int = 16,
+    budget: int = 0,
+    packed: bool = True,
+    chunk: int = 0,
+    world_size: int = 1,
+    entropy_coef: float = 0.01,
+    kl_coef: float = 0.1,
+    temperature: float = 1.0,
 ) -> Config:
     return Config(
         model=ModelConfig(path="tiny:0"),
         data=DataConfig(batch_size=4, max_prompt_length=PROMPT),
         rollout=RolloutConfig(engine="hf", n=4, max_tokens=RESPONSE, temperature=temperature),
         actor=ActorConfig(
-            lr=1e-3, mini_batch_size=ROWS, micro_batch_size=micro, max_tokens_per_micro_batch=budget,
-            pack_sequences=packed, logprob_chunk_size=chunk,
+            lr=1e-3,
+            mini_batch_size=ROWS,
+            micro_batch_size=micro,
+            max_tokens_per_micro_batch=budget,
+            pack_sequences=packed,
+            logprob_chunk_size=chunk,
         ),
         algorithm=AlgorithmConfig(loss_agg=loss_agg, kl_coef=kl_coef, entropy_coef=entropy_coef),
         trainer=TrainerConfig(total_steps=1, device="cpu", procs_per_node=world_size),
@@ -61,7 +92,8 @@ def make_batch(seed: int = 0) -> Batch:
         {
             "prompt_ids": torch.randint(3, 40, (ROWS, PROMPT), generator=g) * prompt_mask,
             "prompt_mask": prompt_mask,
-            "response_ids": torch.randint(3, 40, (ROWS, RESPONSE), generator=g) * response_mask.long(),
+            "response_ids": torch.randint(3, 40, (ROWS, RESPONSE), generator=g)
+            * response_mask.long(),
             "response_mask": response_mask,
             "loss_mask": loss_mask,
             "advantages": torch.randn(ROWS, 1, generator=g) * loss_mask,
@@ -89,7 +121,9 @@ def build_untied_model(source: str, target: Path) -> str:
     untied = type(tied)(config)
     untied.load_state_dict(tied.state_dict(), strict=False)
     g = torch.Generator().manual_seed(1)
-    head = tied.get_input_embeddings().weight.detach().clone() + 0.05 * torch.randn(tied.get_input_embeddings().weight.shape, generator=g)
+    head = tied.get_input_embeddings().weight.detach().clone() + 0.05 * torch.randn(
+        tied.get_input_embeddings().weight.shape, generator=g
+    )
     untied.get_output_embeddings().weight.data = head
     untied.save_pretrained(target)
     AutoTokenizer.from_pretrained(source).save_pretrained(target)

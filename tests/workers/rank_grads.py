@@ -11,7 +11,9 @@ import torch
 from tests.workers.layout_cases import gather_grads, make_batch, make_config, set_rank_env
 
 
-def compute_case_grads(config_kwargs: dict, model_path: str, rank: int, world_size: int) -> torch.Tensor:
+def compute_case_grads(
+    config_kwargs: dict, model_path: str, rank: int, world_size: int
+) -> torch.Tensor:
     """The full gradient of one mini-batch on this rank's share (rows balanced by the driver's rule)."""
     from rlframe.sequence_layout import balance_ranks, count_row_tokens
     from workers.engines.fsdp import accumulate_gradients
@@ -20,14 +22,18 @@ def compute_case_grads(config_kwargs: dict, model_path: str, rank: int, world_si
     cfg = make_config(world_size=world_size, **config_kwargs)
     worker = HybridWorker(cfg, model_path, "cpu")
     batch = make_batch()
-    order = balance_ranks(count_row_tokens(batch, packed=True), world_size, cfg.actor.mini_batch_size)
+    order = balance_ranks(
+        count_row_tokens(batch, packed=True), world_size, cfg.actor.mini_batch_size
+    )
     share = batch.rows(order).chunk(world_size)[rank]
     worker.actor.model.train()
     accumulate_gradients(share, cfg.actor, "cpu", worker.packed, worker.forward_backward)
     return gather_grads(worker.actor.model)
 
 
-def run_rank(rank: int, world_size: int, port: int, model_path: str, cases: list[dict], out: str) -> None:
+def run_rank(
+    rank: int, world_size: int, port: int, model_path: str, cases: list[dict], out: str
+) -> None:
     set_rank_env(rank, world_size, port)
     grads = [compute_case_grads(case, model_path, rank, world_size) for case in cases]
     if rank == 0:

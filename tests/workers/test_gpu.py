@@ -16,7 +16,11 @@ def test_bf16_fsdp_update_on_cuda() -> None:
     # A fresh process: this one may already hold a gloo group from the CPU tests.
     result = subprocess.run(
         [sys.executable, "-m", "tests.workers.gpu_update_check"],
-        capture_output=True, text=True, check=False, timeout=600, cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        cwd=REPO,
     )
     print(result.stdout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -9,7 +9,13 @@ import torch
 from rlframe.config import ModelConfig
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.sequence_layout import build_layout
-from tests.workers.layout_cases import build_untied_model, free_port, gather_grads, make_batch, set_rank_env
+from tests.workers.layout_cases import (
+    build_untied_model,
+    free_port,
+    gather_grads,
+    make_batch,
+    set_rank_env,
+)
 from workers.engines.token_logprobs import compute_token_logprobs
 
 
@@ -25,7 +31,9 @@ def test_chunked_function_matches_autograd(temperature: float, entropy_grad: boo
     results = []
     for chunk in (0, 8, 45, 1000):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-        out = compute_token_logprobs(h, w, targets, temperature, chunk, with_entropy=True, entropy_grad=entropy_grad)
+        out = compute_token_logprobs(
+            h, w, targets, temperature, chunk, with_entropy=True, entropy_grad=entropy_grad
+        )
         loss = (a * out.logprobs).sum() + ((b * out.entropy).sum() if entropy_grad else 0.0)
         loss.backward()
         assert out.entropy.requires_grad == entropy_grad
@@ -66,7 +74,9 @@ def single_rank_group() -> None:
     set_rank_env(0, 1, free_port())
 
 
-def engine_results(path: str, chunk: int, packed: bool, temperature: float) -> tuple[torch.Tensor, ...]:
+def engine_results(
+    path: str, chunk: int, packed: bool, temperature: float
+) -> tuple[torch.Tensor, ...]:
     """Log-probs, entropy and every parameter's gradient of a loss over both, on FSDP2."""
     import torch.distributed as dist
 
@@ -74,15 +84,23 @@ def engine_results(path: str, chunk: int, packed: bool, temperature: float) -> t
 
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-    engine = FSDPEngine(path, ModelConfig(path=path), OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 1), "cpu")
+    engine = FSDPEngine(
+        path, ModelConfig(path=path), OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 1), "cpu"
+    )
     batch = make_batch()
     layout = build_layout(batch, packed)
-    out = engine.compute_token_logprobs(layout, temperature, chunk, with_entropy=True, entropy_grad=True)
+    out = engine.compute_token_logprobs(
+        layout, temperature, chunk, with_entropy=True, entropy_grad=True
+    )
     g = torch.Generator().manual_seed(3)
     # A token-mean loss, the scale of a real one.
     loss = (torch.randn(out.logprobs.shape, generator=g) * out.logprobs + 0.1 * out.entropy).mean()
     loss.backward()
-    return layout.to_grid(out.logprobs.detach()), layout.to_grid(out.entropy.detach()), gather_grads(engine.model)
+    return (
+        layout.to_grid(out.logprobs.detach()),
+        layout.to_grid(out.entropy.detach()),
+        gather_grads(engine.model),
+    )
 
 
 @pytest.mark.parametrize("head", ["tied", "untied"])
@@ -100,4 +118,7 @@ def test_untied_head_is_its_own_weight(model_paths: dict[str, str]) -> None:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_paths["untied"])
-    assert model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr()
+    assert (
+        model.get_output_embeddings().weight.data_ptr()
+        != model.get_input_embeddings().weight.data_ptr()
+    )

@@ -36,8 +36,15 @@ def test_budgets_make_different_micro_batches() -> None:
         seen = sorted(tuple(row.tolist()) for p in parts for row in p["response_ids"])
         assert seen == sorted(tuple(row.tolist()) for row in batch["response_ids"])
         if cfg.max_tokens_per_micro_batch:
-            costs = (p["prompt_mask"].sum() + p["response_mask"].sum() if cfg.pack_sequences else 15 * len(p) for p in parts)
-            assert all(c <= cfg.max_tokens_per_micro_batch or len(p) == 1 for c, p in zip(costs, parts))
+            costs = (
+                p["prompt_mask"].sum() + p["response_mask"].sum()
+                if cfg.pack_sequences
+                else 15 * len(p)
+                for p in parts
+            )
+            assert all(
+                c <= cfg.max_tokens_per_micro_batch or len(p) == 1 for c, p in zip(costs, parts)
+            )
         counts[str(case)] = len(parts)
     print(counts)
     assert len(set(counts.values())) >= 4
@@ -46,7 +53,9 @@ def test_budgets_make_different_micro_batches() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("loss_agg", LOSS_AGGS)
 def test_gradient_does_not_depend_on_partition(model_path: str, loss_agg: str) -> None:
-    want = compute_case_grads({"loss_agg": loss_agg, "micro": 16, "packed": False}, model_path, 0, 1)
+    want = compute_case_grads(
+        {"loss_agg": loss_agg, "micro": 16, "packed": False}, model_path, 0, 1
+    )
     assert want.abs().max() > 1e-3
     for case in PARTITIONS:
         got = compute_case_grads({"loss_agg": loss_agg, **case}, model_path, 0, 1)
@@ -56,9 +65,18 @@ def test_gradient_does_not_depend_on_partition(model_path: str, loss_agg: str) -
 @pytest.mark.slow
 def test_two_ranks_give_the_one_rank_gradient(model_path: str, tmp_path) -> None:
     cases = [{"loss_agg": mode, "micro": 8} for mode in LOSS_AGGS]
-    cases += [{"loss_agg": "seq-mean-token-mean", "budget": 20, "chunk": 4}, {"loss_agg": "token-mean", "budget": 15, "packed": False}]
+    cases += [
+        {"loss_agg": "seq-mean-token-mean", "budget": 20, "chunk": 4},
+        {"loss_agg": "token-mean", "budget": 15, "packed": False},
+    ]
     out = tmp_path / "grads.pt"
-    mp.start_processes(run_rank, args=(2, free_port(), model_path, cases, str(out)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(
+        run_rank,
+        args=(2, free_port(), model_path, cases, str(out)),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
     two_ranks = torch.load(out)
     for case, got in zip(cases, two_ranks):
         want = compute_case_grads(case, model_path, 0, 1)

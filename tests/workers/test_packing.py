@@ -10,23 +10,32 @@ from rlframe.config import ModelConfig
 from rlframe.sequence_layout import build_layout
 from tests.workers.layout_cases import gather_grads, make_batch
 
-
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def build_engine(path: str, head: str = "lm"):
     from workers.engines.fsdp import FSDPEngine, OptimizerSpec
 
-    return FSDPEngine(path, ModelConfig(path=path), OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 1), "cpu", head=head)
+    return FSDPEngine(
+        path,
+        ModelConfig(path=path),
+        OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 1),
+        "cpu",
+        head=head,
+    )
 
 
 def logprobs_and_grads(path: str, packed: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     engine = build_engine(path)
     batch = make_batch()
     layout = build_layout(batch, packed)
-    logprobs = layout.to_grid(engine.compute_token_logprobs(layout, 1.0, chunk, with_entropy=False).logprobs)
+    logprobs = layout.to_grid(
+        engine.compute_token_logprobs(layout, 1.0, chunk, with_entropy=False).logprobs
+    )
     g = torch.Generator().manual_seed(5)
-    (torch.randn(logprobs.shape, generator=g) * logprobs).sum().div(batch["loss_mask"].sum()).backward()
+    (torch.randn(logprobs.shape, generator=g) * logprobs).sum().div(
+        batch["loss_mask"].sum()
+    ).backward()
     return logprobs.detach(), gather_grads(engine.model)
 
 
@@ -56,12 +65,18 @@ def test_changing_one_sequence_leaves_the_others_unchanged(model_path: str) -> N
     batch = make_batch()
     changed = make_batch()
     # Row 5 (A) gets another prompt and other response tokens; it is packed right before row 6 (B).
-    changed.tensors["prompt_ids"][5] = (changed["prompt_ids"][5] + 7) % 40 * changed["prompt_mask"][5]
-    changed.tensors["response_ids"][5] = (changed["response_ids"][5] + 3) % 40 * changed["response_mask"][5].long()
+    changed.tensors["prompt_ids"][5] = (
+        (changed["prompt_ids"][5] + 7) % 40 * changed["prompt_mask"][5]
+    )
+    changed.tensors["response_ids"][5] = (
+        (changed["response_ids"][5] + 3) % 40 * changed["response_mask"][5].long()
+    )
 
     def score(rows):
         layout = build_layout(rows, packed=True)
-        return layout.to_grid(engine.compute_token_logprobs(layout, 1.0, 0, with_entropy=False).logprobs)
+        return layout.to_grid(
+            engine.compute_token_logprobs(layout, 1.0, 0, with_entropy=False).logprobs
+        )
 
     before, after = score(batch), score(changed)
     others = torch.arange(len(batch)) != 5

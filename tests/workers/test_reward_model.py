@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from rlframe.config import ActorConfig, Config, DataConfig, ModelConfig, RewardConfig, RewardModelConfig, TrainerConfig
+from rlframe.config import (
+    ActorConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RewardConfig,
+    RewardModelConfig,
+    TrainerConfig,
+)
 from rlframe.data.tiny_reward_model import CHAT_TEMPLATE, resolve_reward_model_path
 from rlframe.protocol import Batch
 
@@ -27,7 +35,15 @@ def single_rank_group() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    os.environ.update(
+        {
+            "RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+    )
 
 
 def make_config(micro: int, max_length: int = 4096) -> Config:
@@ -35,13 +51,19 @@ def make_config(micro: int, max_length: int = 4096) -> Config:
         model=ModelConfig(path="tiny:0"),
         data=DataConfig(batch_size=4),
         actor=ActorConfig(mini_batch_size=16),
-        reward=RewardConfig(model=RewardModelConfig(path="tiny-rm:0", micro_batch_size=micro, max_length=max_length)),
+        reward=RewardConfig(
+            model=RewardModelConfig(path="tiny-rm:0", micro_batch_size=micro, max_length=max_length)
+        ),
         trainer=TrainerConfig(total_steps=1, device="cpu"),
     )
 
 
 def make_request() -> Batch:
-    turns = [[{"role": "user", "content": "3+4="}], [{"role": "user", "content": "copy abc:"}], [{"role": "user", "content": "9+9="}]]
+    turns = [
+        [{"role": "user", "content": "3+4="}],
+        [{"role": "user", "content": "copy abc:"}],
+        [{"role": "user", "content": "9+9="}],
+    ]
     messages = np.empty(len(turns), dtype=object)
     for i, t in enumerate(turns):
         messages[i] = t
@@ -90,6 +112,8 @@ def test_long_inputs_keep_their_end(rm_path: str) -> None:
     from workers.reward_model import render_conversation
 
     tokenizer = AutoTokenizer.from_pretrained(rm_path)
-    ids = render_conversation(tokenizer, [{"role": "user", "content": "x" * 50}], "the end", max_length=12)
+    ids = render_conversation(
+        tokenizer, [{"role": "user", "content": "x" * 50}], "the end", max_length=12
+    )
     tail = tokenizer("assistant: the end\n", add_special_tokens=False)["input_ids"]
     assert len(ids) == 12 and ids == tail[-12:]

@@ -15,9 +15,9 @@ import torch
 
 from rlframe.config import (
     ActorConfig,
-    CriticConfig,
     AlgorithmConfig,
     Config,
+    CriticConfig,
     DataConfig,
     ModelConfig,
     RolloutConfig,
@@ -44,7 +44,13 @@ def find_free_port() -> int:
 
 def set_rank_env(rank: int, world: int, port: int) -> None:
     os.environ.update(
-        {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
     )
 
 
@@ -99,10 +105,15 @@ def with_critic_targets(batch: Batch) -> Batch:
     so both branches of the clipped value loss are taken)."""
     g = torch.Generator().manual_seed(1)
     mask = batch["loss_mask"]
-    return batch.with_tensors(values=torch.randn(len(batch), 5, generator=g) * mask, returns=torch.randn(len(batch), 5, generator=g) * mask)
+    return batch.with_tensors(
+        values=torch.randn(len(batch), 5, generator=g) * mask,
+        returns=torch.randn(len(batch), 5, generator=g) * mask,
+    )
 
 
-def updated_weights(model_path: str, micro: int, loss_agg: str) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
+def updated_weights(
+    model_path: str, micro: int, loss_agg: str
+) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
     """Metrics of one actor update on the whole batch in this process, weights before and after."""
     from workers.hybrid import HybridWorker
 
@@ -116,7 +127,9 @@ def updated_weights(model_path: str, micro: int, loss_agg: str) -> tuple[dict[st
 def test_update_does_not_depend_on_micro_batch_size(model_path: str, loss_agg: str) -> None:
     whole, w_start, w_whole = updated_weights(model_path, 16, loss_agg)
     split, _, w_split = updated_weights(model_path, 4, loss_agg)
-    print(f"{loss_agg}: grad_norm micro=16 {whole['actor/grad_norm']:.6f} micro=4 {split['actor/grad_norm']:.6f}")
+    print(
+        f"{loss_agg}: grad_norm micro=16 {whole['actor/grad_norm']:.6f} micro=4 {split['actor/grad_norm']:.6f}"
+    )
     assert whole["actor/grad_norm"] > 0 and whole["actor/skipped_steps"] == 0
     assert whole["actor/grad_norm"] == pytest.approx(split["actor/grad_norm"], rel=1e-5)
     # The optimizer stepped: AdamW's first step moves each weight by about lr (m / sqrt(v) is
@@ -145,7 +158,10 @@ def run_rank(rank: int, port: int, model_path: str, results: Any) -> None:
             metrics = worker.update(make_batch().chunk(2)[rank])
             out[loss_agg] = (metrics, gather_weights(worker.actor.model))
         critic = CriticWorker(make_config(4, "token-mean", ranks=2), model_path, "cpu")
-        out["critic"] = (critic.update(with_critic_targets(make_batch()).chunk(2)[rank]), gather_weights(critic.engine.model))
+        out["critic"] = (
+            critic.update(with_critic_targets(make_batch()).chunk(2)[rank]),
+            gather_weights(critic.engine.model),
+        )
         out["stream"] = stream_after_zeroing(worker.actor)
     except Exception as e:  # reported to the test, which would otherwise wait for nothing
         out["error"] = f"rank {rank}: {type(e).__name__}: {e}"
@@ -175,7 +191,9 @@ def two_rank_results(model_path: str) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = find_free_port()
-    procs = [ctx.Process(target=run_rank, args=(rank, port, model_path, results)) for rank in range(2)]
+    procs = [
+        ctx.Process(target=run_rank, args=(rank, port, model_path, results)) for rank in range(2)
+    ]
     for p in procs:
         p.start()
     try:
@@ -190,19 +208,25 @@ def two_rank_results(model_path: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("loss_agg", LOSS_AGGS)
-def test_update_does_not_depend_on_rank_count(model_path: str, two_rank_results: dict[str, Any], loss_agg: str) -> None:
+def test_update_does_not_depend_on_rank_count(
+    model_path: str, two_rank_results: dict[str, Any], loss_agg: str
+) -> None:
     """Two ranks with half the batch each make the same step as one rank with all of it: the
     loss is normalised by the global token/sequence counts and scaled by the world size,
     because FSDP averages the ranks' gradients."""
     one, _, w_one = updated_weights(model_path, 4, loss_agg)
     two, w_two = two_rank_results[loss_agg]
-    print(f"{loss_agg}: grad_norm 1 rank {one['actor/grad_norm']:.6f} 2 ranks {two['actor/grad_norm']:.6f}")
+    print(
+        f"{loss_agg}: grad_norm 1 rank {one['actor/grad_norm']:.6f} 2 ranks {two['actor/grad_norm']:.6f}"
+    )
     # Adam's step hardly depends on the gradient's scale: the norm is what shows a wrong one.
     assert two["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-5)
     torch.testing.assert_close(w_two, w_one, atol=5e-5, rtol=0)  # see the micro-batch test
 
 
-def test_critic_update_does_not_depend_on_rank_count(model_path: str, two_rank_results: dict[str, Any]) -> None:
+def test_critic_update_does_not_depend_on_rank_count(
+    model_path: str, two_rank_results: dict[str, Any]
+) -> None:
     from workers.critic import CriticWorker
 
     critic = CriticWorker(make_config(4, "token-mean"), model_path, "cpu")
@@ -216,7 +240,9 @@ def test_critic_update_does_not_depend_on_rank_count(model_path: str, two_rank_r
 def test_weight_stream_gathers_bucket_by_bucket(two_rank_results: dict[str, Any]) -> None:
     name, first, rest = two_rank_results["stream"]
     assert first > 0, name
-    assert len(rest) > 5 and max(rest) == 0, "tensors after the first bucket were gathered before it was consumed"
+    assert len(rest) > 5 and max(rest) == 0, (
+        "tensors after the first bucket were gathered before it was consumed"
+    )
 
 
 def test_non_finite_gradient_skips_the_optimizer_step(model_path: str) -> None:
@@ -228,7 +254,9 @@ def test_non_finite_gradient_skips_the_optimizer_step(model_path: str) -> None:
     poisoned.tensors["advantages"][0, 0] = float("nan")  # a real (unmasked) token of row 0
     metrics = worker.update(poisoned)
     assert not math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/skipped_steps"] == 1
-    assert torch.equal(gather_weights(worker.actor.model), start), "a NaN gradient reached the weights"
+    assert torch.equal(gather_weights(worker.actor.model), start), (
+        "a NaN gradient reached the weights"
+    )
     # The skipped step left no NaN behind (gradients, Adam state): the next update is clean.
     metrics = worker.update(make_batch())
     after = gather_weights(worker.actor.model)

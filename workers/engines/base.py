@@ -41,7 +41,9 @@ class RolloutEngine(Protocol):
     """True when ``sleep`` throws the weights away (vLLM sleep level 2): after the next
     ``wake_up`` the weights are uninitialised memory until ``load_weights`` refills them."""
 
-    def generate(self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec) -> list[RolloutSample]:
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
+    ) -> list[RolloutSample]:
         """One response per prompt; ``seeds[i]`` fixes prompt i's sampling."""
         ...
 

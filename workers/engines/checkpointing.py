@@ -31,7 +31,9 @@ def save_engine(engine: FSDPEngine, path: str | Path, extra: dict[str, Any] | No
     dcp.save(state, checkpoint_id=str(path))
 
 
-def load_engine(engine: FSDPEngine, path: str | Path, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_engine(
+    engine: FSDPEngine, path: str | Path, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Load model, optimizer and schedule in place; returns ``extra`` with the saved values.
 
     DCP loads into the objects it is given, so the state starts as the engine's own (right

@@ -59,11 +59,17 @@ def load_hf_model(path: str, cfg: ModelConfig, device: str, head: str) -> nn.Mod
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    kwargs = {"dtype": torch.float32, "attn_implementation": pick_attention(device), "trust_remote_code": cfg.trust_remote_code}
+    kwargs = {
+        "dtype": torch.float32,
+        "attn_implementation": pick_attention(device),
+        "trust_remote_code": cfg.trust_remote_code,
+    }
     if head == "value":
         # No dropout before the value head (HF defaults it to 0.1): values in the update must
         # be those compute_values gave, which the clipped value loss compares them with.
-        config = AutoConfig.from_pretrained(path, num_labels=1, trust_remote_code=cfg.trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            path, num_labels=1, trust_remote_code=cfg.trust_remote_code
+        )
         config.classifier_dropout = 0.0
         return AutoModelForTokenClassification.from_pretrained(path, config=config, **kwargs)
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
@@ -119,7 +125,9 @@ def build_lr_lambda(spec: OptimizerSpec):
             return (step + 1) / spec.warmup_steps
         if spec.lr_schedule == "constant":
             return 1.0
-        progress = min(1.0, (step - spec.warmup_steps) / max(1, spec.total_steps - spec.warmup_steps))
+        progress = min(
+            1.0, (step - spec.warmup_steps) / max(1, spec.total_steps - spec.warmup_steps)
+        )
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
@@ -143,7 +151,9 @@ def run_as_root_forward(model: nn.Module, fn: Callable[[], T]) -> T:
 def compute_layout_hidden(model: nn.Module, layout: SequenceLayout) -> torch.Tensor:
     """[N, H] final hidden states at the positions that predict the selected tokens."""
     out = model.get_decoder()(
-        input_ids=layout.input_ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
+        input_ids=layout.input_ids,
+        attention_mask=layout.attention_mask,
+        position_ids=layout.position_ids,
         use_cache=False,
     )
     hidden = out.last_hidden_state
@@ -151,7 +161,11 @@ def compute_layout_hidden(model: nn.Module, layout: SequenceLayout) -> torch.Ten
 
 
 def compute_layout_logprobs(
-    model: nn.Module, layout: SequenceLayout, temperature: float, chunk: int, with_entropy: bool,
+    model: nn.Module,
+    layout: SequenceLayout,
+    temperature: float,
+    chunk: int,
+    with_entropy: bool,
     entropy_grad: bool = False,
 ) -> TokenLogprobs:
     """[N] log-probs (and entropy) of a causal LM's selected tokens from its final hidden
@@ -161,7 +175,9 @@ def compute_layout_logprobs(
     def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden = compute_layout_hidden(model, layout)
         head = model.get_output_embeddings().weight
-        out = compute_token_logprobs(hidden, head, layout.target_ids, temperature, chunk, with_entropy, entropy_grad)
+        out = compute_token_logprobs(
+            hidden, head, layout.target_ids, temperature, chunk, with_entropy, entropy_grad
+        )
         return out.logprobs, out.entropy
 
     logprobs, entropy = run_as_root_forward(model, forward)
@@ -176,21 +192,38 @@ def full_tensor(value: torch.Tensor) -> torch.Tensor:
 class FSDPEngine:
     """A model under FSDP2 (policy, reference or critic), with an optimizer when it trains."""
 
-    def __init__(self, path: str, model_cfg: ModelConfig, optim: OptimizerSpec | None, device: str, head: str = "lm"):
+    def __init__(
+        self,
+        path: str,
+        model_cfg: ModelConfig,
+        optim: OptimizerSpec | None,
+        device: str,
+        head: str = "lm",
+    ):
         self.device = device
         self.model = build_train_model(path, model_cfg, device, head)
         self.optimizer: torch.optim.Optimizer | None = None
         if optim is not None:
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=optim.lr, weight_decay=optim.weight_decay, betas=(0.9, 0.999)
+                self.model.parameters(),
+                lr=optim.lr,
+                weight_decay=optim.weight_decay,
+                betas=(0.9, 0.999),
             )
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, build_lr_lambda(optim))
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, build_lr_lambda(optim)
+            )
             self.grad_clip = optim.grad_clip
         else:
             self.model.requires_grad_(False)
 
     def compute_token_logprobs(
-        self, layout: SequenceLayout, temperature: float, chunk: int, with_entropy: bool, entropy_grad: bool = False
+        self,
+        layout: SequenceLayout,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+        entropy_grad: bool = False,
     ) -> TokenLogprobs:
         """Log-probs (and entropy) of the layout's selected tokens; see :func:`compute_layout_logprobs`."""
         return compute_layout_logprobs(
@@ -202,10 +235,16 @@ class FSDPEngine:
         layout = layout.to(self.device)
         # use_cache=False: with a cache, transformers does not look for packed sequences.
         out = self.model(
-            input_ids=layout.input_ids, attention_mask=layout.attention_mask, position_ids=layout.position_ids,
+            input_ids=layout.input_ids,
+            attention_mask=layout.attention_mask,
+            position_ids=layout.position_ids,
             use_cache=False,
         )
-        return out.logits.reshape(-1, out.logits.shape[-1]).index_select(0, layout.predict_index)[:, 0].float()
+        return (
+            out.logits.reshape(-1, out.logits.shape[-1])
+            .index_select(0, layout.predict_index)[:, 0]
+            .float()
+        )
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Clip, step and zero the gradients. A non-finite gradient norm skips the step."""
@@ -295,12 +334,17 @@ def split_micro_batches(rows: Batch, sizes: ActorConfig, device: str, packed: bo
     if count > len(plan):
         plan = plan_micro_batches(costs, sizes.max_tokens_per_micro_batch, min_count=count)
     if len(plan) != count:
-        raise RuntimeError(f"{len(rows)} rows cannot make the {count} micro-batches the other ranks run")
+        raise RuntimeError(
+            f"{len(rows)} rows cannot make the {count} micro-batches the other ranks run"
+        )
     return [rows.rows(part) for part in plan]
 
 
 def accumulate_gradients(
-    mini: Batch, sizes: ActorConfig, device: str, packed: bool,
+    mini: Batch,
+    sizes: ActorConfig,
+    device: str,
+    packed: bool,
     forward_backward: Callable[[Batch, LossScale], dict[str, float]],
 ) -> dict[str, list[float]]:
     """Forward and backward over one mini-batch's micro-batches (gradients add up in the
@@ -335,7 +379,9 @@ def run_minibatch_updates(
     skipped = 0
     for _ in range(sizes.epochs):
         for mini in batch.split(sizes.mini_batch_size // world_size):
-            for k, v in accumulate_gradients(mini, sizes, engine.device, packed, forward_backward).items():
+            for k, v in accumulate_gradients(
+                mini, sizes, engine.device, packed, forward_backward
+            ).items():
                 totals.setdefault(k, []).extend(v)
             grad_norm, stepped = engine.optimizer_step()
             totals.setdefault(f"{prefix}/grad_norm", []).append(grad_norm)

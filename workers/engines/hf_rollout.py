@@ -14,18 +14,32 @@ class HFRollout:
     host), 2 frees them; the next ``wake_up`` allocates uninitialised storage that only
     ``load_weights`` makes valid again, the contract vLLM's level 2 has on a GPU."""
 
-    def __init__(self, path: str, device: str, dtype: torch.dtype, trust_remote_code: bool = False, sleep_level: int = 1):
+    def __init__(
+        self,
+        path: str,
+        device: str,
+        dtype: torch.dtype,
+        trust_remote_code: bool = False,
+        sleep_level: int = 1,
+    ):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code
+        )
         self.model.to(device).eval()
         self.device = device
         self.discards_weights_on_sleep = sleep_level == 2
         self.shapes: dict[str, torch.Size] = {}
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec) -> list[RolloutSample]:
-        return [self.generate_one(p, s, spec.for_row(i)) for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))]
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
+    ) -> list[RolloutSample]:
+        return [
+            self.generate_one(p, s, spec.for_row(i))
+            for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))
+        ]
 
     def generate_one(self, prompt: list[int], seed: int, spec: SamplingSpec) -> RolloutSample:
         generator = torch.Generator(device=self.device).manual_seed(seed)
@@ -34,10 +48,14 @@ class HFRollout:
         logprobs: list[float] = []
         past = None
         for _ in range(spec.max_tokens):
-            out = self.model(input_ids=ids if past is None else ids[:, -1:], past_key_values=past, use_cache=True)
+            out = self.model(
+                input_ids=ids if past is None else ids[:, -1:], past_key_values=past, use_cache=True
+            )
             past = out.past_key_values
             logits = out.logits[0, -1].float()
-            logp = torch.log_softmax(logits / spec.temperature if spec.temperature > 0 else logits, -1)
+            logp = torch.log_softmax(
+                logits / spec.temperature if spec.temperature > 0 else logits, -1
+            )
             token = sample_token(logp, spec, generator)
             response.append(token)
             logprobs.append(float(logp[token]))

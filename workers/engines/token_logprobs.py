@@ -33,7 +33,11 @@ def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def compute_logprobs_unchunked(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
     entropy_grad: bool,
 ) -> TokenLogprobs:
     """Plain autograd over the full [N, V] logits (``actor.logprob_chunk_size=0``). The
@@ -74,7 +78,12 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        temperature: float,
+        chunk: int,
         with_entropy: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         out = compute_logprobs_no_grad(hidden, weight, targets, temperature, chunk, with_entropy)
@@ -89,18 +98,26 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None):  # type: ignore[override]
         hidden, weight, targets = ctx.saved_tensors
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        grad_weight = (
+            torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        )
         if grad_entropy is not None and grad_entropy.numel() == 0:
             grad_entropy = None
         for start in range(0, hidden.shape[0], ctx.chunk):
             end = start + ctx.chunk
             h, y = hidden[start:end], targets[start:end]
             logp, p, _ = project_chunk(h, weight, y, ctx.temperature)
-            g = grad_logprobs[start:end].float() if grad_logprobs is not None else p.new_zeros(p.shape[0])
+            g = (
+                grad_logprobs[start:end].float()
+                if grad_logprobs is not None
+                else p.new_zeros(p.shape[0])
+            )
             # dL/dz = onehot(y) * g - p * c, with c = g + g_H * (log p + H).
             if grad_entropy is not None:
                 entropy = -row_dot(p, logp)
-                coef = logp.add_(entropy.unsqueeze(-1)).mul_(grad_entropy[start:end].float().unsqueeze(-1))
+                coef = logp.add_(entropy.unsqueeze(-1)).mul_(
+                    grad_entropy[start:end].float().unsqueeze(-1)
+                )
                 coef.add_(g.unsqueeze(-1))
             else:
                 coef = g.unsqueeze(-1)
@@ -121,18 +138,27 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
 
 
 def compute_token_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
-    with_entropy: bool, entropy_grad: bool = False,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int,
+    with_entropy: bool,
+    entropy_grad: bool = False,
 ) -> TokenLogprobs:
     """Log-probs (and entropy) of ``targets`` given ``hidden`` [N, H] and the head's ``weight``
     [V, H]; ``chunk`` tokens at a time with recomputation in backward, or plain autograd
     over all N at once when ``chunk`` is 0. The entropy carries a gradient only when
     ``entropy_grad`` (an entropy bonus); otherwise it is a cheap by-product for logging."""
     if chunk <= 0:
-        return compute_logprobs_unchunked(hidden, weight, targets, temperature, with_entropy, entropy_grad)
+        return compute_logprobs_unchunked(
+            hidden, weight, targets, temperature, with_entropy, entropy_grad
+        )
     if not torch.is_grad_enabled():
         return compute_logprobs_no_grad(hidden, weight, targets, temperature, chunk, with_entropy)
-    logprobs, entropy = ChunkedTokenLogprobs.apply(hidden, weight, targets, temperature, chunk, with_entropy)
+    logprobs, entropy = ChunkedTokenLogprobs.apply(
+        hidden, weight, targets, temperature, chunk, with_entropy
+    )
     if not with_entropy:
         return TokenLogprobs(logprobs, None)
     return TokenLogprobs(logprobs, entropy if entropy_grad else entropy.detach())
@@ -140,15 +166,25 @@ def compute_token_logprobs(
 
 @torch.no_grad()
 def compute_logprobs_no_grad(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float, chunk: int,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int,
     with_entropy: bool,
 ) -> TokenLogprobs:
     """The chunked forward alone (old and reference log-probs)."""
     parts = []
     for start in range(0, hidden.shape[0], chunk):
-        logp, p, chosen = project_chunk(hidden[start:start + chunk], weight, targets[start:start + chunk], temperature)
+        logp, p, chosen = project_chunk(
+            hidden[start : start + chunk], weight, targets[start : start + chunk], temperature
+        )
         parts.append((chosen, -row_dot(p, logp) if with_entropy else None))
         del logp, p
-    logprobs = torch.cat([c for c, _ in parts]) if parts else hidden.new_zeros(0, dtype=torch.float32)
-    entropy = (torch.cat([e for _, e in parts]) if parts else logprobs.clone()) if with_entropy else None
+    logprobs = (
+        torch.cat([c for c, _ in parts]) if parts else hidden.new_zeros(0, dtype=torch.float32)
+    )
+    entropy = (
+        (torch.cat([e for _, e in parts]) if parts else logprobs.clone()) if with_entropy else None
+    )
     return TokenLogprobs(logprobs, entropy)

@@ -23,7 +23,15 @@ CPU_MAX_NUM_SEQS = 256
 
 
 class VLLMRollout:
-    def __init__(self, path: str, cfg: RolloutConfig, device: str, max_model_len: int, seed: int, dtype: torch.dtype):
+    def __init__(
+        self,
+        path: str,
+        cfg: RolloutConfig,
+        device: str,
+        max_model_len: int,
+        seed: int,
+        dtype: torch.dtype,
+    ):
         # Must be set before vLLM reads its environment: the engine lives in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if device == "cpu" and cfg.tensor_parallel_size > 1:
@@ -32,7 +40,11 @@ class VLLMRollout:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb))
         from vllm import LLM
 
-        extra = {"enable_sleep_mode": True, "gpu_memory_utilization": cfg.gpu_memory_utilization} if device == "cuda" else {}
+        extra = (
+            {"enable_sleep_mode": True, "gpu_memory_utilization": cfg.gpu_memory_utilization}
+            if device == "cuda"
+            else {}
+        )
         if device == "cpu":
             # Never split a prompt over engine steps on CPU: a chunked prefill makes vLLM rewind
             # the request's seeded generator, which CPU generators cannot do (RuntimeError "CPU
@@ -59,7 +71,9 @@ class VLLMRollout:
             **extra,
         )
 
-    def generate(self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec) -> list[RolloutSample]:
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
+    ) -> list[RolloutSample]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -76,7 +90,9 @@ class VLLMRollout:
             )
             for i, seed in enumerate(seeds)
         ]
-        outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
         samples = []
         for out in outputs:
             c = out.outputs[0]
@@ -88,7 +104,9 @@ class VLLMRollout:
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Layerwise in-place reload (re-runs vLLM's post-load processing), then drop the
         prefix cache, whose KV entries were computed with the old weights."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
+        )
         self.llm.reset_prefix_cache()
 
     def sleep(self) -> None:
@@ -115,7 +133,11 @@ def remove_stale_cpu_shm(rank: int, tp: int) -> None:
     if not shm.is_dir():
         return
     for segment in shm.glob(f"*-cpushm_{rank}"):
-        if group in segment.name and segment.stat().st_uid == os.getuid() and not is_mapped(str(segment)):
+        if (
+            group in segment.name
+            and segment.stat().st_uid == os.getuid()
+            and not is_mapped(str(segment))
+        ):
             segment.unlink(missing_ok=True)
 
 
