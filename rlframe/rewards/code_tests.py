@@ -7,7 +7,10 @@ JSON string or already parsed), in one of two styles:
   ``{"input": ..., "output": ...}``: the program reads the input and must print the output
   (compared line by line, trailing spaces ignored);
 - assert: ``{"asserts": ["assert add(1, 2) == 3", ...]}`` or a plain list of such strings:
-  each runs after the program's code.
+  each runs in the reward worker, outside the sandbox, against proxies of the program's
+  names (:mod:`rlframe.rewards.code_calls`): a case passes only when the assert itself ran
+  to its end on plain values the program returned. Exiting early, exception hooks,
+  overridden builtins or a forged harness's output cannot make it pass.
 
 The score is the fraction of test cases passed; each case is one sandboxed run (see
 :mod:`rlframe.rewards.sandbox`) of at most ``time_limit_s`` seconds (a row's
@@ -22,8 +25,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from rlframe.rewards.code_calls import run_assert_case
 from rlframe.rewards.registry import REWARDS
-from rlframe.rewards.sandbox import SandboxLimits, run_python, warn_if_not_isolated
+from rlframe.rewards.sandbox import SandboxLimits, detect_isolation, run_python
 
 FENCED = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 DEFAULT_TIME_LIMIT_S = 5.0
@@ -36,7 +40,7 @@ class TestCase:
     expected_stdout: str | None
     """What the program must print (stdin style); None for an assert."""
     check: str
-    """Code appended to the program (assert style), or empty."""
+    """The assert (assert style), run outside the sandbox against the program; or empty."""
 
 
 def extract_program(response: str) -> str:
@@ -75,19 +79,18 @@ def normalise_output(text: str) -> list[str]:
 
 
 def run_test_case(program: str, case: TestCase, limits: SandboxLimits) -> bool:
-    code = program if not case.check else f"{program}\n\n{case.check}\n"
-    result = run_python(code, case.stdin, limits)
-    if not result.ok:
-        return False
-    return case.expected_stdout is None or normalise_output(result.stdout) == normalise_output(
-        case.expected_stdout
+    if case.check:
+        return run_assert_case(program, case.check, limits)
+    result = run_python(program, case.stdin, limits)
+    return result.ok and normalise_output(result.stdout) == normalise_output(
+        case.expected_stdout or ""
     )
 
 
 @REWARDS.register("code_tests")
 def score_code_tests(response: str, ground_truth: str, sample: dict[str, Any]) -> float:
     """Fraction of the row's test cases the response's program passes."""
-    warn_if_not_isolated()
+    detect_isolation()
     cases = parse_test_cases(sample["tests"] if "tests" in sample else ground_truth)
     limit = float(sample.get("time_limit_s") or DEFAULT_TIME_LIMIT_S)
     limits = SandboxLimits(wall_s=limit, cpu_s=max(1, int(limit) + 1))

@@ -1,26 +1,26 @@
-"""Run untrusted Python (a policy's answer) in a subprocess that cannot hurt the machine.
+"""Run untrusted Python (a policy's answer) in a sandbox that holds against hostile code.
 
-Every run gets:
+The boundary is bubblewrap (``bwrap``, Debian's ``bubblewrap`` package). Every run gets:
 
-- a wall-clock limit, after which the whole process group is SIGKILLed;
-- rlimits: CPU seconds, address space, size of any file written, number of processes, no
-  core dumps;
-- a private temporary folder as working directory, ``HOME`` and ``TMPDIR``, removed after;
-- a scrubbed environment (``PATH``, ``HOME``, ``TMPDIR``, ``LANG`` only) and ``python -I``.
+- a minimal root file system: ``/usr`` and the interpreter's own prefix read-only (its
+  ``site-packages`` masked by an empty folder), ``/proc`` of its own PID namespace, a minimal
+  ``/dev``, and three size-limited tmpfs: its working folder ``/sandbox`` (also ``HOME``),
+  ``/tmp`` and ``/dev/shm``. Nothing else of the host exists in it: no ``/root``, ``/home``,
+  ``/etc``, ``/work``, run directories, ``/tmp/ray`` or host ``/dev/shm`` segments, so no
+  host Unix socket can be reached by path either;
+- empty network, IPC, UTS and PID namespaces (no interface, not even loopback; no abstract
+  Unix socket of the host; other processes invisible; everything dies with the sandbox);
+- as root, a switch to the unprivileged host uid/gid 65534 (``setpriv``) with no capabilities,
+  no supplementary groups and ``no_new_privs``: permission bits apply even if a path leaks;
+- ``python -I -S``: no site-packages at all (no ``ray``, no ``torch``), unless the caller
+  lists packages to expose (see :func:`run_python`'s ``packages``);
+- limits for the whole sandbox where cgroups are writable (:mod:`.sandbox_cgroups`): memory
+  of the process tree, process count, CPU share; and per process rlimits on CPU seconds,
+  address space, file size and core dumps; a wall-clock limit after which everything is
+  SIGKILLed and the groups removed.
 
-Where the kernel lets an unprivileged user create namespaces (checked once, by
-:func:`detect_isolation`), the run also gets, through ``unshare``:
-
-- a network namespace with no interfaces up: no connection leaves, not even to loopback;
-- a PID namespace: other processes (and their ``/proc/<pid>/environ``) are invisible, and
-  when the sandbox's first process dies the kernel kills every process left in it;
-- a mount namespace whose whole file system is read-only except the private folder, and a
-  second, unmapped user namespace so the code cannot make it writable again. RLIMIT_NPROC
-  then counts the sandbox's own processes only.
-
-Without namespaces the rlimits, the process-group kill and the private folder still
-apply, but the network and the file system are *not* isolated: :func:`detect_isolation`
-says so, and :func:`warn_if_not_isolated` prints it once.
+Without bubblewrap, or where it cannot build a sandbox here, :func:`detect_isolation` raises
+:class:`SandboxUnavailable` naming the cause: code is never run unsandboxed.
 """
 
 from __future__ import annotations
@@ -31,107 +31,88 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
+from typing import IO, Any
 
-# Runs first inside the sandbox, as ``python -I -c LAUNCHER DIR LIMITS_JSON ISOLATED``: it
-# locks the file system down (when isolated), sets the rlimits and execs the program. It
-# imports nothing from rlframe: the environment it sees is scrubbed.
+from rlframe.rewards.sandbox_cgroups import (
+    SandboxCgroup,
+    available_controllers,
+    make_sandbox_cgroup,
+    remove_orphaned_cgroups,
+)
+
+WORK = "/sandbox"
+PACKAGES = "/packages"
+SANDBOX_UID = 65534
+"""The host uid (and gid) untrusted code runs as when rlframe runs as root: ``nobody``."""
+
+# Runs first inside the sandbox as ``python -I -S -c LAUNCHER LIMITS_JSON SCRIPT``: sets the
+# per-process rlimits, puts the working folder (and exposed packages) on sys.path, runs the
+# script as __main__. It imports nothing from rlframe: the sandbox has no rlframe.
 LAUNCHER = r"""
-import ctypes, json, os, resource, sys
-
-work, limits, isolated = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "1"
-libc = ctypes.CDLL(None, use_errno=True)
-
-class MountAttr(ctypes.Structure):
-    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
-
-def set_mount_readonly(path, readonly):
-    attr = MountAttr(1, 0, 0, 0) if readonly else MountAttr(0, 1, 0, 0)
-    # mount_setattr(AT_FDCWD, path, AT_RECURSIVE, attr): x86_64 and aarch64 both use 442.
-    if libc.syscall(442, -100, path.encode(), 0x8000, ctypes.byref(attr), ctypes.sizeof(attr)) != 0:
-        raise OSError(ctypes.get_errno(), "mount_setattr " + path)
-
-if isolated:
-    if libc.mount(work.encode(), work.encode(), None, 4096 | 16384, None) != 0:  # MS_BIND | MS_REC
-        raise OSError(ctypes.get_errno(), "bind mount of the sandbox folder")
-    set_mount_readonly("/", True)
-    set_mount_readonly(work, False)
-    # A second user namespace without a uid map: no capability over the mounts above, so
-    # the code cannot make the file system writable again.
-    if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
-    nproc = limits["processes"]
-else:
-    # RLIMIT_NPROC counts every process of this user: allow the ones running now plus ours.
-    uid = os.getuid()
-    mine = 0
-    for pid in os.listdir("/proc"):
-        try:
-            mine += pid.isdigit() and os.stat("/proc/" + pid).st_uid == uid
-        except OSError:
-            pass
-    nproc = mine + limits["processes"]
-
-# The program runs in a child: as the PID namespace's first process it would ignore
-# signals it has no handler for (SIGXCPU among them). Its fate comes back as an exit code,
-# 128 + signal number when a signal killed it, as shells report it.
-child = os.fork()
-if child == 0:
-    mb = 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb, limits["memory_mb"] * mb))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_mb"] * mb, limits["file_size_mb"] * mb))
-    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    os.chdir(work)
-    os.execv(sys.executable, [sys.executable, "-I", "main.py"])
-_, status = os.waitpid(child, 0)
-sys.exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+import json, resource, runpy, sys
+limits, script = json.loads(sys.argv[1]), sys.argv[2]
+mb = 1024 * 1024
+resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
+resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb, limits["memory_mb"] * mb))
+fsize = limits["file_size_mb"] * mb
+resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+if limits["nproc"]:
+    resource.setrlimit(resource.RLIMIT_NPROC, (limits["nproc"], limits["nproc"]))
+sys.argv = [script]
+sys.path[0] = "/sandbox"
+if limits["packages"]:
+    sys.path.insert(1, "/packages")
+del json, resource, limits, mb, fsize
+runpy.run_path(script, run_name="__main__")
 """
 
-UNSHARE = [
-    "unshare",
-    "--user",
-    "--map-root-user",
-    "--net",
-    "--pid",
-    "--fork",
-    "--kill-child",
-    "--mount",
-    "--mount-proc",
-]
+
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can be built here; the message says why and what to install."""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     wall_s: float = 10.0
-    """Wall-clock seconds before the run is killed."""
+    """Wall-clock seconds before the whole sandbox is killed."""
     cpu_s: int = 10
-    """CPU seconds (RLIMIT_CPU): SIGXCPU, then SIGKILL a second later."""
+    """CPU seconds of each process (RLIMIT_CPU): SIGXCPU, then SIGKILL a second later."""
     memory_mb: int = 1024
-    """Address space of each process (RLIMIT_AS)."""
+    """Memory of the whole process tree (memory cgroup, tmpfs pages included) and address
+    space of each process (RLIMIT_AS)."""
+    disk_mb: int = 64
+    """Size of each of the sandbox's tmpfs: the working folder, ``/tmp`` and ``/dev/shm``."""
     file_size_mb: int = 16
     """Largest file any process may write (RLIMIT_FSIZE); stdout and stderr count too."""
     processes: int = 16
-    """Processes the program may have at once (RLIMIT_NPROC)."""
+    """Processes the program may have at once (pids cgroup)."""
+    cpus: float = 1.0
+    """CPU cores' worth of time the whole tree may use (CPU cgroup quota)."""
 
 
 @dataclass(frozen=True)
 class Isolation:
-    """What the kernel allows here; the rlimits, timeout and private folder always apply."""
+    """The protections in force on this machine (probed once by :func:`detect_isolation`)."""
 
     namespaces: bool
-    """Network, PID and read-only mount namespaces are in force."""
+    """File system, network, PID and IPC isolation by bubblewrap (always True: without it
+    :func:`detect_isolation` raises)."""
     reason: str
-    """Why not, when they are not (the probe's error)."""
-    process_cap: str = "RLIMIT_NPROC"
-    """What bounds the number of processes: ``RLIMIT_NPROC`` (any user but root, whom the
-    kernel exempts), ``pids cgroup`` (root with a writable pids controller) or ``none``."""
+    """bubblewrap's version line."""
+    process_cap: str = "pids cgroup"
+    """What bounds the number of processes: ``pids cgroup`` or ``RLIMIT_NPROC``."""
+    uid: int | None = SANDBOX_UID
+    """Host uid of the program, or None when it keeps the caller's (rlframe not run as root)."""
+    controllers: tuple[str, ...] = ()
+    """cgroup controllers applied per sandbox (memory, pids, cpu)."""
 
     @property
     def network_isolated(self) -> bool:
@@ -141,166 +122,297 @@ class Isolation:
     def filesystem_isolated(self) -> bool:
         return self.namespaces
 
+    def describe(self) -> str:
+        """The start-up line: what holds, and what does not."""
+        who = f"uid {self.uid}" if self.uid is not None else "the caller's uid (not root)"
+        memory = (
+            "memory per sandbox (cgroup)"
+            if "memory" in self.controllers
+            else "memory per process only (RLIMIT_AS; no writable memory cgroup)"
+        )
+        cpu = "cpu quota per sandbox" if "cpu" in self.controllers else "cpu per process only"
+        return (
+            f"rlframe: sandbox: {self.reason}: minimal read-only root, private /sandbox /tmp "
+            f"/dev/shm (tmpfs), no network, {who}, no site-packages; {memory}, processes by "
+            f"{self.process_cap}, {cpu}"
+        )
+
 
 @dataclass
 class SandboxResult:
     status: str
     """``ok`` (exit 0), ``error`` (non-zero exit), ``signal`` (killed by a signal: CPU or
-    file-size limit...) or ``timeout`` (ran past ``wall_s``)."""
+    file-size limit, memory cgroup...) or ``timeout`` (ran past ``wall_s``)."""
     exit_code: int | None
     """The exit code (128 + the signal number when a signal killed it); None after a timeout."""
     stdout: str
     stderr: str
     wall_s: float
     isolation: Isolation
+    out_of_memory: bool = False
+    """The memory cgroup's OOM killer fired."""
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
 
 
-def find_pids_cgroup_root() -> Path | None:
-    """Where a child pids cgroup can be made: cgroup v1's pids hierarchy, or the v2 root
-    when it delegates the pids controller; None if neither is writable."""
-    v1, v2 = Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup")
-    if (v1 / "cgroup.procs").exists() and os.access(v1, os.W_OK):
-        return v1
-    control = v2 / "cgroup.subtree_control"
-    if control.exists() and "pids" in control.read_text().split() and os.access(v2, os.W_OK):
-        return v2
-    return None
+def interpreter() -> tuple[str, str]:
+    """The real interpreter binary and its prefix (a venv's python is a link to it)."""
+    return os.path.realpath(sys._base_executable), sys.base_prefix  # type: ignore[attr-defined]
 
 
-def detect_process_cap() -> str:
-    if os.geteuid() != 0:
-        return "RLIMIT_NPROC"
-    return "pids cgroup" if find_pids_cgroup_root() is not None else "none"
+def site_dirs(prefix: str) -> list[str]:
+    """Folders of third-party packages under the interpreter's prefix and /usr: masked."""
+    scheme = {"base": prefix, "platbase": prefix}
+    found = {sysconfig.get_path("purelib", vars=scheme), sysconfig.get_path("platlib", vars=scheme)}
+    major = f"python{sys.version_info.major}"
+    found |= {f"/usr/lib/{major}/dist-packages", f"/usr/local/lib/{major}/dist-packages"}
+    minor = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    found |= {f"/usr/local/lib/{minor}/site-packages", f"/usr/local/lib/{minor}/dist-packages"}
+    return sorted(d for d in found if os.path.isdir(d))
 
 
-@cache
-def detect_isolation() -> Isolation:
-    """Probe once whether ``unshare`` can give this user the namespaces the sandbox uses,
-    and what can bound the number of processes."""
-    cap = detect_process_cap()
-    if shutil.which("unshare") is None:
-        return Isolation(False, "no unshare binary (util-linux)", cap)
-    with tempfile.TemporaryDirectory(prefix="rlframe-probe-") as work:
-        probe = [
-            *UNSHARE,
-            sys.executable,
-            "-I",
-            "-c",
-            LAUNCHER,
-            work,
-            json.dumps(asdict(SandboxLimits())),
-            "1",
-        ]
-        Path(work, "main.py").write_text("print('ok')\n")
-        try:
-            done = subprocess.run(
-                probe, capture_output=True, text=True, timeout=30, cwd=work, env=scrubbed_env(work)
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return Isolation(False, f"unshare probe failed: {e}", cap)
-    if done.returncode != 0 or done.stdout.strip() != "ok":
-        last = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
-        return Isolation(False, f"unshare refused: {last}", cap)
-    return Isolation(True, "", cap)
+def root_binds(prefix: str) -> list[str]:
+    """bwrap arguments for the read-only system part of the root."""
+    args = ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    if not prefix.startswith("/usr/"):
+        args += ["--ro-bind", prefix, prefix]
+        # bwrap creates the prefix's parents (e.g. /root/.pyenv) with the host's modes;
+        # nobody must be able to walk them to reach the interpreter.
+        parent = Path(prefix).parent
+        while str(parent) != "/":
+            args += ["--chmod", "0755", str(parent)]
+            parent = parent.parent
+    for site in site_dirs(prefix):
+        args += ["--tmpfs", site, "--remount-ro", site]
+    return args
 
 
-def warn_if_not_isolated() -> Isolation:
-    """Say on stderr, once per process, when code runs without network/file-system isolation."""
-    isolation = detect_isolation()
-    if getattr(warn_if_not_isolated, "warned", False):
-        return isolation
-    warn_if_not_isolated.warned = True  # type: ignore[attr-defined]
-    if not isolation.namespaces:
-        print(
-            f"rlframe: sandbox: namespaces unavailable ({isolation.reason}); untrusted code runs with "
-            "rlimits, a time limit and a private folder only: the network and the file system are NOT isolated",
-            file=sys.stderr,
-        )
-    if isolation.process_cap == "none":
-        print(
-            "rlframe: sandbox: running as root without a writable pids cgroup: the number of processes "
-            "untrusted code starts is NOT bounded (the kernel exempts root from RLIMIT_NPROC)",
-            file=sys.stderr,
-        )
-    return isolation
+def package_binds(packages: Sequence[str]) -> list[str]:
+    """Expose allow-listed top-level packages read-only under /packages."""
+    import importlib.util
+
+    args: list[str] = []
+    for name in packages:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise SandboxUnavailable(f"package {name!r} asked for by the reward is not installed")
+        if spec.submodule_search_locations:
+            source = list(spec.submodule_search_locations)[0]
+            args += ["--ro-bind", source, f"{PACKAGES}/{name}"]
+        else:
+            args += ["--ro-bind", spec.origin, f"{PACKAGES}/{Path(spec.origin).name}"]
+    return args
 
 
-def scrubbed_env(work: str) -> dict[str, str]:
+def tmpfs(path: str, size_mb: int) -> list[str]:
+    return ["--size", str(size_mb * 2**20), "--tmpfs", path, "--chmod", "1777", path]
+
+
+def build_command(
+    files: dict[str, int], script: str, limits: SandboxLimits, packages: Sequence[str], nproc: int
+) -> list[str]:
+    """The bwrap command line; ``files`` maps a name in /sandbox to a readable fd."""
+    python, prefix = interpreter()
+    command = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+    command += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    as_root = os.geteuid() == 0
+    if as_root:
+        # bwrap does the mounts as root; setpriv then drops to nobody for good.
+        command += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        command += ["--cap-add", "CAP_SETPCAP"]
+    else:
+        command += ["--unshare-user"]
+    command += root_binds(prefix)
+    command += ["--proc", "/proc", "--dev", "/dev", *tmpfs("/dev/shm", limits.disk_mb)]
+    command += [*tmpfs("/tmp", limits.disk_mb), *tmpfs(WORK, limits.disk_mb)]
+    for name, fd in files.items():
+        command += ["--perms", "0644", "--file", str(fd), f"{WORK}/{name}"]
+    command += package_binds(packages)
+    command += ["--remount-ro", "/", "--chdir", WORK, "--clearenv"]
+    for key, value in sandbox_env().items():
+        command += ["--setenv", key, value]
+    if as_root:
+        ids = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups"]
+        command += ["setpriv", *ids, "--inh-caps=-all", "--bounding-set=-all"]
+        command += ["--no-new-privs", "--"]
+    per_process = {**asdict(limits), "nproc": nproc, "packages": bool(packages)}
+    command += [python, "-I", "-S", "-c", LAUNCHER, json.dumps(per_process), script]
+    return command
+
+
+def sandbox_env() -> dict[str, str]:
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": work,
-        "TMPDIR": work,
+        "HOME": WORK,
+        "TMPDIR": "/tmp",
         "LANG": "C.UTF-8",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
 
 
-def run_python(
-    code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits()
-) -> SandboxResult:
-    """Run ``code`` as ``main.py`` in a fresh sandbox, feeding it ``stdin``."""
-    isolation = detect_isolation()
-    work = tempfile.mkdtemp(prefix="rlframe-sandbox-")
-    try:
-        Path(work, "main.py").write_text(code)
-        launch = [
-            sys.executable,
-            "-I",
-            "-c",
-            LAUNCHER,
-            work,
-            json.dumps(asdict(limits)),
-            "1" if isolation.namespaces else "0",
-        ]
-        command = [*UNSHARE, *launch] if isolation.namespaces else launch
-        cgroup = (
-            make_pids_cgroup(limits.processes) if isolation.process_cap == "pids cgroup" else None
+class Sandbox:
+    """One running sandbox: its process, its cgroups and its deadline. ``close()`` kills
+    whatever is left and removes the groups; the tmpfs vanish with the mount namespace."""
+
+    def __init__(
+        self,
+        files: dict[str, str],
+        script: str,
+        limits: SandboxLimits,
+        stdin: IO[Any] | int,
+        stdout: IO[Any] | int,
+        stderr: IO[Any] | int,
+        packages: Sequence[str] = (),
+    ) -> None:
+        self.isolation = detect_isolation()
+        self.limits = limits
+        use_pids = "pids" in self.isolation.controllers
+        self.cgroup: SandboxCgroup | None = (
+            make_sandbox_cgroup(limits.memory_mb, limits.processes, limits.cpus)
+            if self.isolation.controllers
+            else None
         )
-        if cgroup is not None:
-            # The shell joins the cgroup, then becomes the sandbox: everything it starts stays in.
-            command = [
-                "/bin/sh",
-                "-c",
-                'echo $$ > "$0" && exec "$@"',
-                str(cgroup / "cgroup.procs"),
-                *command,
-            ]
-        # Files, not pipes: a program that floods its output is stopped by RLIMIT_FSIZE
-        # instead of filling the driver's memory, and nothing can deadlock on a full pipe.
-        with (
-            tempfile.TemporaryFile() as out,
-            tempfile.TemporaryFile() as err,
-            tempfile.TemporaryFile() as inp,
-        ):
-            inp.write(stdin.encode())
-            inp.seek(0)
-            start = time.monotonic()
-            proc = subprocess.Popen(
+        # Without a pids cgroup RLIMIT_NPROC bounds processes, counted over every process of
+        # the sandbox uid (all sandboxes together): allow some room for the others.
+        nproc = 0 if use_pids else limits.processes * 8
+        sources = [tempfile.TemporaryFile() for _ in files]
+        try:
+            for source, text in zip(sources, files.values()):
+                source.write(text.encode())
+                source.seek(0)
+            fds = {name: s.fileno() for name, s in zip(files, sources)}
+            command = build_command(fds, script, limits, packages, nproc)
+            if self.cgroup is not None:
+                # The shell joins the groups, then becomes bwrap: everything it starts stays in.
+                join = 'for p in $0; do echo $$ > "$p" || exit 125; done; exec "$@"'
+                command = ["/bin/sh", "-c", join, " ".join(self.cgroup.procs_files()), *command]
+            self.started = time.monotonic()
+            self.proc = subprocess.Popen(
                 command,
-                stdin=inp,
-                stdout=out,
-                stderr=err,
-                cwd=work,
-                env=scrubbed_env(work),
+                stdin=stdin,
+                stdout=stdout,
+                stderr=stderr,
+                pass_fds=tuple(fds.values()),
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
-            try:
-                code_or_none: int | None = proc.wait(timeout=limits.wall_s)
-            except subprocess.TimeoutExpired:
-                code_or_none = None
-            kill_group(proc)
-            if cgroup is not None:
-                remove_pids_cgroup(cgroup)
-            wall = time.monotonic() - start
-            stdout, stderr = read_capped(out), read_capped(err)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return SandboxResult(classify(code_or_none), code_or_none, stdout, stderr, wall, isolation)
+        except BaseException:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            raise
+        finally:
+            for source in sources:
+                source.close()
+        self.deadline = self.started + limits.wall_s
+
+    def time_left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def close(self) -> tuple[int | None, bool]:
+        """Kill what is left; return (exit code or None if it was still running, OOM seen)."""
+        code = self.proc.poll()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        oom = False
+        if self.cgroup is not None:
+            oom = self.cgroup.oom_killed()
+            self.cgroup.remove()
+        return code, oom
+
+
+def run_python(
+    code: str,
+    stdin: str = "",
+    limits: SandboxLimits = SandboxLimits(),
+    packages: Sequence[str] = (),
+) -> SandboxResult:
+    """Run ``code`` as ``/sandbox/main.py`` in a fresh sandbox, feeding it ``stdin``.
+
+    ``packages``: the allow-list of installed top-level packages the program may import
+    (mounted read-only under /packages); empty by default, so only the standard library."""
+    # Files, not pipes: a program that floods its output is stopped by RLIMIT_FSIZE instead
+    # of filling the caller's memory, and nothing can deadlock on a full pipe.
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.TemporaryFile() as inp,
+    ):
+        inp.write(stdin.encode())
+        inp.seek(0)
+        box = Sandbox({"main.py": code}, f"{WORK}/main.py", limits, inp, out, err, packages)
+        try:
+            box.proc.wait(timeout=limits.wall_s)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            exit_code, oom = box.close()
+        wall = time.monotonic() - box.started
+        stdout, stderr = read_capped(out), read_capped(err)
+    return SandboxResult(classify(exit_code), exit_code, stdout, stderr, wall, box.isolation, oom)
+
+
+@cache
+def detect_isolation() -> Isolation:
+    """Probe once that bubblewrap builds a sandbox here; say which protections hold.
+    Raises SandboxUnavailable (with the cause and the fix) when it cannot."""
+    if shutil.which("bwrap") is None:
+        raise SandboxUnavailable(
+            "the sandbox for untrusted code needs bubblewrap: apt-get install bubblewrap "
+            "(no bwrap on PATH)"
+        )
+    version = subprocess.run(["bwrap", "--version"], capture_output=True, text=True).stdout
+    remove_orphaned_cgroups()
+    controllers = tuple(sorted(available_controllers()))
+    as_root = os.geteuid() == 0
+    if as_root and shutil.which("setpriv") is None:
+        raise SandboxUnavailable("the sandbox needs setpriv (util-linux) to drop root")
+    isolation = Isolation(
+        True,
+        version.strip() or "bubblewrap",
+        "pids cgroup" if "pids" in controllers else "RLIMIT_NPROC",
+        SANDBOX_UID if as_root else None,
+        controllers,
+    )
+    probe = probe_sandbox(isolation)
+    if probe:
+        raise SandboxUnavailable(f"bubblewrap cannot build the sandbox here: {probe}")
+    return isolation
+
+
+def probe_sandbox(isolation: Isolation) -> str:
+    """Run ``print(uid)`` in a sandbox by hand (detect_isolation is not cached yet): the
+    error text, or empty when it worked."""
+    limits = SandboxLimits()
+    with tempfile.TemporaryFile() as source:
+        source.write(b"import os\nprint(os.getuid())\n")
+        source.seek(0)
+        nproc = 0 if "pids" in isolation.controllers else limits.processes * 8
+        command = build_command({"main.py": source.fileno()}, f"{WORK}/main.py", limits, (), nproc)
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=30, pass_fds=(source.fileno(),)
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return str(e)
+    expected = str(SANDBOX_UID) if isolation.uid is not None else None
+    if done.returncode != 0 or (expected is not None and done.stdout.strip() != expected):
+        return (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    return ""
+
+
+def warn_if_not_isolated() -> Isolation:
+    """The protections in force (raises SandboxUnavailable when there is no sandbox)."""
+    return detect_isolation()
 
 
 def find_prctl() -> object | None:
@@ -323,59 +435,9 @@ def die_with_parent() -> None:
         PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the run's process group (with namespaces, the PID namespace dies with it)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
-
-
-def make_pids_cgroup(processes: int) -> Path | None:
-    """A fresh pids cgroup allowing the program's processes plus the two that launch it."""
-    root = find_pids_cgroup_root()
-    if root is None:
-        return None
-    remove_stale_cgroups(root)
-    group = Path(tempfile.mkdtemp(prefix="rlframe-sandbox-", dir=root))
-    (group / "pids.max").write_text(str(processes + 3))
-    return group
-
-
-def remove_stale_cgroups(root: Path, age_s: float = 60.0) -> None:
-    """Remove sandbox cgroups left by killed reward workers. rmdir refuses a cgroup that still
-    holds processes, and a minute is far longer than joining a new one takes."""
-    now = time.time()
-    for group in root.glob("rlframe-sandbox-*"):
-        try:
-            if now - group.stat().st_mtime > age_s:
-                group.rmdir()
-        except OSError:
-            pass
-
-
-def remove_pids_cgroup(group: Path) -> None:
-    """SIGKILL whatever is left in the cgroup (escapees of the process group), then remove it."""
-    for _ in range(100):
-        pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.01)
-    try:
-        group.rmdir()
-    except OSError:
-        pass
-
-
-def read_capped(file: object, limit: int = 1 << 20) -> str:
-    file.seek(0)  # type: ignore[attr-defined]
-    return file.read(limit).decode(errors="replace")  # type: ignore[attr-defined]
+def read_capped(file: IO[bytes], limit: int = 1 << 20) -> str:
+    file.seek(0)
+    return file.read(limit).decode(errors="replace")
 
 
 def classify(exit_code: int | None) -> str:
@@ -383,5 +445,5 @@ def classify(exit_code: int | None) -> str:
         return "timeout"
     if exit_code == 0:
         return "ok"
-    # The launcher reports a fatal signal as 128 + its number, as shells do.
+    # bwrap reports a fatal signal as 128 + its number, as shells do.
     return "signal" if exit_code > 128 or exit_code < 0 else "error"

@@ -1,0 +1,87 @@
+"""Inside the sandbox (standard library only): load the program, then answer calls on it.
+
+``code_tests`` runs a row's asserts *outside* the sandbox, in the reward worker, against
+proxies of the program's names. Each call or attribute read a proxy makes arrives here as
+one JSON line on fd 0; the answer goes back as one JSON line on fd 1: the result as the
+``repr`` of plain data (numbers, strings, bytes, None and lists, tuples, sets and dicts of
+them, exact types only), or a handle for anything else, or the exception's text. Each
+request carries a nonce the answer must echo, so answers written before a request cannot
+match it. The program's own stdin is empty and its prints go to stderr: it never sees the
+asserts or their expected values, and nothing it does here can make an assert pass except
+returning the right plain values.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import sys
+
+PLAIN_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+PLAIN_CONTAINERS = (list, tuple, set, frozenset)
+
+
+def is_plain(value, depth=0):
+    """Exact built-in data whose repr reads back with ast.literal_eval (no subclasses:
+    an int subclass could redefine __eq__)."""
+    kind = type(value)
+    if depth > 50:
+        return False
+    if kind in PLAIN_SCALARS:
+        return kind is not float or math.isfinite(value)
+    if kind in PLAIN_CONTAINERS:
+        return all(is_plain(v, depth + 1) for v in value)
+    if kind is dict:
+        return all(is_plain(k, depth + 1) and is_plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def main():
+    requests = os.fdopen(os.dup(0), "r")
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(2, 1)
+    sys.stdin, sys.stdout = open(0), open(1, "w", buffering=1)
+    spec = importlib.util.spec_from_file_location("solution", "/sandbox/main.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["solution"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:  # SystemExit too: the program ended before any call
+        answers.write(json.dumps({"load_error": f"{type(e).__name__}: {e}"}) + "\n")
+        return
+    names = [n for n in vars(module) if not n.startswith("__")]
+    answers.write(json.dumps({"ready": names}) + "\n")
+    handles = {}
+    for line in requests:
+        request = json.loads(line)
+        answer = {"nonce": request["nonce"]}
+        try:
+            answer.update(serve(request, module, handles))
+        except BaseException as e:
+            answer["error"] = f"{type(e).__name__}: {e}"
+        answers.write(json.dumps(answer) + "\n")
+
+
+def serve(request, module, handles):
+    import ast
+
+    def decode(arg):
+        return handles[arg["h"]] if "h" in arg else ast.literal_eval(arg["v"])
+
+    kind, ref = request["target"]
+    target = getattr(module, ref) if kind == "name" else handles[ref]
+    if request["op"] == "getattr":
+        result = getattr(target, request["attr"])
+    else:
+        args = [decode(a) for a in request["args"]]
+        kwargs = {k: decode(v) for k, v in request["kwargs"].items()}
+        result = target(*args, **kwargs)
+    if is_plain(result):
+        return {"v": repr(result)}
+    handles[len(handles)] = result
+    return {"h": len(handles) - 1}
+
+
+main()

@@ -1,0 +1,157 @@
+"""Assert-style test cases, checked outside the sandbox against the program's values.
+
+The program runs in the sandbox under :mod:`rlframe.rewards.call_server`, which loads it and
+answers calls. The assert runs here, in the reward worker, with every name the program
+defined bound to a :class:`Remote` proxy: ``add(1, 2)`` sends the call into the sandbox and
+comes back as plain data read with ``ast.literal_eval`` (or as another proxy for an object).
+The assert's comparison, its expected values and its success all live in this process, so a
+case passes only if the assert ran to its end, and no exit code, exception hook, builtin
+override, printed text or equality-faking object of the program's can change that. A proxy
+refuses truth tests and comparisons: ``assert solve()`` on an object fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import json
+import secrets
+import select
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+from rlframe.rewards.sandbox import WORK, Sandbox, SandboxLimits
+
+SERVER = Path(__file__).with_name("call_server.py")
+
+
+class CaseFailed(Exception):
+    """The program did not answer: it exited, hung, or failed to load."""
+
+
+class Session:
+    """The pipes to one sandboxed call server, read under the sandbox's deadline."""
+
+    def __init__(self, box: Sandbox) -> None:
+        assert box.proc.stdin is not None and box.proc.stdout is not None
+        self.box, self.to_box, self.from_box = box, box.proc.stdin, box.proc.stdout
+        self.buffer = b""
+
+    def read_line(self) -> dict[str, Any]:
+        while b"\n" not in self.buffer:
+            ready, _, _ = select.select([self.from_box], [], [], self.box.time_left())
+            chunk = self.from_box.read1(1 << 16) if ready else b""  # type: ignore[attr-defined]
+            if not chunk:
+                raise CaseFailed("the program ended or ran out of time")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        try:
+            message = json.loads(line)
+        except json.JSONDecodeError:
+            raise CaseFailed("garbled answer") from None
+        if not isinstance(message, dict):
+            raise CaseFailed("garbled answer")
+        return message
+
+    def ask(self, request: dict[str, Any]) -> Any:
+        nonce = secrets.token_hex(16)
+        try:
+            self.to_box.write((json.dumps({**request, "nonce": nonce}) + "\n").encode())
+            self.to_box.flush()
+        except OSError:
+            raise CaseFailed("the program ended") from None
+        answer = self.read_line()
+        if answer.get("nonce") != nonce:
+            raise CaseFailed("an answer that does not belong to the request")
+        if "error" in answer:
+            raise RuntimeError(f"the program raised {answer['error']}")
+        if "h" in answer:
+            return Remote(self, ("handle", int(answer["h"])))
+        try:
+            return ast.literal_eval(str(answer["v"]))
+        except (KeyError, ValueError, SyntaxError, MemoryError, RecursionError):
+            raise CaseFailed("an answer that is not plain data") from None
+
+
+def encode(value: Any) -> dict[str, Any]:
+    if isinstance(value, Remote):
+        if value._session is None or value._target[0] != "handle":
+            raise TypeError("only objects the program returned can be passed back")
+        return {"h": value._target[1]}
+    text = repr(value)
+    ast.literal_eval(text)  # the assert's own arguments must be plain data too
+    return {"v": text}
+
+
+class Remote:
+    """A name or object of the program's, in the sandbox. Calls and attribute reads go there;
+    truth tests and comparisons are refused, so only plain values returned can pass."""
+
+    def __init__(self, session: Session, target: tuple[str, Any]) -> None:
+        self._session, self._target = session, target
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = {"op": "call", "target": list(self._target)}
+        request["args"] = [encode(a) for a in args]
+        request["kwargs"] = {k: encode(v) for k, v in kwargs.items()}
+        return self._session.ask(request)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return self._session.ask({"op": "getattr", "target": list(self._target), "attr": attr})
+
+    def __bool__(self) -> bool:
+        raise TypeError("a truth test on an object of the program's (not plain data)")
+
+    def __eq__(self, other: object) -> bool:
+        raise TypeError("a comparison with an object of the program's (not plain data)")
+
+    __ne__ = __eq__
+    __hash__ = None  # type: ignore[assignment]
+
+
+def run_assert_case(program: str, check: str, limits: SandboxLimits) -> bool:
+    """True when ``check`` runs to its end against the sandboxed program within the limits."""
+    try:
+        code = compile(check, "<test case>", "exec")
+    except SyntaxError:
+        return False
+    with tempfile.TemporaryFile() as err:
+        box = Sandbox(
+            {"main.py": program, "call_server.py": SERVER.read_text()},
+            f"{WORK}/call_server.py",
+            limits,
+            subprocess.PIPE,
+            subprocess.PIPE,
+            err,
+        )
+        try:
+            return run_check(Session(box), code)
+        finally:
+            box.close()
+            for pipe in (box.proc.stdin, box.proc.stdout):
+                close_quietly(pipe)
+
+
+def run_check(session: Session, code: Any) -> bool:
+    try:
+        names = session.read_line().get("ready")
+        if not isinstance(names, list):
+            return False  # the program failed to load (or exited while loading)
+        scope: dict[str, Any] = {"__builtins__": builtins}
+        scope.update({str(n): Remote(session, ("name", str(n))) for n in names})
+        exec(code, scope)
+    except Exception:  # CaseFailed, AssertionError, and whatever the assert raised
+        return False
+    return True
+
+
+def close_quietly(pipe: IO[bytes] | None) -> None:
+    if pipe is not None:
+        try:
+            pipe.close()
+        except OSError:
+            pass
