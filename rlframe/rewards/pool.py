@@ -22,6 +22,7 @@ from typing import Any
 
 from rlframe.rewards.frames import read_frame, write_frame
 from rlframe.rewards.registry import RewardError
+from rlframe.rewards.sandbox_cgroups import remove_cgroups_of
 from rlframe.rewards.scoring import Outcome
 
 START_TIMEOUT_S = 120.0
@@ -64,6 +65,8 @@ class PoolWorker:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        # Its sandboxes died with it (PDEATHSIG); their cgroups are this parent's to remove.
+        remove_cgroups_of(self.proc.pid)
         for pipe in (self.proc.stdin, self.proc.stdout):
             if pipe is not None:
                 pipe.close()

@@ -182,12 +182,12 @@ def root_binds(prefix: str) -> list[str]:
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
     if not prefix.startswith("/usr/"):
+        # Mounted at its own path (binaries and libpython may hold it as RUNPATH); the
+        # folders bwrap makes above it (e.g. /root/.pyenv) stay empty but for this path.
         args += ["--ro-bind", prefix, prefix]
-        # bwrap creates the prefix's parents (e.g. /root/.pyenv) with the host's modes;
-        # nobody must be able to walk them to reach the interpreter.
         parent = Path(prefix).parent
         while str(parent) != "/":
-            args += ["--chmod", "0755", str(parent)]
+            args += ["--chmod", "0711", str(parent)]
             parent = parent.parent
     for site in site_dirs(prefix):
         args += ["--tmpfs", site, "--remount-ro", site]
@@ -198,7 +198,7 @@ def package_binds(packages: Sequence[str]) -> list[str]:
     """Expose allow-listed top-level packages read-only under /packages."""
     import importlib.util
 
-    args: list[str] = []
+    args: list[str] = ["--dir", PACKAGES, "--chmod", "0755", PACKAGES] if packages else []
     for name in packages:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.origin is None:
