@@ -284,8 +284,11 @@ class RewardConfig:
     killed and the sample counts as timed out."""
     on_error: str = "raise"
     """A sample whose rule reward raises, returns a non-number/NaN or times out: ``raise`` stops
-    the run naming the function and the sample; ``zero`` scores it 0 and counts it in
-    ``reward/errors`` / ``reward/timeouts``."""
+    the run at the first such sample (the others are cancelled), naming the function and the
+    sample; ``zero`` scores it 0 and counts it in ``reward/errors`` / ``reward/timeouts``."""
+    step_timeout_s: float = 1800.0
+    """Longest the rule-reward stage of one step may take (with num_workers >= 1), whatever
+    ``reward.timeout_s``: samples not scored by then count as timed out (``raise`` stops)."""
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """Reward model (off unless ``reward.model.path`` is set)."""
 
@@ -306,6 +309,7 @@ class RewardConfig:
             f"must be >= 0 (0 scores in the driver), got {self.num_workers}",
         )
         require_positive(self.timeout_s, "reward.timeout_s")
+        require_positive(self.step_timeout_s, "reward.step_timeout_s")
         require_choice(self.on_error, ("raise", "zero"), "reward.on_error")
         require(
             math.isfinite(self.weight) and self.weight >= 0,

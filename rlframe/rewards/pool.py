@@ -10,6 +10,7 @@ worker is still importing.
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import signal
@@ -120,11 +121,17 @@ class RewardPool:
         responses: Sequence[str],
         ground_truths: Sequence[str],
         samples: Sequence[dict[str, Any]],
+        fail_fast: bool = False,
+        deadline_s: float | None = None,
     ) -> list[Outcome]:
-        """One Outcome per sample, in order."""
+        """One Outcome per sample, in order. ``fail_fast``: at the first failure (error,
+        timeout, dead worker) the samples still running are killed and the rest are not
+        started; both come back ``cancelled``. ``deadline_s`` bounds the whole call: samples
+        not scored by then come back timed out."""
         outcomes: list[Outcome | None] = [None] * len(responses)
         pending = deque(range(len(responses)))
         busy: dict[PoolWorker, tuple[int, float]] = {}
+        stage_end = time.monotonic() + deadline_s if deadline_s else math.inf
         try:
             while pending or busy:
                 while pending and self.ready:
@@ -134,20 +141,50 @@ class RewardPool:
                     else:
                         pending.appendleft(i)  # died while idle: the sample is not to blame
                         self.replace(worker)
-                self.collect(busy, outcomes)
+                self.collect(busy, outcomes, stage_end)
+                failed = fail_fast and any(o is not None and o.score is None for o in outcomes)
+                if failed or time.monotonic() >= stage_end:
+                    self.stop(busy, pending, outcomes, cancelled=failed, deadline_s=deadline_s)
         except BaseException:
             for worker in busy:  # mid-sample: their answers would arrive out of turn
                 worker.kill()
             raise
         return [o for o in outcomes if o is not None]
 
+    def stop(
+        self,
+        busy: dict[PoolWorker, tuple[int, float]],
+        pending: deque[int],
+        outcomes: list[Outcome | None],
+        cancelled: bool,
+        deadline_s: float | None,
+    ) -> None:
+        """End the call early: kill the workers mid-sample (fresh ones take their place) and
+        give every unscored sample its outcome."""
+        unscored = [i for i, _ in busy.values()] + list(pending)
+        for worker in list(busy):
+            self.replace(worker)
+        busy.clear()
+        pending.clear()
+        for i in unscored:
+            if cancelled:
+                outcomes[i] = Outcome(None, "cancelled after another sample failed", cancelled=True)
+            else:
+                why = f"not scored within the stage's {deadline_s:g} s (reward.step_timeout_s)"
+                outcomes[i] = Outcome(None, why, timed_out=True)
+
     def collect(
-        self, busy: dict[PoolWorker, tuple[int, float]], outcomes: list[Outcome | None]
+        self,
+        busy: dict[PoolWorker, tuple[int, float]],
+        outcomes: list[Outcome | None],
+        stage_end: float = math.inf,
     ) -> None:
         """Wait for the next answer, deadline or started worker; record what arrived."""
         deadlines = [d for _, d in busy.values()]
-        wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else START_TIMEOUT_S
-        readable, _, _ = select.select([*busy, *self.starting], [], [], wait)
+        wait = min([*deadlines, stage_end, time.monotonic() + START_TIMEOUT_S])
+        readable, _, _ = select.select(
+            [*busy, *self.starting], [], [], max(0.0, wait - time.monotonic())
+        )
         for worker in readable:
             if worker in self.starting:
                 self.wait_for_starting(0)

@@ -27,6 +27,8 @@ class Outcome:
     error: str | None = None
     """``raised ValueError: ...``, ``returned 'x' (str), not a number``, ``returned nan``..."""
     timed_out: bool = False
+    cancelled: bool = False
+    """Not scored: the stage stopped at another sample's failure (``on_error=raise``)."""
 
 
 def check_value(value: Any) -> Outcome:
@@ -74,13 +76,16 @@ def apply_error_policy(
 ) -> RuleScores:
     """Scores from outcomes: the first failure raises (``raise``) or scores 0 (``zero``)."""
     scores, errors, timeouts = [], [], []
-    for i, outcome in enumerate(outcomes):
-        if outcome.score is None and on_error == "raise":
-            hint = "; reward.on_error=zero scores such samples 0 and counts them instead"
-            raise RewardError(
-                f"reward function {fn_name} {outcome.error} on sample {i} (prompt {samples[i].get('prompt')!r}, "
-                f"response {responses[i]!r}, ground truth {ground_truths[i]!r}){hint}"
-            )
+    failed = [i for i, o in enumerate(outcomes) if o.score is None and not o.cancelled]
+    if failed and on_error == "raise":
+        i = failed[0]
+        hint = "; reward.on_error=zero scores such samples 0 and counts them instead"
+        raise RewardError(
+            f"reward function {fn_name} {outcomes[i].error} on sample {i} "
+            f"(prompt {samples[i].get('prompt')!r}, response {responses[i]!r}, "
+            f"ground truth {ground_truths[i]!r}){hint}"
+        )
+    for outcome in outcomes:
         scores.append(0.0 if outcome.score is None else outcome.score)
         timeouts.append(outcome.timed_out)
         errors.append(outcome.score is None and not outcome.timed_out)
@@ -136,7 +141,13 @@ class RuleScorer:
                 from rlframe.rewards.pool import RewardPool
 
                 self.pool = RewardPool(self.fn_name, self.cfg.num_workers, self.cfg.timeout_s)
-            outcomes = self.pool.score(responses, ground_truths, samples)
+            outcomes = self.pool.score(
+                responses,
+                ground_truths,
+                samples,
+                fail_fast=self.cfg.on_error == "raise",
+                deadline_s=self.cfg.step_timeout_s,
+            )
         return apply_error_policy(
             outcomes, self.fn_name, responses, ground_truths, samples, self.cfg.on_error
         )

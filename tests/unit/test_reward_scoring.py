@@ -131,3 +131,31 @@ def test_reward_config_checks() -> None:
         RewardConfig(timeout_s=0)
     with pytest.raises(ConfigError, match="reward.weight: is 0"):
         RewardConfig(weight=0)
+
+
+def test_the_first_failure_stops_the_stage_and_cancels_the_rest(plugin: str) -> None:
+    # Sample 3 hangs for an hour and 0-2 take 0.5 s each; the raise at sample 4 stops the
+    # stage at once (not after reward.timeout_s), naming sample 4.
+    responses = ["slow", "slow", "slow", "hang", "raise", *["slow"] * 20]
+    start = time.monotonic()
+    with pytest.raises(RewardError, match=r"raised ValueError: bad sample .* on sample 4 "):
+        score(plugin, responses, num_workers=4, timeout_s=60)
+    assert time.monotonic() - start < 5.0
+
+
+def test_a_hanging_sample_stops_the_stage_at_its_own_limit(plugin: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(RewardError, match=r"timed out after 1 s .* on sample 1 "):
+        score(plugin, ["1", "hang", *["slow"] * 40], num_workers=2, timeout_s=1)
+    # 40 slow samples would take 10 s on 2 workers: they were cancelled.
+    assert time.monotonic() - start < 4.0
+
+
+def test_the_step_deadline_bounds_the_stage(plugin: str) -> None:
+    start = time.monotonic()
+    scores, errors, timeouts = score(
+        plugin, ["1", *["slow"] * 40], num_workers=2, step_timeout_s=1.2, on_error="zero"
+    )
+    assert time.monotonic() - start < 4.0
+    assert scores[0] == 1.0 and 2 <= scores.count(1.0) <= 10
+    assert timeouts.count(True) == 41 - scores.count(1.0) and not any(errors)
