@@ -73,16 +73,16 @@ def check_reward_inputs(cfg: Config) -> str | None:
     if r.uses_rule and package is not None and importlib.util.find_spec(package) is None:
         raise ConfigError(
             "reward.fn",
-            f"{r.fn} needs the {package.replace('_', '-')} package: pip install {package.replace('_', '-')}",
+            f"{r.fn} needs the {package.replace('_', '-')} package: "
+            f"pip install {package.replace('_', '-')}",
         )
     if r.uses_rule and r.fn == "code_tests":
-        from rlframe.rewards.sandbox import warn_if_not_isolated
+        from rlframe.rewards.sandbox import SandboxUnavailable, detect_isolation
 
-        isolation = warn_if_not_isolated()
-        print(
-            f"rlframe: sandbox: namespaces={'on' if isolation.namespaces else 'off'}, processes bounded by {isolation.process_cap}",
-            file=sys.stderr,
-        )
+        try:
+            print(detect_isolation().describe(), file=sys.stderr)
+        except SandboxUnavailable as e:
+            raise ConfigError("reward.fn", f"code_tests runs untrusted code, but {e}") from None
     if not r.uses_model:
         return None
     return check_reward_model(cfg)
@@ -122,7 +122,8 @@ def check_reward_model(cfg: Config) -> str:
     if config.num_labels != 1:
         raise ConfigError(
             "reward.model.path",
-            f"{path} has {config.num_labels} labels; a reward model is a classifier with one (num_labels=1)",
+            f"{path} has {config.num_labels} labels; a reward model is a classifier with one "
+            "(num_labels=1)",
         )
     return path
 
@@ -217,9 +218,13 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
     width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
     longest = cfg.data.max_prompt_length + width
     if limit is not None and longest > limit:
-        parts = f"data.max_prompt_length {cfg.data.max_prompt_length} + rollout.max_tokens {cfg.rollout.max_tokens}"
+        parts = (
+            f"data.max_prompt_length {cfg.data.max_prompt_length} + "
+            f"rollout.max_tokens {cfg.rollout.max_tokens}"
+        )
         if is_multi_turn(cfg.rollout.agent):
-            parts += f" + (agent.max_turns - 1) * agent.max_obs_tokens = {width - cfg.rollout.max_tokens}"
+            obs = width - cfg.rollout.max_tokens
+            parts += f" + (agent.max_turns - 1) * agent.max_obs_tokens = {obs}"
         raise ConfigError(
             "agent.max_obs_tokens" if is_multi_turn(cfg.rollout.agent) else "rollout.max_tokens",
             f"{parts} = {longest} tokens exceeds the model's {limit} positions",
@@ -259,8 +264,8 @@ def load_model_files(cfg: Config) -> tuple[str, Any]:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
             "model.path",
-            f"{path!r} is not a local folder and its tokenizer cannot be loaded as a Hugging Face model id "
-            f"(offline, or a typo?): {reason}",
+            f"{path!r} is not a local folder and its tokenizer cannot be loaded as a Hugging Face "
+            f"model id (offline, or a typo?): {reason}",
         ) from None
     return path, tokenizer
 

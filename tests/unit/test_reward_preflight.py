@@ -69,5 +69,6 @@ def test_tiny_reward_model_is_built_and_code_rewards_say_how_they_are_sandboxed(
     assert (
         path is not None and Path(path, "config.json").is_file() and Path(path).parent == tmp_path
     )
-    assert "rlframe: sandbox: namespaces=" in capsys.readouterr().err
+    line = capsys.readouterr().err
+    assert "rlframe: sandbox: bubblewrap" in line and "no network" in line
     assert check_reward_inputs(Config(model=ModelConfig(path="tiny:0"))) is None
