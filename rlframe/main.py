@@ -150,9 +150,9 @@ def run(cfg: Config) -> None:
     from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
     from rlframe.envs import EnvError
+    from rlframe.launch import run_training
     from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
-    from rlframe.trainer import run_training
 
     try:
         inputs = check_run_inputs(cfg)

@@ -24,10 +24,10 @@ from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import load_prompt_records
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.envs import ChatFormat
+from rlframe.launch import worker_env
 from rlframe.protocol import Batch
 from rlframe.rollout import AgentContext, run_single_turn
 from rlframe.rollout.multi_turn import mix_seed, run_episodes
-from rlframe.trainer import worker_env
 from workers.hybrid import HybridWorker
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]

@@ -11,26 +11,31 @@ from rlframe.config import (
     Config,
     DataConfig,
     ModelConfig,
+    RewardConfig,
     RolloutConfig,
 )
 from rlframe.data.loader import PromptLoader
 from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.protocol import Batch
+from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer
 from rlframe.tracking import StageTimer
 
 TOKENIZER = build_tiny_tokenizer()
 
 
+DIGITS = torch.tensor(TOKENIZER.convert_tokens_to_ids(["0", "1"]))
+
+
 def generate(prompts: Batch) -> Batch:
-    """One token per row: greedy rows answer 1, sampled rows the parity of their seed."""
+    """One token per row: greedy rows answer "1", sampled rows the parity of their seed."""
     rows = len(prompts)
-    token = (
+    token = DIGITS[
         torch.ones(rows, dtype=torch.long)
         if prompts.meta.get("greedy")
         else torch.tensor([int(s) % 2 for s in prompts["seed"]])
-    )
+    ]
     ids = torch.stack([token, torch.zeros(rows, dtype=torch.long)], 1)
     mask = torch.tensor([[1.0, 0.0]] * rows)
     return Batch(
@@ -44,9 +49,9 @@ def generate(prompts: Batch) -> Batch:
     )
 
 
-def score(batch: Batch) -> Batch:
-    reward = batch["response_ids"][:, 0].float()
-    return batch.with_tensors(score=reward, reward=reward)
+def read_digit(response: str, ground_truth: str, sample: dict) -> float:
+    """The rule reward: the digit the scripted policy answered."""
+    return float(response)
 
 
 def make_producer(**algorithm: object) -> ExperienceProducer:
@@ -56,11 +61,13 @@ def make_producer(**algorithm: object) -> ExperienceProducer:
         rollout=RolloutConfig(n=4, max_tokens=2),
         actor=ActorConfig(mini_batch_size=8, micro_batch_size=8),
         algorithm=AlgorithmConfig(**algorithm),
+        reward=RewardConfig(fn="tests.unit.test_experience:read_digit", num_workers=0),
     )
     records = [
         PromptRecord(f"{i}+1=", TOKENIZER(f"{i}+1=")["input_ids"], str(i + 1), {}) for i in range(8)
     ]
-    return ExperienceProducer(cfg, generate, TOKENIZER, PromptLoader(records, 2, seed=0), score)
+    loader = PromptLoader(records, 2, seed=0)
+    return ExperienceProducer(cfg, generate, TOKENIZER, loader, RewardStage(cfg, TOKENIZER))
 
 
 def test_dynamic_sampling_rounds_and_the_loader_position() -> None:

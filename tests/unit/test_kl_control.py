@@ -6,8 +6,6 @@ KL back to the controller; the actor and data are not used by it, so none are bu
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -42,9 +40,10 @@ def make_trainer(ctrl: str, horizon: int = 64, advantage: str = "grpo") -> Train
         ),
         trainer=TrainerConfig(total_steps=1, device="cpu"),
     )
-    # The Trainer hands actor.generate to its experience producer; this stage never calls it.
-    actor = SimpleNamespace(generate=None)
-    return Trainer(cfg, actor=actor, critic=None, tokenizer=None, loader=None, tracker=None)
+    # This stage reads neither the workers, the experience nor the weight sync.
+    return Trainer(
+        cfg, actor=None, critic=None, experience=None, sync_weights=lambda: 0, tracker=None
+    )
 
 
 def batch_with_kl(kl: float) -> Batch:

@@ -31,7 +31,8 @@ from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.envs import EnvError, StepResult
 from rlframe.protocol import Batch
-from rlframe.rollout import AgentContext, collect_agent_metrics, combine_rewards
+from rlframe.rewards.stage import combine_rewards
+from rlframe.rollout import AgentContext, collect_agent_metrics
 from rlframe.rollout.multi_turn import run_episodes
 
 TOKENIZER = build_tiny_tokenizer()
@@ -300,7 +301,8 @@ def test_rewards_combine_with_weights_and_the_overlong_penalty_stays() -> None:
         batch, AgentConfig(env="guess_number", rule_reward_weight=0.5, env_reward_weight=2.0)
     )
     assert out["score"].tolist() == [4.5, 2.0] and out["reward"].tolist() == [4.0, 1.5]
-    assert out["rule_score"].tolist() == [1.0, 0.0]
+    # rule_score stays the raw rule reward: combining never writes it.
+    assert "rule_score" not in out
 
 
 # -- advantages over a loss mask with observation gaps ----------------------------------
