@@ -21,7 +21,7 @@ from rlframe.checkpoint import Checkpointer
 from rlframe.config import Config
 from rlframe.protocol import Batch
 from rlframe.rollout import ExperienceProducer
-from rlframe.sequence_layout import balance_ranks, count_row_tokens
+from rlframe.sequence_layout import balance_rows
 from rlframe.step_metrics import collect_step_metrics
 from rlframe.tracking import StageTimer, Tracker
 from rlframe.validation import Validator
@@ -104,10 +104,10 @@ class Trainer:
 
     def step(self) -> dict[str, float]:
         timer = StageTimer()
-        metrics: dict[str, float] = {}
         with timer("step"):
-            # gen, reward (and baseline): prompts -> scored responses, by the configured agent.
-            batch = self.experience.next_batch(timer, metrics)
+            # gen, reward (and baseline): prompts -> rewarded responses, by the configured agent.
+            self.experience.submit()
+            batch, metrics = self.experience.collect()
             if self.needs_old_logprob_pass():
                 with timer("old_logprob"):
                     batch = batch.union(self.actor.compute_logprobs(batch))
@@ -118,63 +118,63 @@ class Trainer:
                 with timer("values"):
                     batch = batch.union(self.critic.compute_values(batch))
             with timer("adv"):
-                batch = self.compute_advantages(batch, metrics)
+                batch, adv_metrics = self.compute_advantages(batch)
             if self.critic is not None:
                 with timer("update_critic"):
-                    metrics |= average(self.critic.update(batch.rows(self.order_for_ranks(batch))))
-            if self.step_count > self.cfg.critic.warmup_steps or self.critic is None:
+                    metrics |= self.update_critic(batch)
+            if self.actor_updates():
                 with timer("update"):
-                    batch = self.update_actor(batch, metrics)
+                    batch, actor_metrics = self.update_actor(batch)
                 with timer("sync"):
                     self.sync_weights()
+                metrics |= actor_metrics
         self.log_rollouts(batch)
-        metrics |= compute_mismatch_metrics(
+        metrics |= adv_metrics | compute_mismatch_metrics(
             batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm
         )
         return metrics | collect_step_metrics(batch, timer)
 
+    def actor_updates(self) -> bool:
+        """The actor updates (and syncs) every step, except while a critic learns alone
+        (``critic.actor_wait_steps``)."""
+        return self.critic is None or self.step_count > self.cfg.critic.actor_wait_steps
+
     def needs_old_logprob_pass(self) -> bool:
-        """Old log-probs need their own forward pass unless the update is exactly on-policy:
-        one epoch of one mini-batch starts from the weights that the old log-probs are
-        taken with, so the update's own log-probs (detached) are the same numbers. The
-        in-reward KL reads them before the update, and without an actor update this step
-        (critic warm-up) nothing would compute them."""
-        a, actor = self.cfg.algorithm, self.cfg.actor
-        one_pass = (
-            actor.epochs == 1
-            and actor.mini_batch_size == self.cfg.data.batch_size * self.cfg.rollout.n
-        )
-        actor_updates = self.critic is None or self.step_count > self.cfg.critic.warmup_steps
+        """Old log-probs need their own forward pass unless the update is exactly on-policy
+        (:meth:`~rlframe.config.ActorConfig.updates_in_one_pass`). The in-reward KL reads
+        them before the update, and without an actor update this step (the actor waits for
+        the critic) nothing would compute them."""
+        rows = self.cfg.data.batch_size * self.cfg.rollout.n
         return (
-            a.recompute_old_logprobs or not one_pass or self.kl_ctrl.value > 0 or not actor_updates
+            self.cfg.algorithm.recompute_old_logprobs
+            or not self.cfg.actor.updates_in_one_pass(rows)
+            or self.kl_ctrl.value > 0
+            or not self.actor_updates()
         )
 
-    def order_for_ranks(self, batch: Batch) -> torch.Tensor:
-        """A row order giving each data-parallel rank about the same tokens of every
-        mini-batch (see :func:`rlframe.sequence_layout.balance_ranks`), counted in real
-        tokens whether or not the workers pack them."""
-        world = self.cfg.trainer.world_size
-        if world == 1:
-            return torch.arange(len(batch))
-        costs = count_row_tokens(batch, packed=True)
-        return balance_ranks(costs, world, self.cfg.actor.mini_batch_size)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """One value update on rank-balanced rows; its metrics averaged over the ranks."""
+        order = balance_rows(batch, self.cfg.trainer.world_size, self.cfg.actor.mini_batch_size)
+        return average(self.critic.update(batch.rows(order)))
 
-    def update_actor(self, batch: Batch, metrics: dict[str, float]) -> Batch:
-        """One policy update on rank-balanced rows (its metrics go into ``metrics``). After
-        an on-policy update without an old-log-prob pass, the update's own log-probs come
-        back and become ``old_logprobs``."""
-        order = self.order_for_ranks(batch)
+    def update_actor(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """One policy update on rank-balanced rows, and its metrics. After an on-policy
+        update without an old-log-prob pass, the update's own log-probs come back and
+        become ``old_logprobs``."""
+        order = balance_rows(batch, self.cfg.trainer.world_size, self.cfg.actor.mini_batch_size)
         per_rank = self.actor.update(batch.rows(order))
         own = [m.pop("old_logprobs") for m in per_rank if "old_logprobs" in m]
-        metrics |= average(per_rank)
+        metrics = average(per_rank)
         if "old_logprobs" in batch:
-            return batch
+            return batch, metrics
         old = torch.empty(batch["response_mask"].shape)
         old[order] = torch.cat(own)
-        return batch.with_tensors(old_logprobs=old)
+        return batch.with_tensors(old_logprobs=old), metrics
 
-    def compute_advantages(self, batch: Batch, metrics: dict[str, float]) -> Batch:
-        mask = batch["loss_mask"]
+    def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Token rewards (minus the in-reward KL penalty, which feeds its controller), then
+        the configured estimator's advantages and returns; the ``adv/*`` and KL metrics."""
+        mask, metrics = batch["loss_mask"], {}
         token_rewards = place_on_last_token(batch["reward"], mask)
         if self.kl_ctrl.value > 0:
             token_rewards, kl = apply_kl_penalty(
@@ -199,7 +199,7 @@ class Trainer:
             )
         )
         metrics |= {f"adv/{k}": v for k, v in out.metrics.items()}
-        return batch.with_tensors(advantages=out.advantages, returns=out.returns)
+        return batch.with_tensors(advantages=out.advantages, returns=out.returns), metrics
 
     def log_rollouts(self, batch: Batch) -> None:
         keep = min(self.cfg.trainer.rollouts_to_log, len(batch))

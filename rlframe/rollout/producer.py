@@ -2,12 +2,13 @@
 
 It draws prompts, runs the agent (``rollout.agent``), rewards the result with its reward
 stage (:mod:`rlframe.rewards.stage`, where ``score`` and ``reward`` are defined), and, per
-algorithm, runs DAPO's sampling rounds and ReMax's greedy baseline. The Trainer only asks
-for :meth:`ExperienceProducer.next_batch`.
+algorithm, runs DAPO's sampling rounds and ReMax's greedy baseline. The Trainer only calls
+:meth:`ExperienceProducer.submit` and :meth:`ExperienceProducer.collect`.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -70,9 +71,26 @@ class ExperienceProducer:
         self.context = AgentContext(generate, tokenizer, cfg)
         self.use_baseline = cfg.algorithm.advantage in NEEDS_GREEDY_BASELINE
         self.groups_served = 0
+        self.pending: deque[tuple[Batch, dict[str, float]]] = deque()
 
-    def next_batch(self, timer: StageTimer, metrics: dict[str, float]) -> Batch:
-        """Generated, scored (and for ReMax baselined) responses for one step."""
+    def submit(self) -> None:
+        """Start producing the next step's batch, with the weights the rollout engines hold
+        now. This producer makes it at once; :meth:`collect` hands batches out in the order
+        they were submitted. Lockstep training is submit then collect; submitting step t+1
+        before the update on step t is one-step-off-policy training."""
+        self.pending.append(self.produce())
+
+    def collect(self) -> tuple[Batch, dict[str, float]]:
+        """The oldest submitted batch and its metrics (``timing_s/gen``, ``timing_s/reward``,
+        ``timing_s/baseline``, DAPO's ``rollout/sampling_*``, ``agent/*``)."""
+        if not self.pending:
+            raise RuntimeError("ExperienceProducer.collect() without a submit() before it")
+        return self.pending.popleft()
+
+    def produce(self) -> tuple[Batch, dict[str, float]]:
+        """Generated, rewarded (and for ReMax baselined) responses for one step."""
+        timer = StageTimer()
+        metrics: dict[str, float] = {}
 
         def draw() -> Batch:
             prompts = self.next_prompts()
@@ -92,14 +110,20 @@ class ExperienceProducer:
         if self.use_baseline:
             with timer("baseline"):
                 batch = self.add_greedy_baseline(batch)
-        return batch
+        return batch, metrics | timer.metrics()
 
     def generate(self, prompts: Batch) -> Batch:
         """The prompt rows with their responses, by the configured agent."""
         return self.agent(prompts, self.context)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the prompts are: groups served so far (they seed the samples) and the loader."""
+        """Where the prompts are: groups served so far (they seed the samples) and the loader.
+        Batches in flight are not part of it, so there must be none."""
+        if self.pending:
+            raise RuntimeError(
+                f"{len(self.pending)} submitted batch(es) not collected: a checkpoint now would "
+                "skip their prompts on resume"
+            )
         return {"groups_served": self.groups_served, "loader": self.loader.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

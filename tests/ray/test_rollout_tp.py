@@ -103,7 +103,8 @@ def test_tp2_engine_generates_once_per_group_and_syncs_shards(tmp_path: Path) ->
         batch2 = prompts2.union(group.generate(prompts2))
         gap_after = logprob_gap(group, batch2)
         print(
-            f"TP={TP}: max |rollout - trainer| log-prob gap before {gap_before:.2e}, after update+sync {gap_after:.2e}"
+            f"TP={TP}: max |rollout - trainer| log-prob gap before {gap_before:.2e}, "
+            f"after update+sync {gap_after:.2e}"
         )
         assert gap_before < 1e-4 and gap_after < 1e-4
         # The update moved the policy, and the sharded engine followed it.

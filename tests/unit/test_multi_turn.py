@@ -159,7 +159,8 @@ def test_ids_concatenate_exactly_and_observations_are_masked() -> None:
         .all()
     )
 
-    # Token in, token out: each turn's context is exactly the previous context + sampled + observation ids.
+    # Token in, token out: each turn's context is exactly the previous context + sampled +
+    # observation ids.
     prompt0 = encode("a:")
     assert policy.calls[0]["contexts"][0] == prompt0
     assert policy.calls[1]["contexts"][0] == prompt0 + turns0[0] + obs0[0]
@@ -246,7 +247,8 @@ def test_env_errors_name_the_env_and_sample_or_fail_the_episode() -> None:
     env = "tests.unit.test_multi_turn:BrokenEnv"
     with pytest.raises(
         EnvError,
-        match=r"BrokenEnv step failed on sample 1 at turn 1 .*'b:'.*RuntimeError: the sandbox crashed",
+        match=r"BrokenEnv step failed on sample 1 at turn 1 .*'b:'"
+        r".*RuntimeError: the sandbox crashed",
     ):
         run(
             make_config(env, 2, max_tokens=6, env_kwargs={"seconds": 0}),

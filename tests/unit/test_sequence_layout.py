@@ -163,7 +163,7 @@ def test_old_logprob_pass_only_when_needed() -> None:
     assert not needs_pass(make_config(algorithm=AlgorithmConfig(kl_coef=0.1)))
     # While the critic warms up the actor does not update: nothing else would compute them.
     warmup = make_config(
-        algorithm=AlgorithmConfig(advantage="gae"), critic=CriticConfig(warmup_steps=2)
+        algorithm=AlgorithmConfig(advantage="gae"), critic=CriticConfig(actor_wait_steps=2)
     )
     assert needs_pass(warmup, critic=True, step=2)
     assert not needs_pass(warmup, critic=True, step=3)
