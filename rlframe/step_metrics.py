@@ -31,7 +31,7 @@ def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
             sum(r == "length" for r in batch["finish_reason"]) / len(batch)
         ),
         "rollout/logprob_diff": float(diff),
-        "rollout/weights_version": float(batch.meta.get("weights_version", 0)),
+        "rollout/weights_version": read_weights_version(batch),
     }
     metrics |= collect_reward_metrics(batch)
     metrics |= timer.metrics()
@@ -50,3 +50,11 @@ def collect_reward_metrics(batch: Batch) -> dict[str, float]:
         if key in batch.tensors:
             metrics[name] = float(batch[key].float().mean())
     return metrics
+
+
+def read_weights_version(batch: Batch) -> float:
+    """The mean weights version the batch's rows were generated with: the per-row
+    ``weights_version`` column, or the batch-level meta value of engines that set only that."""
+    if "weights_version" in batch.tensors:
+        return float(batch["weights_version"].float().mean())
+    return float(batch.meta.get("weights_version", 0))
