@@ -78,29 +78,14 @@ def apply_error_policy(
         if outcome.score is None and on_error == "raise":
             hint = "; reward.on_error=zero scores such samples 0 and counts them instead"
             raise RewardError(
-                f"reward function {fn_name} {outcome.error} on sample {i} (prompt {samples[i].get('prompt')!r}, "
-                f"response {responses[i]!r}, ground truth {ground_truths[i]!r}){hint}"
+                f"reward function {fn_name} {outcome.error} on sample {i} "
+                f"(prompt {samples[i].get('prompt')!r}, response {responses[i]!r}, "
+                f"ground truth {ground_truths[i]!r}){hint}"
             )
         scores.append(0.0 if outcome.score is None else outcome.score)
         timeouts.append(outcome.timed_out)
         errors.append(outcome.score is None and not outcome.timed_out)
     return RuleScores(scores, errors, timeouts)
-
-
-def compute_rewards(
-    fn: RewardFn,
-    fn_name: str,
-    responses: Sequence[str],
-    ground_truths: Sequence[str],
-    samples: Sequence[dict[str, Any]],
-    on_error: str = "raise",
-) -> list[float]:
-    """Score every response in this process, one by one (no time limit); a failure names the
-    function and the sample, or scores 0 with ``on_error="zero"``."""
-    outcomes = [
-        call_reward(fn, r, t, s) for r, t, s in zip(responses, ground_truths, samples, strict=True)
-    ]
-    return apply_error_policy(outcomes, fn_name, responses, ground_truths, samples, on_error).scores
 
 
 if TYPE_CHECKING:
