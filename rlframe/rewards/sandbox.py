@@ -114,14 +114,6 @@ class Isolation:
     controllers: tuple[str, ...] = ()
     """cgroup controllers applied per sandbox (memory, pids, cpu)."""
 
-    @property
-    def network_isolated(self) -> bool:
-        return self.namespaces
-
-    @property
-    def filesystem_isolated(self) -> bool:
-        return self.namespaces
-
     def describe(self) -> str:
         """The start-up line: what holds, and what does not."""
         who = f"uid {self.uid}" if self.uid is not None else "the caller's uid (not root)"

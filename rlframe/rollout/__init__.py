@@ -2,7 +2,7 @@
 ReMax's greedy baseline. The Trainer asks :class:`ExperienceProducer` for the next Batch."""
 
 from rlframe.rollout.agents import AGENTS, AgentContext, run_single_turn
-from rlframe.rollout.producer import ExperienceProducer, collect_agent_metrics, combine_rewards
+from rlframe.rollout.producer import ExperienceProducer, collect_agent_metrics
 from rlframe.rollout.sampling import run_sampling_rounds, select_groups, split_uniform_groups
 
 __all__ = [
@@ -10,7 +10,6 @@ __all__ = [
     "AgentContext",
     "ExperienceProducer",
     "collect_agent_metrics",
-    "combine_rewards",
     "run_sampling_rounds",
     "run_single_turn",
     "select_groups",
