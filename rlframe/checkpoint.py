@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from rlframe.config import Config, ConfigError
+from rlframe.run_dir import check_resume_changes, never_finished_a_step
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -78,13 +79,15 @@ def resolve_resume(cfg: Config) -> Path | None:
             raise ConfigError(
                 "trainer.resume", f"{path} is not a checkpoint (it has no {DRIVER_STATE})"
             )
-        return check_seed(path, cfg.trainer.seed)
+        return check_changes(cfg, check_seed(path, cfg.trainer.seed))
     if resume == "auto":
         latest = find_latest_checkpoint(out)
         if latest is not None:
-            return check_seed(latest, cfg.trainer.seed)
+            return check_changes(cfg, check_seed(latest, cfg.trainer.seed))
     existing = [name for name in RUN_FILES if (out / name).exists()]
-    if existing:
+    if existing and never_finished_a_step(out):
+        print(f"rlframe: reusing {out}: the run started there never finished a step", flush=True)
+    elif existing:
         why = "no checkpoint to resume" if resume == "auto" else "trainer.resume=never"
         raise ConfigError(
             "trainer.output_dir",
@@ -93,6 +96,12 @@ def resolve_resume(cfg: Config) -> Path | None:
             "(trainer.resume=auto or a path; saving needs trainer.save_every > 0)",
         )
     return None
+
+
+def check_changes(cfg: Config, checkpoint: Path) -> Path:
+    """Print the keys changed since the checkpoint's run; refuse the fatal ones."""
+    check_resume_changes(cfg, checkpoint, read_driver_state(checkpoint)["step"])
+    return checkpoint
 
 
 def check_seed(checkpoint: Path, seed: int) -> Path:
@@ -121,7 +130,8 @@ def truncate_run_logs(output_dir: Path, step: int) -> None:
         kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
         if len(kept) != len(lines):
             print(
-                f"rlframe: resuming at step {step}: dropped {len(lines) - len(kept)} lines of {path} logged after it"
+                f"rlframe: resuming at step {step}: dropped {len(lines) - len(kept)} lines of "
+                f"{path} logged after it"
             )
             tmp = path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(kept))
@@ -212,7 +222,8 @@ class Checkpointer:
         pause = float(os.environ.get(PAUSE_ENV, "0"))
         if pause > 0:
             print(
-                f"rlframe: checkpoint {name} written, pausing {pause:.0f} s before the rename ({PAUSE_ENV})",
+                f"rlframe: checkpoint {name} written, pausing {pause:.0f} s before the rename "
+                f"({PAUSE_ENV})",
                 flush=True,
             )
             time.sleep(pause)

@@ -23,6 +23,7 @@ from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
 from rlframe.preflight import RunInputs
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer
+from rlframe.run_dir import lock_run_dir
 from rlframe.tracking import Tracker
 from rlframe.trainer import Trainer
 from rlframe.validation import Validator
@@ -72,6 +73,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     """
     model_path, tokenizer, resume_from = inputs.model_path, inputs.tokenizer, inputs.resume_from
     records, val_records = inputs.records, inputs.val_records
+    lock_run_dir(cfg.trainer.output_dir)  # held already when started from rlframe.main
     out = prepare_output_dir(
         cfg, None if resume_from is None else read_driver_state(resume_from)["step"]
     )

@@ -170,8 +170,10 @@ def run(cfg: Config) -> None:
     from rlframe.launch import run_training
     from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
+    from rlframe.run_dir import lock_run_dir
 
     try:
+        lock_run_dir(cfg.trainer.output_dir)  # before anything reads or writes the folder
         inputs = check_run_inputs(cfg)
         run_training(cfg, inputs)
     except ConfigError as e:

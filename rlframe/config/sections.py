@@ -384,6 +384,10 @@ class TrainerConfig:
     resume: str = "auto"
     """auto: continue from the latest checkpoint in ``output_dir`` if there is one; never: start
     fresh (an ``output_dir`` that already holds a run is then an error); or a checkpoint path."""
+    resume_changes: str = "refuse"
+    """Resuming with a changed model.path, critic on/off or algorithm family (critic-based vs
+    critic-free advantage): ``refuse`` stops with one line; ``allow`` resumes anyway. Other
+    changed keys are printed and accepted."""
     export_hf: bool = False
     """Also write a Hugging Face model (safetensors, config, tokenizer) into each checkpoint."""
     val_every: int = 0
@@ -406,6 +410,11 @@ class TrainerConfig:
             self.val_every >= 0,
             "trainer.val_every",
             f"must be >= 0 (0 turns it off), got {self.val_every}",
+        )
+        require(
+            self.resume_changes in ("refuse", "allow"),
+            "trainer.resume_changes",
+            f"must be refuse or allow, got {self.resume_changes!r}",
         )
         require(
             self.resume in ("auto", "never") or bool(self.resume.strip()),

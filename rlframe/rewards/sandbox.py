@@ -402,9 +402,6 @@ def probe_sandbox(isolation: Isolation) -> str:
     return ""
 
 
-def warn_if_not_isolated() -> Isolation:
-    """The protections in force (raises SandboxUnavailable when there is no sandbox)."""
-    return detect_isolation()
 
 
 def find_prctl() -> object | None:

@@ -77,6 +77,11 @@ def test_resume_resolution_and_run_directory_safety(tmp_path: Path) -> None:
     used = tmp_path / "used"
     used.mkdir()
     (used / "metrics.jsonl").write_text("")
+    (used / "config.json").write_text("{}")
+    # A start that never finished a step does not claim the folder.
+    assert resolve_resume(make_config(used)) is None
+    (used / "config.json").unlink()
+    (used / "metrics.jsonl").write_text('{"step": 1}\n')
     for resume in ("auto", "never"):
         with pytest.raises(
             ConfigError, match=rf"trainer.output_dir: {used} already holds a run \(metrics.jsonl\)"
