@@ -30,6 +30,7 @@ from typing import Any
 
 from rlframe.config import Config, ConfigError
 from rlframe.run_dir import check_resume_changes, never_finished_a_step
+from rlframe.save_failures import describe_failed_save
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -209,16 +210,10 @@ class Checkpointer:
             shutil.rmtree(stale)  # left by a save that was killed
         name = checkpoint_name(step)
         tmp, final = self.root / f".tmp_{name}", self.root / name
-        tmp.mkdir()
-        for role, group in self.groups.items():
-            group.save_checkpoint(str(tmp / role))
-        self.write_hf_config(tmp / HF_CONFIG)
-        if self.export_hf:
-            from rlframe.export import export_checkpoint
-
-            export_checkpoint(tmp, tmp / HF_EXPORT)
-        (tmp / DRIVER_STATE).write_text(json.dumps({"step": step, **driver_state}))
-        fsync_tree(tmp)
+        try:
+            self.write(tmp, step, driver_state)
+        except Exception as e:
+            raise describe_failed_save(tmp, find_latest_checkpoint(self.root.parent), e) from None
         pause = float(os.environ.get(PAUSE_ENV, "0"))
         if pause > 0:
             print(
@@ -231,6 +226,18 @@ class Checkpointer:
         write_atomically(self.root / LATEST, name)
         self.prune()
         return final
+
+    def write(self, tmp: Path, step: int, driver_state: dict[str, Any]) -> None:
+        tmp.mkdir()
+        for role, group in self.groups.items():
+            group.save_checkpoint(str(tmp / role))
+        self.write_hf_config(tmp / HF_CONFIG)
+        if self.export_hf:
+            from rlframe.export import export_checkpoint
+
+            export_checkpoint(tmp, tmp / HF_EXPORT)
+        (tmp / DRIVER_STATE).write_text(json.dumps({"step": step, **driver_state}))
+        fsync_tree(tmp)
 
     def replace(self, tmp: Path, final: Path) -> None:
         """Rename ``tmp`` to ``final``; an older checkpoint of the same step (a run resumed

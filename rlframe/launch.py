@@ -19,6 +19,7 @@ from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_log
 from rlframe.config import Config
 from rlframe.controller.cluster import init_ray, resolve_device
 from rlframe.data.loader import PromptLoader
+from rlframe.interrupts import install_interrupt_handlers
 from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
 from rlframe.preflight import RunInputs
 from rlframe.rewards.stage import RewardStage
@@ -82,6 +83,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     pool, tracker, experience, groups = None, None, None, []
     try:
         started = init_ray(cfg.ray)
+        install_interrupt_handlers()  # again: Ray's replaced ours for SIGTERM
         import ray
 
         from rlframe.controller.placement import ResourcePool

@@ -11,6 +11,7 @@ User recipes: put ``my_run.yaml`` in a folder and point ``RLFRAME_RECIPE_DIRS`` 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
@@ -130,6 +131,30 @@ def check_override_keys(args: list[str]) -> None:
         check_schema_key(key)
 
 
+def check_override_types(args: list[str]) -> None:
+    """Reject a value of the wrong type (``trainer.total_steps=abc``) with one line naming the
+    key, before Hydra does so with a block of its own (exit 1)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf.errors import OmegaConfBaseException
+
+    plain = [a for a in args if "=" in a and not a.startswith(("+", "~", "-", "hydra."))]
+    if not plain:
+        return
+    schema = OmegaConf.structured(Config)
+    for arg in plain:
+        try:
+            override = OverridesParser.create().parse_overrides([arg])[0]
+        except Exception:
+            continue  # Hydra reports its own syntax errors
+        if override.is_sweep_override():
+            continue
+        try:
+            OmegaConf.update(schema, override.key_or_group, override.value(), merge=True)
+        except OmegaConfBaseException as e:
+            reason = str(e).splitlines()[0]
+            raise ConfigError(override.key_or_group, f"{reason} (from {arg!r})") from None
+
+
 def check_schema_key(key: str) -> bool:
     """Raise ConfigError unless the dotted ``key`` names a field of the schema; True when it
     lies inside a free-form mapping such as ``agent.env_kwargs``."""
@@ -167,21 +192,39 @@ def run(cfg: Config) -> None:
     from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
     from rlframe.envs import EnvError
+    from rlframe.interrupts import Interrupted, describe_interruption, install_interrupt_handlers
     from rlframe.launch import run_training
     from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
     from rlframe.run_dir import lock_run_dir
+    from rlframe.save_failures import CheckpointError
 
+    install_interrupt_handlers()
     try:
         lock_run_dir(cfg.trainer.output_dir)  # before anything reads or writes the folder
         inputs = check_run_inputs(cfg)
         run_training(cfg, inputs)
     except ConfigError as e:
-        print(f"rlframe: config error: {e}", file=sys.stderr)
+        say_error(f"rlframe: config error: {e}")
         sys.exit(2)
-    except (WorkerError, RewardError, EnvError, PlacementError) as e:
-        print(f"rlframe: {e}", file=sys.stderr)
+    except (WorkerError, RewardError, EnvError, PlacementError, CheckpointError) as e:
+        say_error(f"rlframe: {e}")
         sys.exit(1)
+    except Interrupted as e:
+        say_error(describe_interruption(cfg.trainer.output_dir))
+        sys.stdout.flush()
+        os._exit(e.exit_code)  # Ray's atexit hooks already ran in the launcher's teardown
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def say_error(text: str) -> None:
+    """Print an error line on stderr; colour codes (Ray's tracebacks carry them) only on a
+    terminal."""
+    if not sys.stderr.isatty():
+        text = ANSI_ESCAPE.sub("", text)
+    print(text, file=sys.stderr, flush=True)
 
 
 @hydra.main(version_base=None, config_name="rlframe")
@@ -197,6 +240,7 @@ def hydra_main(tree: DictConfig) -> None:
 def main() -> None:
     try:
         check_override_keys(sys.argv[1:])
+        check_override_types(sys.argv[1:])
         check_recipe_keys(sys.argv[1:])
         register_configs()
     except ConfigError as e:

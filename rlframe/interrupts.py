@@ -1,0 +1,77 @@
+"""Ctrl-C and SIGTERM: stop in seconds, say where the run stands, exit 130 / 143.
+
+The first SIGINT or SIGTERM raises :class:`Interrupted` in the driver's main thread (a
+``BaseException``, so no ``except Exception`` on the way swallows it); the launcher's
+``finally`` blocks then stop the workers and Ray in order, and :mod:`rlframe.main` prints one
+line and exits with 128 + the signal number, as shells do. A second signal while that
+teardown runs exits at once. Ray installs its own SIGTERM handler when it starts (it exits
+through a path that can abort with a C++ stack dump), so the launcher installs ours again
+after Ray is up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from rlframe.checkpoint import find_latest_checkpoint, read_driver_state
+
+
+class Interrupted(BaseException):
+    """The driver received SIGINT or SIGTERM."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+RECEIVED: list[int] = []
+
+
+def handle_signal(signum: int, frame: FrameType | None) -> None:
+    if RECEIVED:  # a second signal during the teardown: stop now
+        print(f"rlframe: {signal.Signals(signum).name} again: exiting now", file=sys.stderr)
+        os._exit(128 + signum)
+    RECEIVED.append(signum)
+    raise Interrupted(signum)
+
+
+def install_interrupt_handlers() -> None:
+    """Route SIGINT and SIGTERM to :class:`Interrupted` (main thread only, as Python requires)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handle_signal)
+
+
+def last_logged_step(output_dir: Path) -> int:
+    metrics = output_dir / "metrics.jsonl"
+    if not metrics.is_file():
+        return 0
+    lines = metrics.read_text().strip().splitlines()
+    try:
+        return int(json.loads(lines[-1])["step"]) if lines else 0
+    except (ValueError, KeyError, TypeError):
+        return 0
+
+
+def describe_interruption(output_dir: str | Path) -> str:
+    """``interrupted at step N; the same command resumes from step M`` (or why it cannot)."""
+    out = Path(output_dir)
+    step = last_logged_step(out) + 1
+    latest = find_latest_checkpoint(out) if out.is_dir() else None
+    if latest is not None:
+        saved = read_driver_state(latest)["step"]
+        return f"rlframe: interrupted at step {step}; the same command resumes from step {saved}"
+    if step == 1:
+        return "rlframe: interrupted before step 1 finished; the same command starts again"
+    return (
+        f"rlframe: interrupted at step {step}; no checkpoint was saved (trainer.save_every=0), "
+        "so rerun with a new trainer.output_dir"
+    )

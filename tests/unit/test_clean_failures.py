@@ -1,0 +1,106 @@
+"""Failures at the edges end with one clear line: a full disk, a wrong-typed value, a model
+folder without weights, an interruption; no colour codes off a terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlframe.checkpoint import Checkpointer, find_latest_checkpoint
+from rlframe.interrupts import describe_interruption
+from rlframe.save_failures import CheckpointError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def small_disk(tmp_path: Path):
+    """A 2 MB tmpfs: a real file system that fills up."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def write_blob(size: int):
+    def write(dest: Path) -> None:
+        dest.mkdir()
+        (dest / "blob").write_bytes(b"x" * size)
+
+    return write
+
+
+def test_a_full_disk_names_the_path_and_the_intact_checkpoint(small_disk: Path) -> None:
+    out = small_disk / "run"
+    Checkpointer(out, 2, {}, write_blob(200_000), export_hf=False).save(1, {"seed": 0})
+    previous = out / "checkpoints" / "step_00000001"
+    with pytest.raises(CheckpointError) as failed:
+        Checkpointer(out, 2, {}, write_blob(3_000_000), export_hf=False).save(2, {"seed": 0})
+    assert str(failed.value) == (
+        f"could not save checkpoint step_00000002 in {out / 'checkpoints'}: no space left on "
+        f"device ({out / 'checkpoints'}); the partial save was removed; the previous "
+        f"checkpoint {previous} is intact and resumable"
+    )
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", previous.name]
+    assert find_latest_checkpoint(out) == previous
+    assert (previous / "hf_config" / "blob").stat().st_size == 200_000
+
+
+def test_a_failed_save_that_is_not_a_full_disk_says_what_failed(tmp_path: Path) -> None:
+    def broken(dest: Path) -> None:
+        dest.mkdir()
+        raise RuntimeError("rank 0 died\nlast line of its traceback")
+
+    with pytest.raises(CheckpointError, match=r"RuntimeError: last line of its traceback; .*"):
+        Checkpointer(tmp_path, 2, {}, broken, export_hf=False).save(1, {})
+    assert not list((tmp_path / "checkpoints").glob(".tmp_*"))
+
+
+def test_interruption_line_names_the_step_and_where_it_resumes(tmp_path: Path) -> None:
+    assert "before step 1 finished" in describe_interruption(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2)))
+    assert "at step 3; no checkpoint was saved" in describe_interruption(tmp_path)
+    Checkpointer(tmp_path, 2, {}, write_blob(10), export_hf=False).save(2, {"seed": 0})
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4))
+    )
+    assert describe_interruption(tmp_path) == (
+        "rlframe: interrupted at step 5; the same command resumes from step 2"
+    )
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+
+
+def test_a_wrong_type_exits_2_with_one_line(tmp_path: Path) -> None:
+    result = run_cli("trainer.total_steps=abc", f"trainer.output_dir={tmp_path / 'run'}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "rlframe: config error: trainer.total_steps: Value 'abc' of type 'str' could not be "
+        "converted to Integer (from 'trainer.total_steps=abc')"
+    ]
+    assert not (tmp_path / "run").exists()
+
+
+def test_error_lines_carry_no_colour_codes_off_a_terminal(capsys: pytest.CaptureFixture) -> None:
+    from rlframe.main import say_error
+
+    say_error("rlframe: \x1b[36mray::actor.update()\x1b[39m failed")
+    assert capsys.readouterr().err == "rlframe: ray::actor.update() failed\n"
