@@ -252,6 +252,9 @@ def load_model_files(cfg: Config) -> tuple[str, Any]:
             raise ConfigError(
                 "model.path", f"{path} holds no config.json: point it at a saved model folder"
             )
+        from rlframe.model_weights import check_model_weights
+
+        check_model_weights(local)
     elif not is_tiny_model(cfg.model.path) and not looks_like_model_id(path):
         raise ConfigError("model.path", f"no such folder {path}")
     from transformers import AutoTokenizer

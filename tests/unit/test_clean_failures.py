@@ -104,3 +104,24 @@ def test_error_lines_carry_no_colour_codes_off_a_terminal(capsys: pytest.Capture
 
     say_error("rlframe: \x1b[36mray::actor.update()\x1b[39m failed")
     assert capsys.readouterr().err == "rlframe: ray::actor.update() failed\n"
+
+
+def test_a_model_folder_without_loadable_weights_fails_in_preflight(tmp_path: Path) -> None:
+    import shutil
+
+    from rlframe.config import Config, ConfigError, ModelConfig
+    from rlframe.data.tiny_model import resolve_model_path
+    from rlframe.preflight import load_model_files
+
+    folder = tmp_path / "model"
+    shutil.copytree(resolve_model_path("tiny:0"), folder)
+    cfg = Config(model=ModelConfig(path=str(folder)))
+    assert load_model_files(cfg)[0] == str(folder)
+    weights = folder / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConfigError, match=r"model.path: .*model.safetensors is truncated"):
+        load_model_files(cfg)
+    weights.unlink()
+    with pytest.raises(ConfigError, match=r"model.path: .* has a config.json but no weights"):
+        load_model_files(cfg)
