@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     full_env = {**os.environ, **(env or {})}
     # A config error must never reach Ray: make any Ray start fail loudly if one happens.
     full_env["RAY_ADDRESS"] = "ray-must-not-start:1"
+    # Never the recipe's own outputs/<name>: a quickstart run there must not change results.
+    if not any(a.startswith("trainer.output_dir=") or a in ("--cfg", "--help") for a in args):
+        args = (*args, f"trainer.output_dir={tempfile.mkdtemp(prefix='rlframe-cli-')}/run")
     return subprocess.run(
         [sys.executable, "-m", "rlframe.main", *args],
         capture_output=True,
