@@ -99,6 +99,8 @@ class Tracker:
                 f.write(json.dumps({"step": step, **metrics}) + "\n")
         if "console" in self.loggers:
             print(format_console_line(step, self.total_steps, metrics), flush=True)
+            if any(key.startswith("val/") for key in metrics):
+                print(format_validation_line(step, metrics), flush=True)
         if "tensorboard" in self.loggers:
             if self.tensorboard is None:
                 self.start_tensorboard(step)
@@ -123,4 +125,24 @@ class Tracker:
 def format_console_line(step: int, total: int, metrics: dict[str, float]) -> str:
     parts = [f"step {step}/{total}"]
     parts += [f"{label} {metrics[key]:.4g}" for key, label in CONSOLE_KEYS if key in metrics]
+    return " | ".join(parts)
+
+
+def format_validation_line(step: int, metrics: dict[str, float]) -> str:
+    """``val step N | reward .. | score .. | len .. | pass@1 .. | pass@k ..`` (overall only;
+    the per-data-source figures are in metrics.jsonl)."""
+    parts = [f"val step {step}"]
+    for key, label in (
+        ("val/reward/mean", "reward"),
+        ("val/score/mean", "score"),
+        ("val/response_length/mean", "len"),
+    ):
+        if key in metrics:
+            parts.append(f"{label} {metrics[key]:.4g}")
+    passes = sorted(
+        (int(k.removeprefix("val/pass@")), v)
+        for k, v in metrics.items()
+        if k.startswith("val/pass@") and k.removeprefix("val/pass@").isdigit()
+    )
+    parts += [f"pass@{k} {v:.4g}" for k, v in passes]
     return " | ".join(parts)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rlframe.plot import plot_run, read_metrics, stage_keys
 from rlframe.tracking import Tracker
 
@@ -90,3 +92,22 @@ def test_plot_of_a_folder_without_metrics_says_so(tmp_path: Path) -> None:
     assert done.returncode == 2 and "no metrics.jsonl" in done.stderr
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
     assert plot_run(tmp_path).is_file()  # panels it cannot fill say "not logged by this run"
+
+
+def test_validation_figures_reach_the_console_at_their_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tracker = Tracker(tmp_path, ["console"], 10, {}, "p", "e")
+    val = {"val/reward/mean": 0.5, "val/pass@1": 0.25, "val/pass@4": 0.75, "val/pass@2": 0.5}
+    tracker.log(0, dict(val))
+    tracker.log(1, {"reward/mean": 0.1})
+    tracker.log(2, {"reward/mean": 0.2, **val, "val/gsm8k/pass@1": 0.3})
+    lines = capsys.readouterr().out.splitlines()
+    line = "val step {} | reward 0.5 | pass@1 0.25 | pass@2 0.5 | pass@4 0.75"
+    assert lines == [
+        "step 0/10",
+        line.format(0),
+        "step 1/10 | reward 0.1",
+        "step 2/10 | reward 0.2",
+        line.format(2),
+    ]
