@@ -49,6 +49,9 @@ from rlframe.rewards.sandbox_cgroups import (
 
 WORK = "/sandbox"
 PACKAGES = "/packages"
+STARTUP_ALLOWANCE_S = 1.0
+"""Added to ``wall_s``: building the sandbox takes about 50 ms, much more on a loaded machine,
+and that time is not the program's."""
 SANDBOX_UID = 65534
 """The host uid (and gid) untrusted code runs as when rlframe runs as root: ``nobody``."""
 
@@ -82,7 +85,8 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class SandboxLimits:
     wall_s: float = 10.0
-    """Wall-clock seconds before the whole sandbox is killed."""
+    """Wall-clock seconds before the whole sandbox is killed (plus STARTUP_ALLOWANCE_S for
+    building the sandbox)."""
     cpu_s: int = 10
     """CPU seconds of each process (RLIMIT_CPU): SIGXCPU, then SIGKILL a second later."""
     memory_mb: int = 1024
@@ -302,7 +306,7 @@ class Sandbox:
         finally:
             for source in sources:
                 source.close()
-        self.deadline = self.started + limits.wall_s
+        self.deadline = self.started + limits.wall_s + STARTUP_ALLOWANCE_S
 
     def time_left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -343,7 +347,7 @@ def run_python(
         inp.seek(0)
         box = Sandbox({"main.py": code}, f"{WORK}/main.py", limits, inp, out, err, packages)
         try:
-            box.proc.wait(timeout=limits.wall_s)
+            box.proc.wait(timeout=box.time_left())
         except subprocess.TimeoutExpired:
             pass
         finally:
