@@ -406,8 +406,6 @@ def probe_sandbox(isolation: Isolation) -> str:
     return ""
 
 
-
-
 def find_prctl() -> object | None:
     try:
         import ctypes

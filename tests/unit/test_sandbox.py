@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 import time
 from pathlib import Path
 
@@ -154,12 +153,17 @@ def test_sockets_reach_nothing() -> None:
     assert result.stdout.split().count("refused") == 2
 
 
-def test_a_killed_reward_worker_takes_its_sandbox_with_it() -> None:
+def test_a_killed_reward_worker_takes_its_sandbox_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rlframe.config import RewardConfig
     from rlframe.rewards import RuleScorer
 
     before = owned_cgroups()
-    folders = set(Path(tempfile.gettempdir()).glob("rlframe-sandbox-*"))
+    # The reward workers' temporary folder: whatever they leave on disk would be here.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     scorer = RuleScorer("code_tests", RewardConfig(num_workers=1, timeout_s=1.5, on_error="zero"))
     try:
         tests = {"tests": ["assert True"], "time_limit_s": 60}
@@ -168,7 +172,7 @@ def test_a_killed_reward_worker_takes_its_sandbox_with_it() -> None:
         time.sleep(0.5)
         assert sandbox_processes() == []
         assert owned_cgroups() - before == set()  # the pool removed the killed worker's groups
-        assert set(Path(tempfile.gettempdir()).glob("rlframe-sandbox-*")) == folders
+        assert list(scratch.iterdir()) == []
     finally:
         scorer.close()
 
