@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from rlframe.checkpoint import find_latest_checkpoint, read_driver_state
+from rlframe.checkpoint import read_driver_state
+from rlframe.checkpoint_layout import find_latest_checkpoint
 
 
 class Interrupted(BaseException):

@@ -44,14 +44,13 @@ def prepare_output_dir(cfg: Config, resume_step: int | None) -> Path:
 
 
 def worker_env(cfg: Config, device: str) -> dict[str, str]:
-    """Environment every worker process starts with (read by torch and vLLM at import).
-    The one owner of the vLLM variables: the engine reads them, never sets them."""
-    env = {"TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    """Environment every worker process starts with (read by torch at import). vLLM's own
+    variables are set by the vLLM engine (``workers/engines/vllm_rollout.py``), their one
+    owner, from ``rollout.*``."""
+    env = {"TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
-        env |= {
-            "OMP_NUM_THREADS": str(cfg.trainer.cpus_per_proc),
-            "VLLM_CPU_KVCACHE_SPACE": str(cfg.rollout.cpu_kv_cache_gb),
-        }
+        # vLLM's CPU worker turns torch.set_num_threads into a no-op: the count is set here.
+        env |= {"OMP_NUM_THREADS": str(cfg.trainer.cpus_per_proc)}
     else:
         env |= {"NCCL_CUMEM_ENABLE": "0"}
     return env

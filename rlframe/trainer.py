@@ -47,9 +47,9 @@ class Trainer:
         cfg: Config,
         actor: Any,
         critic: Any | None,
-        experience: ExperienceProducer | None,
+        experience: ExperienceProducer,
         sync_weights: Callable[[], int],
-        tracker: Tracker | None,
+        tracker: Tracker,
         checkpointer: Checkpointer | None = None,
         validator: Validator | None = None,
     ) -> None:

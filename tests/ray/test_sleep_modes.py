@@ -158,8 +158,8 @@ def test_generate_without_sync_never_samples_from_discarded_weights(
         wake = PUSH if sleep_level == 2 else ["wake_up"]
         assert group.take_calls() == [[*wake, "generate", "sleep"]]
         assert gap < 1e-4, f"round 2 sampled from weights {gap:.2e} nats away from the trainer's"
-        # A sync (the engine is asleep after generate) pushes once; the generate after it does
-        # not push again.
+        # A sync (the engine is asleep after generate) pushes once; the generate after it
+        # does not push again.
         assert group.sync_weights() == [1]
         _, gap = generate_and_gap(group, 3)
         assert group.take_calls() == [[*PUSH, "generate", "sleep"]] and gap < 1e-4

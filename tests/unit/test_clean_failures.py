@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.checkpoint import Checkpointer, find_latest_checkpoint
+from rlframe.checkpoint import Checkpointer
+from rlframe.checkpoint_layout import find_latest_checkpoint
 from rlframe.interrupts import describe_interruption
 from rlframe.save_failures import CheckpointError
 
