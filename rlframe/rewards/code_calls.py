@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import builtins
 import json
+import os
 import secrets
 import select
 import subprocess
@@ -25,6 +26,8 @@ from typing import IO, Any
 from rlframe.rewards.sandbox import WORK, Sandbox, SandboxLimits
 
 SERVER = Path(__file__).with_name("call_server.py")
+MAX_ANSWER_BYTES = 1 << 20
+"""A longer answer line fails the case: the program must not fill the worker's memory."""
 
 
 class CaseFailed(Exception):
@@ -37,7 +40,8 @@ class Session:
     def __init__(self, box: Sandbox) -> None:
         assert box.proc.stdin is not None and box.proc.stdout is not None
         self.box, self.to_box, self.from_box = box, box.proc.stdin, box.proc.stdout
-        self.buffer = b""
+        os.set_blocking(self.to_box.fileno(), False)  # a program that stops reading must not
+        self.buffer = b""  # block the worker past the deadline
 
     def read_line(self) -> dict[str, Any]:
         while b"\n" not in self.buffer:
@@ -46,6 +50,8 @@ class Session:
             if not chunk:
                 raise CaseFailed("the program ended or ran out of time")
             self.buffer += chunk
+            if len(self.buffer) > MAX_ANSWER_BYTES:
+                raise CaseFailed("an answer longer than MAX_ANSWER_BYTES")
         line, self.buffer = self.buffer.split(b"\n", 1)
         try:
             message = json.loads(line)
@@ -55,13 +61,22 @@ class Session:
             raise CaseFailed("garbled answer")
         return message
 
+    def send(self, data: bytes) -> None:
+        fd = self.to_box.fileno()
+        while data:
+            _, ready, _ = select.select([], [fd], [], self.box.time_left())
+            if not ready:
+                raise CaseFailed("the program stopped reading and ran out of time")
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:
+                continue
+            except OSError:
+                raise CaseFailed("the program ended") from None
+
     def ask(self, request: dict[str, Any]) -> Any:
         nonce = secrets.token_hex(16)
-        try:
-            self.to_box.write((json.dumps({**request, "nonce": nonce}) + "\n").encode())
-            self.to_box.flush()
-        except OSError:
-            raise CaseFailed("the program ended") from None
+        self.send((json.dumps({**request, "nonce": nonce}) + "\n").encode())
         answer = self.read_line()
         if answer.get("nonce") != nonce:
             raise CaseFailed("an answer that does not belong to the request")
@@ -80,9 +95,7 @@ def encode(value: Any) -> dict[str, Any]:
         if value._session is None or value._target[0] != "handle":
             raise TypeError("only objects the program returned can be passed back")
         return {"h": value._target[1]}
-    text = repr(value)
-    ast.literal_eval(text)  # the assert's own arguments must be plain data too
-    return {"v": text}
+    return {"v": repr(value)}  # the sandbox reads it back with ast.literal_eval
 
 
 class Remote:
