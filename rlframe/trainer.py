@@ -47,9 +47,9 @@ class Trainer:
         cfg: Config,
         actor: Any,
         critic: Any | None,
-        experience: ExperienceProducer,
+        experience: ExperienceProducer | None,
         sync_weights: Callable[[], int],
-        tracker: Tracker,
+        tracker: Tracker | None,
         checkpointer: Checkpointer | None = None,
         validator: Validator | None = None,
     ) -> None:
