@@ -298,3 +298,22 @@ def test_disk_quota_holds_on_every_writable_folder() -> None:
     rows = [line.split() for line in result.stdout.splitlines()]
     assert [r[0] for r in rows] == ["/sandbox", "/tmp", "/dev/shm"]
     assert all(int(r[1]) <= 8 and r[2] == "28" for r in rows)  # ENOSPC at the 8 MB quota
+
+
+def test_without_bubblewrap_code_tests_stop_before_ray_saying_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rlframe.config import Config, ConfigError, ModelConfig, RewardConfig
+    from rlframe.preflight import check_reward_inputs
+    from rlframe.rewards import sandbox
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
+    sandbox.detect_isolation.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+            run_python("print(1)")
+        cfg = Config(model=ModelConfig(path="tiny:0"), reward=RewardConfig(fn="code_tests"))
+        with pytest.raises(ConfigError, match="reward.fn: code_tests runs untrusted code, but"):
+            check_reward_inputs(cfg)
+    finally:
+        sandbox.detect_isolation.cache_clear()
