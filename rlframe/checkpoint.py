@@ -1,21 +1,12 @@
-"""Checkpoints of a whole run: layout, atomic save, pruning, and where a run resumes from.
+"""Checkpoints of a whole run: atomic save, pruning, and where a run resumes from.
 
-Layout of ``<trainer.output_dir>/checkpoints/``::
-
-    step_00000050/
-        actor/              every actor rank's shards (torch.distributed.checkpoint)
-        critic/             the critic's, when there is one
-        driver_state.json   step, prompt loader, KL controller, tracker, seeds
-        hf_config/          model config and tokenizer, so an export needs nothing else
-        hf/                 a Hugging Face model, with trainer.export_hf=true
-    latest                  the name of the newest complete checkpoint
-
-A save writes everything into ``.tmp_step_N``, flushes every file and folder to disk,
-renames the folder to ``step_N`` (atomic on POSIX) and only then rewrites ``latest`` (itself
-through a temporary file and a rename). A kill at any moment leaves the previous checkpoint
-whole and ``latest`` naming a complete one; the leftover ``.tmp_*`` folder is removed by the
-next save. Workers write their shards straight into the folder, so on several nodes
-``output_dir`` must be on a shared filesystem.
+The folder layout is in :mod:`rlframe.checkpoint_layout`. A save writes everything into
+``.tmp_step_N``, flushes every file and folder to disk, renames the folder to ``step_N``
+(atomic on POSIX) and only then rewrites ``latest`` (itself through a temporary file and a
+rename). A kill at any moment leaves the previous checkpoint whole and ``latest`` naming a
+complete one; the leftover ``.tmp_*`` folder is removed by the next save. Workers write
+their shards straight into the folder, so on several nodes ``output_dir`` must be on a
+shared filesystem.
 """
 
 from __future__ import annotations
@@ -23,44 +14,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlframe.checkpoint_layout import (
+    CHECKPOINTS,
+    DRIVER_STATE,
+    HF_CONFIG,
+    HF_EXPORT,
+    LATEST,
+    RUN_FILES,
+    checkpoint_name,
+    find_latest_checkpoint,
+    list_checkpoints,
+)
 from rlframe.config import Config, ConfigError
-
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-DRIVER_STATE = "driver_state.json"
-HF_CONFIG = "hf_config"
-HF_EXPORT = "hf"
-RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "config.json", CHECKPOINTS)
-# Test hook: seconds to wait after a checkpoint is fully written and before it is renamed into
-# place, so a test can kill the driver at that exact moment of a save.
-PAUSE_ENV = "RLFRAME_CHECKPOINT_PAUSE_S"
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root`` (a ``checkpoints`` folder), oldest first."""
-    found = [p for p in root.glob("step_*") if (p / DRIVER_STATE).is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
-
-
-def find_latest_checkpoint(output_dir: Path) -> Path | None:
-    """The checkpoint ``latest`` names, or the newest complete one when the marker is gone."""
-    root = output_dir / CHECKPOINTS
-    marker = root / LATEST
-    if marker.is_file():
-        named = root / marker.read_text().strip()
-        if (named / DRIVER_STATE).is_file():
-            return named
-    complete = list_checkpoints(root)
-    return complete[-1] if complete else None
 
 
 def resolve_resume(cfg: Config) -> Path | None:
@@ -121,7 +90,8 @@ def truncate_run_logs(output_dir: Path, step: int) -> None:
         kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
         if len(kept) != len(lines):
             print(
-                f"rlframe: resuming at step {step}: dropped {len(lines) - len(kept)} lines of {path} logged after it"
+                f"rlframe: resuming at step {step}: dropped {len(lines) - len(kept)} lines of "
+                f"{path} logged after it"
             )
             tmp = path.with_suffix(".jsonl.tmp")
             tmp.write_text("".join(kept))
@@ -209,13 +179,6 @@ class Checkpointer:
             export_checkpoint(tmp, tmp / HF_EXPORT)
         (tmp / DRIVER_STATE).write_text(json.dumps({"step": step, **driver_state}))
         fsync_tree(tmp)
-        pause = float(os.environ.get(PAUSE_ENV, "0"))
-        if pause > 0:
-            print(
-                f"rlframe: checkpoint {name} written, pausing {pause:.0f} s before the rename ({PAUSE_ENV})",
-                flush=True,
-            )
-            time.sleep(pause)
         self.replace(tmp, final)
         write_atomically(self.root / LATEST, name)
         self.prune()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rlframe.checkpoint import DRIVER_STATE, HF_CONFIG, find_latest_checkpoint
+from rlframe.checkpoint_layout import DRIVER_STATE, HF_CONFIG, find_latest_checkpoint
 
 
 def resolve_checkpoint(path: Path) -> Path:

@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from rlframe.config import Config, ConfigError, build_config
+from rlframe.config.checks import RENAMED_KEYS, check_renamed_key, list_dotted_keys
 
 BUILTIN_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 RECIPE_DIRS_ENV = "RLFRAME_RECIPE_DIRS"
@@ -84,6 +85,20 @@ def register_configs() -> None:
             )
 
 
+def check_recipe_keys(args: list[str]) -> None:
+    """Reject a renamed key in the chosen recipe (``+recipe=NAME``) with its new name; Hydra
+    would report it as unknown without saying what it became."""
+    names = [a.split("=", 1)[1] for a in args if a.startswith("+recipe=")]
+    for name in names:
+        for folder in reversed(find_recipe_dirs()):
+            path = folder / f"{name}.yaml"
+            if path.is_file():
+                for key in list_dotted_keys(OmegaConf.to_container(OmegaConf.load(path))):
+                    if key in RENAMED_KEYS:
+                        raise ConfigError(key, f"(in {path}) renamed to {RENAMED_KEYS[key]}")
+                break
+
+
 def check_override_keys(args: list[str]) -> None:
     """Reject overrides whose key is not in the schema, listing the keys allowed.
 
@@ -109,7 +124,8 @@ def check_override_keys(args: list[str]) -> None:
                 continue  # a new key of a free-form mapping (+agent.env_kwargs.NAME=VALUE)
             raise ConfigError(
                 key,
-                f"set schema keys as {key}=VALUE, without {prefix!r} (only +recipe=NAME takes a '+')",
+                f"set schema keys as {key}=VALUE, without {prefix!r} "
+                "(only +recipe=NAME takes a '+')",
             )
         check_schema_key(key)
 
@@ -119,6 +135,7 @@ def check_schema_key(key: str) -> bool:
     lies inside a free-form mapping such as ``agent.env_kwargs``."""
     if key.startswith("hydra."):
         return False
+    check_renamed_key(key)
     node: Any = Config
     walked: list[str] = []
     for part in key.split("."):
@@ -150,9 +167,9 @@ def run(cfg: Config) -> None:
     from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
     from rlframe.envs import EnvError
+    from rlframe.launch import run_training
     from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
-    from rlframe.trainer import run_training
 
     try:
         inputs = check_run_inputs(cfg)
@@ -178,6 +195,7 @@ def hydra_main(tree: DictConfig) -> None:
 def main() -> None:
     try:
         check_override_keys(sys.argv[1:])
+        check_recipe_keys(sys.argv[1:])
         register_configs()
     except ConfigError as e:
         print(f"rlframe: config error: {e}", file=sys.stderr)

@@ -33,7 +33,8 @@ class SequenceLayout:
     """[b, L] 1 on real tokens when padded; None when packed, so that transformers derives a
     block-diagonal causal mask from the restarting position ids."""
     predict_index: torch.Tensor
-    """[N] index into the flattened [b * L] positions of the one that predicts each selected token."""
+    """[N] index into the flattened [b * L] positions of the one that predicts each selected
+    token."""
     target_ids: torch.Tensor
     """[N] the selected response tokens."""
     grid_index: torch.Tensor
@@ -108,7 +109,8 @@ def build_packed_layout(rows: Batch) -> SequenceLayout:
     packed_at = torch.full(real.shape, -1, dtype=torch.long)
     packed_at[real] = torch.arange(int(real.sum()))
     row, col = select_tokens(rows).nonzero(as_tuple=True)
-    # A row's tokens are contiguous, so the previous packed token is the same row's previous real token.
+    # A row's tokens are contiguous, so the previous packed token is the same row's previous
+    # real token.
     predict_index = packed_at[row, prompt_width + col] - 1
     return SequenceLayout(
         input_ids[None],
@@ -126,7 +128,8 @@ def build_layout(rows: Batch, packed: bool) -> SequenceLayout:
 
 
 def count_row_tokens(rows: Batch, packed: bool) -> torch.Tensor:
-    """[B] tokens each row costs in a forward: its real tokens when packed, the padded width otherwise."""
+    """[B] tokens each row costs in a forward: its real tokens when packed, the padded width
+    otherwise."""
     if packed:
         return (rows["prompt_mask"].sum(1) + rows["response_mask"].sum(1)).long()
     width = rows["prompt_ids"].shape[1] + rows["response_ids"].shape[1]
@@ -183,7 +186,8 @@ def balance_ranks(costs: torch.Tensor, world_size: int, mini_batch_size: int) ->
     rows = len(costs)
     if rows % mini_batch_size or mini_batch_size % world_size:
         raise ValueError(
-            f"{rows} rows do not split into mini-batches of {mini_batch_size} over {world_size} ranks"
+            f"{rows} rows do not split into mini-batches of {mini_batch_size} "
+            f"over {world_size} ranks"
         )
     per_rank = mini_batch_size // world_size
     shares: list[list[int]] = [[] for _ in range(world_size)]
@@ -200,3 +204,11 @@ def balance_ranks(costs: torch.Tensor, world_size: int, mini_batch_size: int) ->
         for r in range(world_size):
             shares[r] += sorted(parts[r])
     return torch.tensor([i for share in shares for i in share], dtype=torch.long)
+
+
+def balance_rows(batch: Batch, world_size: int, mini_batch_size: int) -> torch.Tensor:
+    """The row order of :func:`balance_ranks` for an update's batch, rows costed in real
+    tokens whether or not the workers pack them (identity on one rank)."""
+    if world_size == 1:
+        return torch.arange(len(batch))
+    return balance_ranks(count_row_tokens(batch, packed=True), world_size, mini_batch_size)

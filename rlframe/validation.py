@@ -17,6 +17,7 @@ from rlframe.config import Config
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
+from rlframe.rewards.stage import RewardStage
 
 # Validation samples get seeds from their own stream, apart from the training groups'.
 VAL_SEED_OFFSET = 1_000_003
@@ -107,16 +108,26 @@ def split_validation_records(
 
 
 class Validator:
-    """Holds the validation prompts; :meth:`run` samples and scores them.
+    """Holds the validation prompts; :meth:`run` samples and rewards them. Its batches never
+    enter training: they go through the producer's ``generate`` and the reward stage only.
 
     Args:
         records: validation prompts.
         cfg: the run's config (``val.*``, ``trainer.seed``).
         tokenizer: for the pad and EOS ids.
+        generate: prompt rows -> the rows with their responses (the producer's agent).
+        rewards: the reward stage (adds ``score`` and ``reward``).
     """
 
-    def __init__(self, records: list[PromptRecord], cfg: Config, tokenizer: Any) -> None:
-        self.cfg = cfg
+    def __init__(
+        self,
+        records: list[PromptRecord],
+        cfg: Config,
+        tokenizer: Any,
+        generate: Callable[[Batch], Batch],
+        rewards: RewardStage,
+    ) -> None:
+        self.cfg, self.generate, self.rewards = cfg, generate, rewards
         self.prompts = build_prompt_batch(
             records, cfg.val.n, 0, tokenizer.pad_token_id, cfg.trainer.seed + VAL_SEED_OFFSET
         )
@@ -129,12 +140,9 @@ class Validator:
         has_source = all("data_source" in e for e in extras)
         self.sources = [str(e["data_source"]) for e in extras] if has_source else None
 
-    def run(
-        self, generate: Callable[[Batch], Batch], score: Callable[[Batch], Batch]
-    ) -> dict[str, float]:
-        """``generate``: prompt rows -> the rows with their responses (the run's agent);
-        ``score``: adds ``score`` and ``reward``."""
-        batch = score(generate(self.prompts))
+    def run(self) -> dict[str, float]:
+        """Sample and reward the validation prompts with the current weights; ``val/*`` metrics."""
+        batch = self.rewards.compute_rewards(self.generate(self.prompts))
         return compute_validation_metrics(
             batch["score"],
             batch["reward"],

@@ -246,12 +246,6 @@ def compute_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     raise ValueError(f"unknown KL estimator {estimator!r}; use one of {KL_ESTIMATORS}")
 
 
-def compute_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution at each position ([..., V] -> [...])."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
-
-
 @dataclass
 class LossScale:
     """Counts over the whole mini-batch that every micro-batch's loss is divided by."""

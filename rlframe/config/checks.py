@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from omegaconf import OmegaConf
+from typing import Any
 
-if not OmegaConf.has_resolver("now"):
-    # Hydra registers ``now`` too; register it here so the schema resolves outside Hydra.
-    from datetime import datetime
-
-    OmegaConf.register_new_resolver("now", lambda pattern: datetime.now().strftime(pattern))
+RENAMED_KEYS = {"critic.warmup_steps": "critic.actor_wait_steps"}
+"""Keys that were renamed: old dotted key -> new one. Setting an old key is an error."""
 
 
 class ConfigError(ValueError):
@@ -31,6 +28,23 @@ def require_positive(value: float, key: str) -> None:
 
 def require_choice(value: str, allowed: tuple[str, ...], key: str) -> None:
     require(value in allowed, key, f"must be one of {list(allowed)}, got {value!r}")
+
+
+def check_renamed_key(key: str) -> None:
+    """Raise ConfigError for a key that was renamed, naming its new name."""
+    if key in RENAMED_KEYS:
+        raise ConfigError(key, f"renamed to {RENAMED_KEYS[key]}; set that instead")
+
+
+def list_dotted_keys(tree: Any, prefix: str = "") -> list[str]:
+    """Every key of a nested mapping, dotted (``critic.lr``), sections included."""
+    keys = []
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        keys.append(key)
+        if hasattr(value, "items"):
+            keys += list_dotted_keys(value, f"{key}.")
+    return keys
 
 
 def first_line(error: BaseException) -> str:

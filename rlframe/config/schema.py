@@ -10,7 +10,13 @@ from omegaconf import DictConfig, OmegaConf
 from rlframe.algorithms.names import GROUP_RELATIVE, NEEDS_CRITIC
 from rlframe.config.agent import AgentConfig
 from rlframe.config.algorithm import AlgorithmConfig
-from rlframe.config.checks import ConfigError, first_line, require
+from rlframe.config.checks import (
+    ConfigError,
+    check_renamed_key,
+    first_line,
+    list_dotted_keys,
+    require,
+)
 from rlframe.config.sections import (
     ActorConfig,
     CriticConfig,
@@ -56,7 +62,8 @@ class Config:
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",
-            "rollout.agent=multi_turn needs an environment: a registered name (calculator, guess_number) "
+            "rollout.agent=multi_turn needs an environment: a registered name "
+            "(calculator, guess_number) "
             "or pkg.module:factory / path/to/file.py:factory",
         )
         if a.loss_agg_norm == 0:
@@ -67,15 +74,17 @@ class Config:
             or bool(self.data.val_files)
             or (not self.data.train_files and self.data.val_size > 0),
             "data.val_files",
-            "validation is on (trainer.val_every / trainer.val_before_train) but there are no validation "
-            "prompts: set data.val_files (a held-out split, data.val_size, exists only for synthetic tasks)",
+            "validation is on (trainer.val_every / trainer.val_before_train) but there are no "
+            "validation prompts: set data.val_files (a held-out split, data.val_size, exists "
+            "only for synthetic tasks)",
         )
         if self.critic.enable is None:
             self.critic.enable = self.algorithm.advantage in NEEDS_CRITIC
         require(
             self.critic.enable or self.algorithm.advantage not in NEEDS_CRITIC,
             "critic.enable",
-            f"algorithm.advantage={self.algorithm.advantage} needs a critic; set critic.enable=true (or null)",
+            f"algorithm.advantage={self.algorithm.advantage} needs a critic; "
+            "set critic.enable=true (or null)",
         )
 
 
@@ -125,7 +134,8 @@ def check_batch_sizes(cfg: Config) -> None:
         require(
             budget >= longest,
             "actor.max_tokens_per_micro_batch",
-            f"{budget} cannot hold the longest row, data.max_prompt_length + rollout.max_tokens = {longest}",
+            f"{budget} cannot hold the longest row, "
+            f"data.max_prompt_length + rollout.max_tokens = {longest}",
         )
         return
     require(
@@ -145,6 +155,10 @@ def build_config(tree: DictConfig | dict[str, Any]) -> Config:
     """
     from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
+    raw = OmegaConf.to_container(tree, resolve=False) if isinstance(tree, DictConfig) else tree
+    for key in list_dotted_keys(raw):
+        check_renamed_key(key)
+    register_now_resolver()
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), tree)
         cfg = OmegaConf.to_object(merged)
@@ -162,3 +176,13 @@ def build_config(tree: DictConfig | dict[str, Any]) -> Config:
         raise ConfigError(key, first_line(e)) from None
     assert isinstance(cfg, Config)
     return cfg
+
+
+def register_now_resolver() -> None:
+    """``${now:...}`` (the default ``trainer.output_dir``) for trees composed outside Hydra;
+    Hydra registers the same resolver itself."""
+    if OmegaConf.has_resolver("now"):
+        return
+    from datetime import datetime
+
+    OmegaConf.register_new_resolver("now", lambda pattern: datetime.now().strftime(pattern))

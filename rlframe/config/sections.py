@@ -186,9 +186,23 @@ class ActorConfig:
         require_positive(self.micro_batch_size, "actor.micro_batch_size")
         require(self.epochs >= 1, "actor.epochs", f"must be >= 1, got {self.epochs}")
 
+    def updates_in_one_pass(self, rows: int) -> bool:
+        """True when an update over ``rows`` responses (all ranks) is one optimizer step of
+        one epoch: it starts from the weights the responses were scored with, so its own
+        log-probs (detached) are the old log-probs and need no pass of their own."""
+        return self.epochs == 1 and rows <= self.mini_batch_size
+
 
 @dataclass
 class CriticConfig:
+    """The value model for PPO/GAE.
+
+    Batching: the critic has no batch-size keys of its own. It updates on the same rows as
+    the actor, split the same way: ``actor.mini_batch_size``, ``actor.micro_batch_size`` (or
+    ``actor.max_tokens_per_micro_batch``), ``actor.epochs`` and ``actor.pack_sequences``
+    apply to the critic too.
+    """
+
     enable: bool | None = None
     """Train a value model. null: on exactly when the advantage estimator needs values (gae)."""
     worker_cls: str = "workers.critic.CriticWorker"
@@ -201,15 +215,20 @@ class CriticConfig:
     """Max global gradient norm of the critic; <= 0 turns clipping off."""
     lr_warmup_steps: int = 0
     """Optimizer steps of linear learning-rate warm-up for the critic."""
-    warmup_steps: int = 0
-    """Training steps at the start in which only the critic learns (the actor waits)."""
+    actor_wait_steps: int = 0
+    """Training steps at the start in which only the critic learns: the actor neither
+    updates nor syncs its weights (formerly ``critic.warmup_steps``, a name that read as
+    learning-rate warm-up; that is ``critic.lr_warmup_steps``)."""
     cliprange_value: float = 0.5
-    """Clipped value loss: new values may move this far from the old ones before the loss stops rewarding it."""
+    """Clipped value loss: new values may move this far from the old ones before the loss
+    stops rewarding it."""
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "critic.lr")
         require(
-            self.warmup_steps >= 0, "critic.warmup_steps", f"must be >= 0, got {self.warmup_steps}"
+            self.actor_wait_steps >= 0,
+            "critic.actor_wait_steps",
+            f"must be >= 0, got {self.actor_wait_steps}",
         )
         require_positive(self.cliprange_value, "critic.cliprange_value")
 
@@ -227,7 +246,8 @@ class RewardModelConfig:
     micro_batch_size: int = 8
     """Sequences per forward pass on one rank."""
     max_length: int = 4096
-    """Prompt + response tokens (in the reward model's tokenizer) kept; longer inputs keep their end."""
+    """Prompt + response tokens (in the reward model's tokenizer) kept; longer inputs keep
+    their end."""
     dtype: str = "auto"
     """auto (bf16 on cuda, fp32 on cpu), float32 or bfloat16."""
     trust_remote_code: bool = False
@@ -315,7 +335,8 @@ class RewardConfig:
         require(
             self.weight > 0 or self.model.path is not None,
             "reward.weight",
-            "is 0, which turns the rule reward off, and no reward.model.path is set: nothing would score the responses",
+            "is 0, which turns the rule reward off, and no reward.model.path is set: nothing "
+            "would score the responses",
         )
 
     @property

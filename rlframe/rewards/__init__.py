@@ -25,7 +25,7 @@ from rlframe.rewards.rules import (
     score_exact_match,
     score_math_answer,
 )
-from rlframe.rewards.scoring import RuleScorer, RuleScores, compute_rewards
+from rlframe.rewards.scoring import RuleScorer, RuleScores
 
 __all__ = [
     "REWARDS",
@@ -33,7 +33,6 @@ __all__ = [
     "RewardFn",
     "RuleScorer",
     "RuleScores",
-    "compute_rewards",
     "extract_answer",
     "extract_final_number",
     "score_char_match",

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlframe.rewards.frames import read_frame, write_frame
+from rlframe.rewards.outcome import Outcome
 from rlframe.rewards.registry import RewardError
-from rlframe.rewards.scoring import Outcome
 
 START_TIMEOUT_S = 120.0
 """Longest wait for a worker to import and load the reward function."""

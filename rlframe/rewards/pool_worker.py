@@ -31,7 +31,7 @@ def main(spec: str) -> None:
     out = os.dup(1)
     os.dup2(2, 1)  # print() in a reward function must not corrupt the frame stream
     from rlframe.rewards import REWARDS
-    from rlframe.rewards.scoring import call_reward
+    from rlframe.rewards.outcome import call_reward
 
     try:
         fn = REWARDS.get(spec)

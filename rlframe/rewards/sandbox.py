@@ -85,7 +85,8 @@ if child == 0:
     mb = 1024 * 1024
     resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
     resource.setrlimit(resource.RLIMIT_AS, (limits["memory_mb"] * mb, limits["memory_mb"] * mb))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_size_mb"] * mb, limits["file_size_mb"] * mb))
+    fsize = limits["file_size_mb"] * mb
+    resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     os.chdir(work)
@@ -132,14 +133,6 @@ class Isolation:
     process_cap: str = "RLIMIT_NPROC"
     """What bounds the number of processes: ``RLIMIT_NPROC`` (any user but root, whom the
     kernel exempts), ``pids cgroup`` (root with a writable pids controller) or ``none``."""
-
-    @property
-    def network_isolated(self) -> bool:
-        return self.namespaces
-
-    @property
-    def filesystem_isolated(self) -> bool:
-        return self.namespaces
 
 
 @dataclass
@@ -216,14 +209,16 @@ def warn_if_not_isolated() -> Isolation:
     warn_if_not_isolated.warned = True  # type: ignore[attr-defined]
     if not isolation.namespaces:
         print(
-            f"rlframe: sandbox: namespaces unavailable ({isolation.reason}); untrusted code runs with "
-            "rlimits, a time limit and a private folder only: the network and the file system are NOT isolated",
+            f"rlframe: sandbox: namespaces unavailable ({isolation.reason}); untrusted code runs "
+            "with rlimits, a time limit and a private folder only: the network and the file "
+            "system are NOT isolated",
             file=sys.stderr,
         )
     if isolation.process_cap == "none":
         print(
-            "rlframe: sandbox: running as root without a writable pids cgroup: the number of processes "
-            "untrusted code starts is NOT bounded (the kernel exempts root from RLIMIT_NPROC)",
+            "rlframe: sandbox: running as root without a writable pids cgroup: the number of "
+            "processes untrusted code starts is NOT bounded (the kernel exempts root from "
+            "RLIMIT_NPROC)",
             file=sys.stderr,
         )
     return isolation

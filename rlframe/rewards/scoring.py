@@ -10,47 +10,13 @@ naming the function and the sample; ``zero`` scores the sample 0 and counts it i
 
 from __future__ import annotations
 
-import math
-import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rlframe.rewards.registry import REWARDS, RewardError, RewardFn
-
-
-@dataclass
-class Outcome:
-    """What scoring one sample gave: a finite score, or why there is none."""
-
-    score: float | None
-    error: str | None = None
-    """``raised ValueError: ...``, ``returned 'x' (str), not a number``, ``returned nan``..."""
-    timed_out: bool = False
-
-
-def check_value(value: Any) -> Outcome:
-    """A reward's return value as an Outcome: numbers (bool, int, float, numpy or torch
-    scalars) that are finite are scores; anything else is a failure."""
-    if isinstance(value, str | bytes) or not hasattr(value, "__float__"):
-        return Outcome(None, f"returned {value!r:.80} ({type(value).__name__}), not a number")
-    try:
-        score = float(value)
-    except (TypeError, ValueError) as e:  # a tensor with several elements, say
-        return Outcome(None, f"returned {type(value).__name__} that is not one number: {e}")
-    if not math.isfinite(score):
-        return Outcome(None, f"returned {score}")
-    return Outcome(score)
-
-
-def call_reward(fn: RewardFn, response: str, ground_truth: str, sample: dict[str, Any]) -> Outcome:
-    """Run one reward function on one sample; whatever it raises becomes the Outcome's error."""
-    try:
-        value = fn(response, ground_truth, sample)
-    except Exception as e:
-        where = traceback.extract_tb(e.__traceback__)[-1]
-        return Outcome(None, f"raised {type(e).__name__}: {e} (at {where.filename}:{where.lineno})")
-    return check_value(value)
+from rlframe.rewards.outcome import Outcome, call_reward
+from rlframe.rewards.pool import RewardPool
+from rlframe.rewards.registry import REWARDS, RewardError
 
 
 @dataclass
@@ -78,29 +44,14 @@ def apply_error_policy(
         if outcome.score is None and on_error == "raise":
             hint = "; reward.on_error=zero scores such samples 0 and counts them instead"
             raise RewardError(
-                f"reward function {fn_name} {outcome.error} on sample {i} (prompt {samples[i].get('prompt')!r}, "
-                f"response {responses[i]!r}, ground truth {ground_truths[i]!r}){hint}"
+                f"reward function {fn_name} {outcome.error} on sample {i} "
+                f"(prompt {samples[i].get('prompt')!r}, response {responses[i]!r}, "
+                f"ground truth {ground_truths[i]!r}){hint}"
             )
         scores.append(0.0 if outcome.score is None else outcome.score)
         timeouts.append(outcome.timed_out)
         errors.append(outcome.score is None and not outcome.timed_out)
     return RuleScores(scores, errors, timeouts)
-
-
-def compute_rewards(
-    fn: RewardFn,
-    fn_name: str,
-    responses: Sequence[str],
-    ground_truths: Sequence[str],
-    samples: Sequence[dict[str, Any]],
-    on_error: str = "raise",
-) -> list[float]:
-    """Score every response in this process, one by one (no time limit); a failure names the
-    function and the sample, or scores 0 with ``on_error="zero"``."""
-    outcomes = [
-        call_reward(fn, r, t, s) for r, t, s in zip(responses, ground_truths, samples, strict=True)
-    ]
-    return apply_error_policy(outcomes, fn_name, responses, ground_truths, samples, on_error).scores
 
 
 if TYPE_CHECKING:
@@ -118,7 +69,7 @@ class RuleScorer:
     def __init__(self, fn_name: str, cfg: RewardConfig) -> None:
         self.fn_name, self.cfg = fn_name, cfg
         self.fn = REWARDS.get(fn_name)
-        self.pool: Any = None
+        self.pool: RewardPool | None = None
 
     def score(
         self,
@@ -133,8 +84,6 @@ class RuleScorer:
             ]
         else:
             if self.pool is None:
-                from rlframe.rewards.pool import RewardPool
-
                 self.pool = RewardPool(self.fn_name, self.cfg.num_workers, self.cfg.timeout_s)
             outcomes = self.pool.score(responses, ground_truths, samples)
         return apply_error_policy(

@@ -13,7 +13,8 @@ engine's log-probs of sampled tokens, 0 elsewhere) and the column ``finish_reaso
 optionally ``env_reward``/``env_failed`` and the ``agent_*`` counters of
 :func:`rlframe.rollout.producer.collect_agent_metrics`.
 
-Built-ins: ``single_turn`` and ``multi_turn`` (:mod:`rlframe.rollout.multi_turn`). Your own:
+Built-ins: ``single_turn`` (here) and ``multi_turn`` (:mod:`rlframe.rollout.multi_turn`,
+which registers itself; the package imports it). Your own:
 ``rollout.agent=pkg.module:my_agent`` or ``path/to/file.py:my_agent``.
 """
 
@@ -46,11 +47,3 @@ AGENTS: Registry[AgentFn] = Registry("rollout agent")
 def run_single_turn(prompts: Batch, ctx: AgentContext) -> Batch:
     """One sampled response per row: every response token is the policy's."""
     return prompts.union(ctx.generate(prompts))
-
-
-@AGENTS.register("multi_turn")
-def run_multi_turn(prompts: Batch, ctx: AgentContext) -> Batch:
-    """Turns against ``agent.env`` (see :mod:`rlframe.rollout.multi_turn`)."""
-    from rlframe.rollout.multi_turn import run_episodes
-
-    return run_episodes(prompts, ctx)

@@ -29,7 +29,7 @@ from rlframe.envs import ChatFormat, EnvError, build_env_factory, get_tools
 from rlframe.envs.base import as_step_result, check_messages
 from rlframe.envs.runner import CallOutcome, run_env_calls
 from rlframe.protocol import Batch
-from rlframe.rollout.agents import AgentContext
+from rlframe.rollout.agents import AGENTS, AgentContext
 
 
 @dataclass
@@ -142,8 +142,9 @@ class EpisodeRunner:
         limit = self.cfg.data.max_prompt_length
         if len(ids) > limit:
             raise EnvError(
-                f"env {self.env_name}: the prompt of sample {row} ({self.describe(row)}) is {len(ids)} tokens with "
-                f"the env's opening messages and tools, more than data.max_prompt_length={limit}"
+                f"env {self.env_name}: the prompt of sample {row} ({self.describe(row)}) is "
+                f"{len(ids)} tokens with the env's opening messages and tools, more than "
+                f"data.max_prompt_length={limit}"
             )
         return Trajectory(row, env, ids)
 
@@ -226,8 +227,9 @@ class EpisodeRunner:
                 if outcome.error is not None:
                     where = f" at turn {turn + 1}" if turn >= 0 else ""
                     raise EnvError(
-                        f"env {self.env_name} {method} failed on sample {row}{where} ({self.describe(row)}): "
-                        f"{outcome.error}. Set agent.on_env_error=fail_episode to score such episodes 0 and go on."
+                        f"env {self.env_name} {method} failed on sample {row}{where} "
+                        f"({self.describe(row)}): {outcome.error}. Set "
+                        "agent.on_env_error=fail_episode to score such episodes 0 and go on."
                     )
         return outcomes
 
@@ -285,6 +287,7 @@ class EpisodeRunner:
         return Batch(self.prompts.tensors | tensors, self.prompts.columns | columns, meta)
 
 
+@AGENTS.register("multi_turn")
 def run_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     """The ``multi_turn`` agent: one episode per prompt row against ``agent.env``."""
     return EpisodeRunner(prompts, ctx).run()

@@ -1,27 +1,22 @@
 """The experience producer: the next scored Batch of a training step.
 
-It draws prompts, runs the agent (``rollout.agent``), scores the result with the trainer's
-reward stage, and, per algorithm, runs DAPO's sampling rounds and ReMax's greedy
-baseline. The Trainer only asks for :meth:`ExperienceProducer.next_batch`.
-
-Rewards in a multi-turn batch combine as
-``score = agent.rule_reward_weight * reward.fn(decoded response) + agent.env_reward_weight * env_reward``
-(``env_reward``: the sum of the env's step rewards); ``reward`` = score + DAPO's overlong
-penalty; an episode failed by its env (``agent.on_env_error=fail_episode``) gets 0 for both.
+It draws prompts, runs the agent (``rollout.agent``), rewards the result with its reward
+stage (:mod:`rlframe.rewards.stage`, where ``score`` and ``reward`` are defined), and, per
+algorithm, runs DAPO's sampling rounds and ReMax's greedy baseline. The Trainer only calls
+:meth:`ExperienceProducer.submit` and :meth:`ExperienceProducer.collect`.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlframe.config import Config
-from rlframe.config.agent import AgentConfig
 from rlframe.data.loader import PromptLoader, build_prompt_batch
 from rlframe.protocol import Batch
+from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.agents import AGENTS, AgentContext
 from rlframe.rollout.sampling import run_sampling_rounds
 from rlframe.tracking import StageTimer
@@ -36,23 +31,6 @@ PROMPT_KEYS = (
     "seed",
     "messages",
 )
-
-
-def combine_rewards(batch: Batch, cfg: AgentConfig) -> Batch:
-    """Add the env's reward to the rule score (see the module docstring); single-turn
-    batches, which carry no ``env_reward``, are returned as they are."""
-    if "env_reward" not in batch:
-        return batch
-    rule = batch["score"].float()
-    penalty = batch["reward"].float() - rule
-    score = cfg.rule_reward_weight * rule + cfg.env_reward_weight * batch["env_reward"].float()
-    failed = batch["env_failed"].bool()
-    zero = torch.zeros_like(score)
-    return batch.with_tensors(
-        rule_score=rule,
-        score=torch.where(failed, zero, score),
-        reward=torch.where(failed, zero, score + penalty),
-    )
 
 
 def collect_agent_metrics(batch: Batch) -> dict[str, float]:
@@ -73,10 +51,11 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
 class ExperienceProducer:
     """Args:
     cfg: the run's config.
-    generate: the actor group's ``generate`` (one turn for the rows given).
+    generate: one turn for the rows given (the launcher's: the actor group's ``generate``
+        when colocated, the rollout group's when separate).
     tokenizer: the model's tokenizer.
     loader: the prompt loader.
-    compute_rewards: the trainer's reward stage (adds ``score`` and ``reward``).
+    rewards: the reward stage (adds ``score`` and ``reward``); closed by :meth:`close`.
     """
 
     def __init__(
@@ -85,24 +64,40 @@ class ExperienceProducer:
         generate: Callable[[Batch], Batch],
         tokenizer: Any,
         loader: PromptLoader,
-        compute_rewards: Callable[[Batch], Batch],
+        rewards: RewardStage,
     ) -> None:
-        self.cfg, self.tokenizer, self.loader = cfg, tokenizer, loader
-        self.compute_rewards = compute_rewards
+        self.cfg, self.tokenizer, self.loader, self.rewards = cfg, tokenizer, loader, rewards
         self.agent = AGENTS.get(cfg.rollout.agent)
         self.context = AgentContext(generate, tokenizer, cfg)
         self.use_baseline = cfg.algorithm.advantage in NEEDS_GREEDY_BASELINE
         self.groups_served = 0
+        self.pending: deque[tuple[Batch, dict[str, float]]] = deque()
 
-    def next_batch(self, timer: StageTimer, metrics: dict[str, float]) -> Batch:
-        """Generated, scored (and for ReMax baselined) responses for one step."""
+    def submit(self) -> None:
+        """Start producing the next step's batch, with the weights the rollout engines hold
+        now. This producer makes it at once; :meth:`collect` hands batches out in the order
+        they were submitted. Lockstep training is submit then collect; submitting step t+1
+        before the update on step t is one-step-off-policy training."""
+        self.pending.append(self.produce())
+
+    def collect(self) -> tuple[Batch, dict[str, float]]:
+        """The oldest submitted batch and its metrics (``timing_s/gen``, ``timing_s/reward``,
+        ``timing_s/baseline``, DAPO's ``rollout/sampling_*``, ``agent/*``)."""
+        if not self.pending:
+            raise RuntimeError("ExperienceProducer.collect() without a submit() before it")
+        return self.pending.popleft()
+
+    def produce(self) -> tuple[Batch, dict[str, float]]:
+        """Generated, rewarded (and for ReMax baselined) responses for one step."""
+        timer = StageTimer()
+        metrics: dict[str, float] = {}
 
         def draw() -> Batch:
             prompts = self.next_prompts()
             with timer("gen"):
                 batch = self.generate(prompts)
             with timer("reward"):
-                return self.score(batch)
+                return self.rewards.compute_rewards(batch)
 
         a = self.cfg.algorithm
         if a.dynamic_sampling:
@@ -115,15 +110,29 @@ class ExperienceProducer:
         if self.use_baseline:
             with timer("baseline"):
                 batch = self.add_greedy_baseline(batch)
-        return batch
+        return batch, metrics | timer.metrics()
 
     def generate(self, prompts: Batch) -> Batch:
         """The prompt rows with their responses, by the configured agent."""
         return self.agent(prompts, self.context)
 
-    def score(self, batch: Batch) -> Batch:
-        """The trainer's reward stage, then the env's reward added in."""
-        return combine_rewards(self.compute_rewards(batch), self.cfg.agent)
+    def state_dict(self) -> dict[str, Any]:
+        """Where the prompts are: groups served so far (they seed the samples) and the loader.
+        Batches in flight are not part of it, so there must be none."""
+        if self.pending:
+            raise RuntimeError(
+                f"{len(self.pending)} submitted batch(es) not collected: a checkpoint now would "
+                "skip their prompts on resume"
+            )
+        return {"groups_served": self.groups_served, "loader": self.loader.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.groups_served = int(state["groups_served"])
+        self.loader.load_state_dict(state["loader"])
+
+    def close(self) -> None:
+        """Stop the reward stage's processes and thread."""
+        self.rewards.close()
 
     def next_prompts(self) -> Batch:
         records = self.loader.next_records()
@@ -148,5 +157,5 @@ class ExperienceProducer:
             list(range(0, len(batch), n))
         )
         prompts.meta |= {"greedy": True}
-        greedy = self.score(self.generate(prompts))
+        greedy = self.rewards.compute_rewards(self.generate(prompts))
         return batch.with_tensors(baseline=greedy["reward"].repeat_interleave(n))

@@ -86,27 +86,24 @@ def test_resume_after_kill_during_save_matches_straight_run(tmp_path: Path, stra
     out = tmp_path / "run"
     # 1. Three steps, saved at step 3, then stop.
     run(out, "trainer.total_steps=3")
-    # 2. Continue to step 6, and SIGKILL the driver while the step-6 checkpoint is being
-    #    written (the hook holds the save after its files are written, before the rename).
-    proc = subprocess.Popen(
-        cli(out),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-        env=clean_env({"RLFRAME_CHECKPOINT_PAUSE_S": "300"}),
-        start_new_session=True,
-    )
-    lines = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if "step_00000006 written, pausing" in line:
-            break
-    else:
-        pytest.fail("the run never reached the step-6 save:\n" + "".join(lines[-50:]))
-    assert any("resumed from" in line and "at step 3" in line for line in lines)
-    os.kill(proc.pid, signal.SIGKILL)
+    # 2. Continue to step 6, and SIGKILL the driver as soon as the step-6 save has begun:
+    #    its folder exists while the workers write their shards and the HF export (asked
+    #    for here so that the save lasts seconds) is converted, before the rename.
+    ckpts, log = out / "checkpoints", tmp_path / "killed.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            cli(out, "trainer.export_hf=true"),
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=clean_env(),
+            start_new_session=True,
+        )
+        while not (ckpts / ".tmp_step_00000006").exists():
+            if proc.poll() is not None:
+                pytest.fail("the run never reached the step-6 save:\n" + log.read_text()[-5000:])
+            time.sleep(0.005)
+        os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     # The driver's Ray (head and workers) share its session: end them as a node failure would.
     try:
@@ -114,7 +111,7 @@ def test_resume_after_kill_during_save_matches_straight_run(tmp_path: Path, stra
     except ProcessLookupError:
         pass
     time.sleep(2)
-    ckpts = out / "checkpoints"
+    assert "resumed from" in log.read_text() and "at step 3" in log.read_text()
     assert (ckpts / "latest").read_text() == "step_00000003"
     assert not (ckpts / "step_00000006").exists() and (ckpts / ".tmp_step_00000006").is_dir()
     assert [m["step"] for m in read_metrics(out)] == [
@@ -220,7 +217,8 @@ def test_export_loads_in_transformers_and_vllm_with_the_trainers_logprobs(
     )
     hf_gap, vllm_gap = (by_hf - by_fsdp).abs().max().item(), (sampled - by_fsdp).abs().max().item()
     print(
-        f"export: max |log-prob gap| to the trainer's FSDP engine: transformers {hf_gap:.2e}, vLLM {vllm_gap:.2e}"
+        f"export: max |log-prob gap| to the trainer's FSDP engine: transformers {hf_gap:.2e}, "
+        f"vLLM {vllm_gap:.2e}"
     )
     assert hf_gap <= 1e-5 and vllm_gap <= 1e-5
     # Not vacuous: the trained weights score the responses differently from the initial ones.

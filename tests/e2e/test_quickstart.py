@@ -31,7 +31,7 @@ ACTOR_UPDATE = [
     "timing_s/sync",
 ]
 CRITIC = ["critic/value_loss", "critic/grad_norm", "critic/vf_clipfrac", "critic/vpred_mean"]
-CRITIC_WARMUP = 2  # steps in which ppo_tiny's actor waits for the critic
+ACTOR_WAIT_STEPS = 2  # steps in which ppo_tiny's actor waits for the critic
 
 
 def run_cli(*overrides: str, recipe: str = "grpo_tiny") -> list[dict]:
@@ -63,27 +63,28 @@ def run_cli(*overrides: str, recipe: str = "grpo_tiny") -> list[dict]:
 @pytest.mark.parametrize("recipe", ["grpo_tiny", "ppo_tiny"])
 def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
     ppo = recipe == "ppo_tiny"
-    warmup = CRITIC_WARMUP if ppo else 0
+    wait = ACTOR_WAIT_STEPS if ppo else 0
     metrics = run_cli(
         f"trainer.output_dir={tmp_path / 'run'}",
-        *([f"critic.warmup_steps={warmup}"] if ppo else []),
+        *([f"critic.actor_wait_steps={wait}"] if ppo else []),
         recipe=recipe,
     )
     for m in metrics:
         for key in REQUIRED + (CRITIC if ppo else []):
             assert key in m, (m["step"], key)
         # The actor neither trains nor syncs while the critic warms up; from then on, every
-        # step syncs once, so step k samples with weights version k - 1 - warmup.
-        updated = m["step"] > warmup
+        # step syncs once, so step k samples with weights version k - 1 - wait.
+        updated = m["step"] > wait
         assert all((key in m) == updated for key in ACTOR_UPDATE), m
-        assert m["rollout/weights_version"] == max(0, m["step"] - 1 - warmup)
+        assert m["rollout/weights_version"] == max(0, m["step"] - 1 - wait)
     rewards = [m["reward/mean"] for m in metrics]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     worst_gap = max(m["rollout/logprob_diff"] for m in metrics)
     seconds = sum(m["timing_s/step"] for m in metrics)
     print(
-        f"{recipe}: {len(metrics)} steps, {seconds:.0f} s of steps, mean reward first 5 {first:.3f} "
-        f"-> last 5 {last:.3f}, max rollout/logprob_diff {worst_gap:.2e}"
+        f"{recipe}: {len(metrics)} steps, {seconds:.0f} s of steps, "
+        f"mean reward first 5 {first:.3f} -> last 5 {last:.3f}, "
+        f"max rollout/logprob_diff {worst_gap:.2e}"
     )
     assert last - first >= 0.2
     assert worst_gap < 0.05
@@ -143,7 +144,8 @@ def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
     for m in metrics:
         for key in ("timing_s/baseline", "mismatch/tis_clipfrac", "actor/kl", "actor/reward_kl"):
             assert key in m, key
-        # ReMax: the greedy responses' rewards (score + overlong penalty, in [-1, 1]) reached the estimator.
+        # ReMax: the greedy responses' rewards (score + overlong penalty, in [-1, 1]) reached
+        # the estimator.
         assert -1 <= m["adv/baseline_mean"] <= 1 and m["timing_s/baseline"] > 0
         # CISPO, not the default ppo_clip: no dual-clip metric. One mini-batch per step is
         # on-policy, so no IS weight is clipped.

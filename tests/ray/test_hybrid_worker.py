@@ -21,7 +21,7 @@ from rlframe.controller.worker_group import WorkerGroup
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import load_prompt_records
 from rlframe.data.tiny_model import build_tiny_tokenizer, resolve_model_path
-from rlframe.trainer import worker_env
+from rlframe.launch import worker_env
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 

@@ -24,10 +24,10 @@ from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import load_prompt_records
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.envs import ChatFormat
+from rlframe.launch import worker_env
 from rlframe.protocol import Batch
 from rlframe.rollout import AgentContext, run_single_turn
 from rlframe.rollout.multi_turn import mix_seed, run_episodes
-from rlframe.trainer import worker_env
 from workers.hybrid import HybridWorker
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -113,7 +113,8 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(tmp_path
                 )
         assert len(recorder.calls) >= 2 and batch["agent_turns"].max() >= 2
 
-        # Observations are the template's suffix of the env's feedback (after <eos> closing the turn).
+        # Observations are the template's suffix of the env's feedback (after <eos> closing
+        # the turn).
         chat = ChatFormat(tokenizer)
         hints = {
             tuple(chat.observation_ids([{"role": "user", "content": f" {h}:"}], 16)[0])
@@ -132,8 +133,10 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(tmp_path
         mask = batch["loss_mask"]
         gap = float(((trainer - batch["rollout_logprobs"]).abs() * mask).max())
         print(
-            f"multi-turn x{WORLD}: {int(mask.sum())} sampled tokens, {int((batch['response_mask'] - mask).sum())} "
-            f"observation tokens, turns/mean {batch['agent_turns'].mean():.2f}, max |trainer - vLLM| log-prob {gap:.2e}"
+            f"multi-turn x{WORLD}: {int(mask.sum())} sampled tokens, "
+            f"{int((batch['response_mask'] - mask).sum())} observation tokens, "
+            f"turns/mean {batch['agent_turns'].mean():.2f}, "
+            f"max |trainer - vLLM| log-prob {gap:.2e}"
         )
         assert gap < 1e-4
 

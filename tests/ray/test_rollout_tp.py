@@ -27,8 +27,8 @@ from rlframe.controller.worker_group import WorkerGroup
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import load_prompt_records
 from rlframe.data.tiny_model import build_tiny_tokenizer, resolve_model_path
+from rlframe.launch import worker_env
 from rlframe.protocol import Batch
-from rlframe.trainer import worker_env
 from workers.hybrid import HybridWorker
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -103,7 +103,8 @@ def test_tp2_engine_generates_once_per_group_and_syncs_shards(tmp_path: Path) ->
         batch2 = prompts2.union(group.generate(prompts2))
         gap_after = logprob_gap(group, batch2)
         print(
-            f"TP={TP}: max |rollout - trainer| log-prob gap before {gap_before:.2e}, after update+sync {gap_after:.2e}"
+            f"TP={TP}: max |rollout - trainer| log-prob gap before {gap_before:.2e}, "
+            f"after update+sync {gap_after:.2e}"
         )
         assert gap_before < 1e-4 and gap_after < 1e-4
         # The update moved the policy, and the sharded engine followed it.

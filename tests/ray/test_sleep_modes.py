@@ -33,8 +33,8 @@ from rlframe.controller.worker_group import WorkerGroup
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import load_prompt_records
 from rlframe.data.tiny_model import build_tiny_tokenizer, resolve_model_path
+from rlframe.launch import worker_env
 from rlframe.protocol import Batch
-from rlframe.trainer import worker_env
 from workers.hybrid import HybridWorker
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -158,14 +158,16 @@ def test_generate_without_sync_never_samples_from_discarded_weights(
         wake = PUSH if sleep_level == 2 else ["wake_up"]
         assert group.take_calls() == [[*wake, "generate", "sleep"]]
         assert gap < 1e-4, f"round 2 sampled from weights {gap:.2e} nats away from the trainer's"
-        # A sync (the engine is asleep after generate) pushes once; the generate after it does not push again.
+        # A sync (the engine is asleep after generate) pushes once; the generate after it does
+        # not push again.
         assert group.sync_weights() == [1]
         _, gap = generate_and_gap(group, 3)
         assert group.take_calls() == [[*PUSH, "generate", "sleep"]] and gap < 1e-4
         if engine == "hf":
             discarded = group.wake_without_reload_gap()[0]
             print(
-                f"hf level {sleep_level}: engine weights vs actor after a bare wake-up: max gap {discarded:.3g}"
+                f"hf level {sleep_level}: engine weights vs actor after a bare wake-up: "
+                f"max gap {discarded:.3g}"
             )
             if sleep_level == 2:
                 # What the old mode machine woke to: the weights are gone...

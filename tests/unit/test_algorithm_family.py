@@ -19,7 +19,8 @@ from rlframe.algorithms.losses import (
 )
 from rlframe.config import AlgorithmConfig, RewardConfig
 from rlframe.protocol import Batch
-from rlframe.trainer import compute_overlong_penalty, split_uniform_groups
+from rlframe.rewards.stage import compute_overlong_penalty
+from rlframe.rollout.sampling import split_uniform_groups
 
 PLUGIN_FILE = Path(__file__).resolve().parents[1] / "plugins" / "my_algorithms.py"
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])

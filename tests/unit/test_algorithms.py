@@ -14,7 +14,6 @@ from rlframe.algorithms.losses import (
     LossScale,
     PolicyLossInputs,
     aggregate_loss,
-    compute_entropy,
     compute_kl,
     compute_ppo_clip_loss,
 )
@@ -36,7 +35,8 @@ def grpo(
 
 
 def test_grpo_matches_hand_computation() -> None:
-    # Group 0: rewards 1, 0, 0 -> mean 1/3, unbiased std sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3).
+    # Group 0: rewards 1, 0, 0 -> mean 1/3, unbiased std
+    # sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3).
     out = grpo([1.0, 0.0, 0.0, 0.5, 0.5, 0.5], [0, 0, 0, 1, 1, 1])
     std = math.sqrt(1 / 3)
     expected = [(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std, 0.0, 0.0, 0.0]
@@ -70,7 +70,7 @@ def test_ppo_clip_uses_separate_low_and_high_ranges() -> None:
     adv = torch.tensor([[1.0, -1.0, 1.0, -1.0]])
     out = compute_ppo_clip_loss(PolicyLossInputs(logp, old, adv, torch.ones(1, 4), cfg))
     # A>0, r=1.5: max(-1.5, -1.28) = -1.28 (clipped high). A<0, r=1.5: max(1.5, 1.28) = 1.5.
-    # A>0, r=0.5: max(-0.5, -0.8) = -0.5.                    A<0, r=0.5: max(0.5, 0.8) = 0.8 (clipped low).
+    # A>0, r=0.5: max(-0.5, -0.8) = -0.5.       A<0, r=0.5: max(0.5, 0.8) = 0.8 (clipped low).
     torch.testing.assert_close(out.token_loss, torch.tensor([[-1.28, 1.5, -0.5, 0.8]]))
     assert out.metrics["pg_clipfrac"].tolist() == [[1.0, 0.0, 0.0, 1.0]]
 
@@ -98,10 +98,15 @@ def test_kl_estimators() -> None:
         compute_kl(logp, ref, "k4")
 
 
-def test_entropy_of_uniform_is_log_vocab() -> None:
-    torch.testing.assert_close(
-        compute_entropy(torch.zeros(2, 3, 8)), torch.full((2, 3), math.log(8))
+@pytest.mark.parametrize("chunk", [0, 2])
+def test_entropy_of_uniform_is_log_vocab(chunk: int) -> None:
+    # Zero hidden states give zero logits: the uniform distribution over the 8 tokens.
+    from workers.engines.token_logprobs import compute_token_logprobs
+
+    out = compute_token_logprobs(
+        torch.zeros(6, 4), torch.randn(8, 4), torch.zeros(6, dtype=torch.long), 1.0, chunk, True
     )
+    torch.testing.assert_close(out.entropy, torch.full((6,), math.log(8)))
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])

@@ -87,6 +87,22 @@ def test_user_recipe_folder(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "RLFRAME_RECIPE_DIRS" in bad.stderr
 
 
+def test_a_renamed_key_names_its_new_name(tmp_path: Path) -> None:
+    """critic.warmup_steps became critic.actor_wait_steps: on the command line, in a recipe
+    and through build_config, the old key fails with the new name, before Ray starts."""
+    renamed = "renamed to critic.actor_wait_steps"
+    result = run_cli("+recipe=ppo_tiny", "critic.warmup_steps=2")
+    assert result.returncode == 2 and "critic.warmup_steps" in result.stderr, result.stderr
+    assert renamed in result.stderr and "Traceback" not in result.stderr
+    (tmp_path / "old.yaml").write_text("critic:\n  warmup_steps: 2\n")
+    result = run_cli("+recipe=old", env={"RLFRAME_RECIPE_DIRS": str(tmp_path)})
+    assert result.returncode == 2 and renamed in result.stderr, result.stderr
+    assert str(tmp_path / "old.yaml") in result.stderr
+    with pytest.raises(ConfigError, match=renamed):
+        build_config({"critic": {"warmup_steps": 2}})
+    assert compose("ppo_tiny", "critic.actor_wait_steps=3").critic.actor_wait_steps == 3
+
+
 def compose(recipe: str, *overrides: str) -> Config:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
@@ -161,7 +177,8 @@ def test_the_schema_imports_nothing_heavy() -> None:
     """The schema validates without torch or the algorithm registries (no import cycle)."""
     code = (
         "import sys, rlframe.config\n"
-        "heavy = [m for m in ('torch', 'rlframe.algorithms.losses', 'rlframe.algorithms.advantages') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'rlframe.algorithms.losses',"
+        " 'rlframe.algorithms.advantages') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=REPO)
@@ -171,7 +188,8 @@ def test_importing_the_driver_imports_no_vllm_and_no_cuda() -> None:
     code = (
         "import sys, rlframe, rlframe.main, rlframe.config, rlframe.protocol\n"
         "import rlframe.controller.worker_group, rlframe.controller.placement\n"
-        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'\n"
+        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), "
+        "'vllm imported'\n"
         "import torch; assert not torch.cuda.is_initialized(), 'cuda initialised'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=REPO)

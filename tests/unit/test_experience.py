@@ -3,6 +3,7 @@ baseline, the loader position. A scripted single-turn policy stands in for the a
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlframe.config import (
@@ -11,26 +12,30 @@ from rlframe.config import (
     Config,
     DataConfig,
     ModelConfig,
+    RewardConfig,
     RolloutConfig,
 )
 from rlframe.data.loader import PromptLoader
 from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.protocol import Batch
+from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer
-from rlframe.tracking import StageTimer
 
 TOKENIZER = build_tiny_tokenizer()
 
 
+DIGITS = torch.tensor(TOKENIZER.convert_tokens_to_ids(["0", "1"]))
+
+
 def generate(prompts: Batch) -> Batch:
-    """One token per row: greedy rows answer 1, sampled rows the parity of their seed."""
+    """One token per row: greedy rows answer "1", sampled rows the parity of their seed."""
     rows = len(prompts)
-    token = (
+    token = DIGITS[
         torch.ones(rows, dtype=torch.long)
         if prompts.meta.get("greedy")
         else torch.tensor([int(s) % 2 for s in prompts["seed"]])
-    )
+    ]
     ids = torch.stack([token, torch.zeros(rows, dtype=torch.long)], 1)
     mask = torch.tensor([[1.0, 0.0]] * rows)
     return Batch(
@@ -44,9 +49,9 @@ def generate(prompts: Batch) -> Batch:
     )
 
 
-def score(batch: Batch) -> Batch:
-    reward = batch["response_ids"][:, 0].float()
-    return batch.with_tensors(score=reward, reward=reward)
+def read_digit(response: str, ground_truth: str, sample: dict) -> float:
+    """The rule reward: the digit the scripted policy answered."""
+    return float(response)
 
 
 def make_producer(**algorithm: object) -> ExperienceProducer:
@@ -56,17 +61,23 @@ def make_producer(**algorithm: object) -> ExperienceProducer:
         rollout=RolloutConfig(n=4, max_tokens=2),
         actor=ActorConfig(mini_batch_size=8, micro_batch_size=8),
         algorithm=AlgorithmConfig(**algorithm),
+        reward=RewardConfig(fn="tests.unit.test_experience:read_digit", num_workers=0),
     )
     records = [
         PromptRecord(f"{i}+1=", TOKENIZER(f"{i}+1=")["input_ids"], str(i + 1), {}) for i in range(8)
     ]
-    return ExperienceProducer(cfg, generate, TOKENIZER, PromptLoader(records, 2, seed=0), score)
+    loader = PromptLoader(records, 2, seed=0)
+    return ExperienceProducer(cfg, generate, TOKENIZER, loader, RewardStage(cfg, TOKENIZER))
+
+
+def produce(producer: ExperienceProducer) -> tuple[Batch, dict[str, float]]:
+    producer.submit()
+    return producer.collect()
 
 
 def test_dynamic_sampling_rounds_and_the_loader_position() -> None:
     producer = make_producer(dynamic_sampling=True, max_sampling_rounds=4)
-    metrics: dict[str, float] = {}
-    batch = producer.next_batch(StageTimer(), metrics)
+    batch, metrics = produce(producer)
     rounds = metrics["rollout/sampling_rounds"]
     assert len(batch) == 8 and 1 <= rounds <= 4
     assert producer.groups_served == 2 * rounds  # every round drew a fresh batch of prompts
@@ -78,9 +89,37 @@ def test_dynamic_sampling_rounds_and_the_loader_position() -> None:
 
 def test_remax_baseline_is_the_greedy_reward_per_group() -> None:
     producer = make_producer(advantage="remax")
-    metrics: dict[str, float] = {}
-    timer = StageTimer()
-    batch = producer.next_batch(timer, metrics)
+    batch, metrics = produce(producer)
     assert batch["baseline"].tolist() == [1.0] * 8
-    assert "timing_s/baseline" in timer.metrics() and "timing_s/gen" in timer.metrics()
+    assert "timing_s/baseline" in metrics and "timing_s/gen" in metrics
+    assert "timing_s/reward" in metrics
     assert "rollout/sampling_rounds" not in metrics and producer.groups_served == 2
+
+
+def test_submitted_batches_are_collected_in_order() -> None:
+    """Submitting step t+1 before collecting step t (one step off) keeps the steps apart."""
+    ahead, lockstep = make_producer(), make_producer()
+    ahead.submit()
+    ahead.submit()
+    first, second = ahead.collect()[0], ahead.collect()[0]
+    assert first["seed"].tolist() == produce(lockstep)[0]["seed"].tolist()
+    assert second["seed"].tolist() == produce(lockstep)[0]["seed"].tolist()
+    assert first["seed"].tolist() != second["seed"].tolist()
+    with pytest.raises(RuntimeError, match="without a submit"):
+        ahead.collect()
+
+
+def test_state_dict_resumes_the_prompt_stream() -> None:
+    producer = make_producer()
+    produce(producer)
+    state = producer.state_dict()
+    assert state["groups_served"] == 2
+    expected = produce(producer)[0]
+    resumed = make_producer()
+    resumed.load_state_dict(state)
+    batch = produce(resumed)[0]
+    assert batch["seed"].tolist() == expected["seed"].tolist()
+    assert list(batch["prompt"]) == list(expected["prompt"])
+    producer.submit()
+    with pytest.raises(RuntimeError, match="not collected"):
+        producer.state_dict()

@@ -6,8 +6,6 @@ KL back to the controller; the actor and data are not used by it, so none are bu
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -42,9 +40,10 @@ def make_trainer(ctrl: str, horizon: int = 64, advantage: str = "grpo") -> Train
         ),
         trainer=TrainerConfig(total_steps=1, device="cpu"),
     )
-    # The Trainer hands actor.generate to its experience producer; this stage never calls it.
-    actor = SimpleNamespace(generate=None)
-    return Trainer(cfg, actor=actor, critic=None, tokenizer=None, loader=None, tracker=None)
+    # This stage reads neither the workers, the experience nor the weight sync.
+    return Trainer(
+        cfg, actor=None, critic=None, experience=None, sync_weights=lambda: 0, tracker=None
+    )
 
 
 def batch_with_kl(kl: float) -> Batch:
@@ -63,14 +62,14 @@ def batch_with_kl(kl: float) -> Batch:
 
 def test_adaptive_coefficient_follows_the_target_over_steps() -> None:
     trainer = make_trainer("adaptive", horizon=64)
-    # KL far above the target (error clipped at +0.2), at it, below it (clipped at -0.2), a bit above.
+    # KL far above the target (error clipped at +0.2), at it, below it (clipped at -0.2), a bit
+    # above.
     observed = [0.5, 0.1, 0.0, 0.11]
     # Each step moves beta by clip(KL / target - 1, -0.2, 0.2) * responses / horizon = 8 / 64:
     # x1.025 (clipped +0.2), x1 (on target), x0.975 (clipped -0.2), x1.0125 (+0.1).
     expected = [0.05, 0.05125, 0.05125, 0.04996875, 0.050593359375]
     for step, kl in enumerate(observed):
-        metrics: dict[str, float] = {}
-        trainer.compute_advantages(batch_with_kl(kl), metrics)
+        _, metrics = trainer.compute_advantages(batch_with_kl(kl))
         # The step's penalty uses the coefficient from before its own update.
         assert metrics["actor/kl_reward_coef"] == pytest.approx(
             expected[step], rel=1e-6
@@ -85,11 +84,11 @@ def test_penalty_lowers_the_rewards_by_the_current_coefficient() -> None:
     # REINFORCE++ returns (gamma 1) are the reward-to-go: reward - beta * KL summed over the
     # tokens from t on, so the first token's return is reward - beta * 3 * KL.
     trainer = make_trainer("adaptive", advantage="reinforce_pp")
-    first = trainer.compute_advantages(batch_with_kl(0.2), {})
+    first, _ = trainer.compute_advantages(batch_with_kl(0.2))
     torch.testing.assert_close(
         first["returns"][:, 0], torch.tensor([1.0, 0.0] * 4) - 0.05 * 3 * 0.2
     )
-    second = trainer.compute_advantages(batch_with_kl(0.2), {})  # beta is now 0.05 * 1.025
+    second, _ = trainer.compute_advantages(batch_with_kl(0.2))  # beta is now 0.05 * 1.025
     torch.testing.assert_close(
         second["returns"][:, 0], torch.tensor([1.0, 0.0] * 4) - 0.05125 * 3 * 0.2
     )
@@ -98,7 +97,6 @@ def test_penalty_lowers_the_rewards_by_the_current_coefficient() -> None:
 def test_fixed_coefficient_never_moves() -> None:
     trainer = make_trainer("fixed")
     for kl in (0.5, 0.0, 2.0):
-        metrics: dict[str, float] = {}
-        trainer.compute_advantages(batch_with_kl(kl), metrics)
+        _, metrics = trainer.compute_advantages(batch_with_kl(kl))
         assert metrics["actor/kl_reward_coef"] == 0.05
     assert trainer.kl_ctrl.value == 0.05

@@ -11,12 +11,8 @@ import pytest
 import torch
 
 from rlframe.algorithms.losses import KLController
-from rlframe.checkpoint import (
-    Checkpointer,
-    find_latest_checkpoint,
-    resolve_resume,
-    truncate_run_logs,
-)
+from rlframe.checkpoint import Checkpointer, resolve_resume, truncate_run_logs
+from rlframe.checkpoint_layout import find_latest_checkpoint
 from rlframe.config import Config, ConfigError, DataConfig, ModelConfig, TrainerConfig, ValConfig
 from rlframe.data.loader import PromptLoader
 from rlframe.data.prompts import PromptRecord

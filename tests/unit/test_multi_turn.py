@@ -31,7 +31,8 @@ from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.envs import EnvError, StepResult
 from rlframe.protocol import Batch
-from rlframe.rollout import AgentContext, collect_agent_metrics, combine_rewards
+from rlframe.rewards.stage import combine_rewards
+from rlframe.rollout import AgentContext, collect_agent_metrics
 from rlframe.rollout.multi_turn import run_episodes
 
 TOKENIZER = build_tiny_tokenizer()
@@ -158,7 +159,8 @@ def test_ids_concatenate_exactly_and_observations_are_masked() -> None:
         .all()
     )
 
-    # Token in, token out: each turn's context is exactly the previous context + sampled + observation ids.
+    # Token in, token out: each turn's context is exactly the previous context + sampled +
+    # observation ids.
     prompt0 = encode("a:")
     assert policy.calls[0]["contexts"][0] == prompt0
     assert policy.calls[1]["contexts"][0] == prompt0 + turns0[0] + obs0[0]
@@ -245,7 +247,8 @@ def test_env_errors_name_the_env_and_sample_or_fail_the_episode() -> None:
     env = "tests.unit.test_multi_turn:BrokenEnv"
     with pytest.raises(
         EnvError,
-        match=r"BrokenEnv step failed on sample 1 at turn 1 .*'b:'.*RuntimeError: the sandbox crashed",
+        match=r"BrokenEnv step failed on sample 1 at turn 1 .*'b:'"
+        r".*RuntimeError: the sandbox crashed",
     ):
         run(
             make_config(env, 2, max_tokens=6, env_kwargs={"seconds": 0}),
@@ -300,7 +303,8 @@ def test_rewards_combine_with_weights_and_the_overlong_penalty_stays() -> None:
         batch, AgentConfig(env="guess_number", rule_reward_weight=0.5, env_reward_weight=2.0)
     )
     assert out["score"].tolist() == [4.5, 2.0] and out["reward"].tolist() == [4.0, 1.5]
-    assert out["rule_score"].tolist() == [1.0, 0.0]
+    # rule_score stays the raw rule reward: combining never writes it.
+    assert "rule_score" not in out
 
 
 # -- advantages over a loss mask with observation gaps ----------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlframe.config import ConfigError, RewardConfig
-from rlframe.rewards import RewardError, RuleScorer, compute_rewards, score_char_match
+from rlframe.rewards import RewardError, RuleScorer, score_char_match
 from rlframe.rewards.pool import RewardPool
 
 PLUGIN = '''
@@ -112,7 +112,7 @@ def test_driver_scoring_applies_the_same_policy(plugin: str) -> None:
     )
     assert (scores, errors, timeouts) == ([0.5, 0, 0, 1.0], [False, True, True, False], [False] * 4)
     with pytest.raises(RewardError, match="returned nan on sample 0"):
-        compute_rewards(lambda r, g, s: float("nan"), "nan_fn", ["a"], ["b"], [{}])
+        score(plugin, ["nan"], num_workers=0)
 
 
 def test_pool_that_cannot_load_the_function_says_why(tmp_path: Path) -> None:

@@ -30,7 +30,10 @@ def sandbox_processes() -> list[int]:
 
 
 def test_a_plain_program_runs_with_stdin_in_a_private_home() -> None:
-    code = "import os\nprint(input()[::-1])\nopen('note.txt', 'w').write('kept')\nprint(open('note.txt').read(), os.getcwd() == os.environ['HOME'])"
+    code = (
+        "import os\nprint(input()[::-1])\nopen('note.txt', 'w').write('kept')\n"
+        "print(open('note.txt').read(), os.getcwd() == os.environ['HOME'])"
+    )
     result = run_python(code, "olleh\n")
     assert result.status == "ok" and result.exit_code == 0
     assert result.stdout.split() == ["hello", "kept", "True"]
@@ -131,7 +134,8 @@ def test_sockets_reach_nothing() -> None:
         code = (
             "import socket\n"
             f"for address in [('127.0.0.1', {port}), ('1.1.1.1', 53)]:\n"
-            "    try:\n        socket.create_connection(address, timeout=2)\n        print('connected')\n"
+            "    try:\n        socket.create_connection(address, timeout=2)\n"
+            "        print('connected')\n"
             "    except OSError as e:\n        print('refused', e.errno)\n"
         )
         result = run_python(code)
@@ -149,7 +153,7 @@ def test_without_namespaces_limits_still_hold_and_it_says_so(
     forced = sandbox.Isolation(False, "forced off by the test", detect_isolation().process_cap)
     monkeypatch.setattr(sandbox, "detect_isolation", lambda: forced)
     monkeypatch.setattr(sandbox.warn_if_not_isolated, "warned", False, raising=False)
-    assert not sandbox.warn_if_not_isolated().network_isolated
+    assert not sandbox.warn_if_not_isolated().namespaces
     warning = capsys.readouterr().err
     assert (
         "forced off by the test" in warning

@@ -3,8 +3,6 @@ issue 9, and when the old-log-prob pass is skipped."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
@@ -140,14 +138,13 @@ def test_config_keys() -> None:
 def needs_pass(cfg: Config, critic: bool = False, step: int = 1) -> bool:
     from rlframe.trainer import Trainer
 
-    # The Trainer hands actor.generate to its experience producer; this check never calls it.
-    actor = SimpleNamespace(generate=None)
+    # This check reads neither the workers, the experience nor the weight sync.
     trainer = Trainer(
         cfg,
-        actor=actor,
+        actor=None,
         critic=object() if critic else None,
-        tokenizer=None,
-        loader=None,
+        experience=None,
+        sync_weights=lambda: 0,
         tracker=None,
     )
     trainer.step_count = step
@@ -166,7 +163,7 @@ def test_old_logprob_pass_only_when_needed() -> None:
     assert not needs_pass(make_config(algorithm=AlgorithmConfig(kl_coef=0.1)))
     # While the critic warms up the actor does not update: nothing else would compute them.
     warmup = make_config(
-        algorithm=AlgorithmConfig(advantage="gae"), critic=CriticConfig(warmup_steps=2)
+        algorithm=AlgorithmConfig(advantage="gae"), critic=CriticConfig(actor_wait_steps=2)
     )
     assert needs_pass(warmup, critic=True, step=2)
     assert not needs_pass(warmup, critic=True, step=3)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from rlframe.config import RewardConfig
 from rlframe.data.tasks import TASKS, generate_examples
 from rlframe.rewards import (
-    REWARDS,
     RewardError,
-    compute_rewards,
+    RuleScorer,
     score_char_match,
     score_exact_match,
     score_math_answer,
@@ -51,15 +52,15 @@ def test_reward_errors_name_function_and_sample(tmp_path: Path) -> None:
     plugin.write_text(
         "def reward(response, ground_truth, sample):\n    return 1.0 / len(response)\n"
     )
-    fn = REWARDS.get(f"{plugin}:reward")
-    assert compute_rewards(fn, "mine", ["ab"], ["x"], [{"prompt": "p"}]) == [0.5]
+    name = f"{plugin}:reward"
+    scorer = RuleScorer(name, RewardConfig(num_workers=0))  # scores in this process
+    assert scorer.score(["ab"], ["x"], [{"prompt": "p"}]).scores == [0.5]
     with pytest.raises(
         RewardError,
-        match=r"reward function mine raised ZeroDivisionError.* on sample 1 \(prompt 'q'",
+        match=rf"reward function {re.escape(name)} raised ZeroDivisionError.* on sample 1 "
+        r"\(prompt 'q'",
     ):
-        compute_rewards(fn, "mine", ["ab", ""], ["x", "y"], [{"prompt": "p"}, {"prompt": "q"}])
-    with pytest.raises(RewardError, match="returned nan"):
-        compute_rewards(lambda r, g, s: float("nan"), "nan_fn", ["a"], ["b"], [{}])
+        scorer.score(["ab", ""], ["x", "y"], [{"prompt": "p"}, {"prompt": "q"}])
 
 
 @pytest.mark.parametrize(

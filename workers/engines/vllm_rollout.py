@@ -32,12 +32,13 @@ class VLLMRollout:
         seed: int,
         dtype: torch.dtype,
     ):
-        # Must be set before vLLM reads its environment: the engine lives in this process.
+        # This engine owns vLLM's variables (the launcher sets none). They must be set before
+        # vLLM reads its environment: the engine lives in this process.
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if device == "cpu" and cfg.tensor_parallel_size > 1:
             remove_stale_cpu_shm(int(os.environ.get("RANK", "0")), cfg.tensor_parallel_size)
         if device == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.cpu_kv_cache_gb))
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_gb)
         from vllm import LLM
 
         extra = (

@@ -1,0 +1,151 @@
+"""The reward stage: generated rows in, rewarded rows out. Owned by the experience producer.
+
+One name per quantity, per row (all float tensors of shape ``[rows]``):
+
+- ``rule_score``: the raw value of the rule reward ``reward.fn`` on the decoded response
+  (0 where it failed under ``reward.on_error=zero``). Never weighted or combined.
+- ``rm_score``: the reward model's raw score.
+- ``env_reward``: the sum of an environment's step rewards (multi-turn agents only; set by
+  the agent, not here).
+- ``score``: the task score the run optimises, before shaping:
+  ``reward.weight * rule_score + reward.model.weight * rm_score``; in a batch with an
+  ``env_reward`` that task score is then weighted again and the env's reward added:
+  ``agent.rule_reward_weight * task + agent.env_reward_weight * env_reward`` (the two rule
+  weights multiply). An episode its env failed (``agent.on_env_error=fail_episode``) scores 0.
+- ``reward``: ``score`` plus DAPO's overlong penalty (0 for a failed episode). The advantage
+  reads this one.
+
+Metrics: ``reward/rule_mean`` and ``reward/model_mean`` are the means of the raw
+``rule_score`` and ``rm_score``; ``reward/score_mean`` of ``score``; ``reward/mean`` of
+``reward``.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from rlframe.config import Config, RewardConfig
+from rlframe.config.agent import AgentConfig
+from rlframe.protocol import Batch
+from rlframe.rewards.scoring import RuleScorer
+
+
+class RewardStage:
+    """Decode, score by rule and by reward model (in parallel), add the env's reward, shape.
+
+    Args:
+        cfg: the run's config (``reward.*``, ``agent.*`` weights, ``rollout.max_tokens``).
+        tokenizer: decodes the response ids for the rule reward and the reward model.
+        reward_model: the reward-model worker group (its ``compute_rm_scores``), or None.
+    """
+
+    def __init__(self, cfg: Config, tokenizer: Any, reward_model: Any | None = None) -> None:
+        self.cfg, self.tokenizer, self.reward_model = cfg, tokenizer, reward_model
+        self.rule_scorer = (
+            RuleScorer(resolve_reward_name(cfg), cfg.reward) if cfg.reward.uses_rule else None
+        )
+        # The reward model scores on its workers while the driver runs the rule reward.
+        self.reward_model_thread = (
+            ThreadPoolExecutor(1, thread_name_prefix="reward-model")
+            if reward_model is not None
+            else None
+        )
+
+    def compute_rewards(self, batch: Batch) -> Batch:
+        """Add ``score``, ``reward`` and the decoded ``response`` (see the module docstring),
+        and per row ``rule_score``, ``reward_errors`` and ``reward_timeouts`` (1 where the
+        rule reward failed and scored 0 under ``reward.on_error=zero``) and ``rm_score``."""
+        r = self.cfg.reward
+        texts = [
+            decode(self.tokenizer, ids, mask)
+            for ids, mask in zip(batch["response_ids"], batch["response_mask"])
+        ]
+        pending_rm = self.start_reward_model(batch, texts)
+        score = torch.zeros(len(batch))
+        parts: dict[str, torch.Tensor] = {}
+        if self.rule_scorer is not None:
+            samples = [{"prompt": p, **extra} for p, extra in zip(batch["prompt"], batch["extra"])]
+            rule = self.rule_scorer.score(texts, list(batch["ground_truth"]), samples)
+            parts |= {
+                "rule_score": torch.tensor(rule.scores),
+                "reward_errors": torch.tensor(rule.errors, dtype=torch.float32),
+                "reward_timeouts": torch.tensor(rule.timeouts, dtype=torch.float32),
+            }
+            score += r.weight * parts["rule_score"]
+        if pending_rm is not None:
+            parts["rm_score"] = pending_rm.result()
+            score += r.model.weight * parts["rm_score"]
+        # Sampled tokens against their budget: observations in a multi-turn response do not count.
+        penalty = compute_overlong_penalty(
+            batch["loss_mask"].sum(1), self.cfg.rollout.max_tokens, r
+        )
+        scored = Batch(
+            batch.tensors | parts | {"score": score, "reward": score + penalty},
+            batch.columns | {"response": texts},
+            batch.meta,
+        )
+        return combine_rewards(scored, self.cfg.agent)
+
+    def start_reward_model(self, batch: Batch, texts: list[str]) -> Future[torch.Tensor] | None:
+        """Send prompts (as chat turns) and responses to the reward-model group, in the
+        background."""
+        if self.reward_model is None or self.reward_model_thread is None:
+            return None
+        request = Batch(columns={"messages": batch["messages"], "response": texts})
+        return self.reward_model_thread.submit(
+            lambda: self.reward_model.compute_rm_scores(request)["rm_score"]
+        )
+
+    def close(self) -> None:
+        """Stop the reward processes and the reward-model thread."""
+        if self.rule_scorer is not None:
+            self.rule_scorer.close()
+        if self.reward_model_thread is not None:
+            self.reward_model_thread.shutdown(wait=False, cancel_futures=True)
+
+
+def decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> str:
+    """The response text without its closing EOS. Other special tokens stay visible, so
+    a policy cannot hide junk from the reward behind tokens that decode to nothing."""
+    tokens = ids[mask.bool()].tolist()
+    if tokens and tokens[-1] == tokenizer.eos_token_id:
+        tokens = tokens[:-1]
+    return tokenizer.decode(tokens, skip_special_tokens=False)
+
+
+def compute_overlong_penalty(
+    lengths: torch.Tensor, max_tokens: int, cfg: RewardConfig
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment: 0 up to max_tokens - buffer, then falling linearly to
+    -penalty at max_tokens."""
+    if cfg.overlong_buffer <= 0:
+        return torch.zeros(lengths.shape)
+    excess = (lengths.float() - (max_tokens - cfg.overlong_buffer)).clamp(min=0)
+    return -cfg.overlong_penalty * (excess / cfg.overlong_buffer).clamp(max=1)
+
+
+def combine_rewards(batch: Batch, cfg: AgentConfig) -> Batch:
+    """Weight the task ``score`` and add the env's reward (see the module docstring); batches
+    without an ``env_reward`` (single-turn) are returned as they are. The overlong penalty
+    (``reward - score`` on the way in) is kept; ``rule_score`` is left raw."""
+    if "env_reward" not in batch:
+        return batch
+    task = batch["score"].float()
+    penalty = batch["reward"].float() - task
+    score = cfg.rule_reward_weight * task + cfg.env_reward_weight * batch["env_reward"].float()
+    failed = batch["env_failed"].bool()
+    zero = torch.zeros_like(score)
+    return batch.with_tensors(
+        score=torch.where(failed, zero, score),
+        reward=torch.where(failed, zero, score + penalty),
+    )
+
+
+def resolve_reward_name(cfg: Config) -> str:
+    """``auto``: partial-credit char_match for the synthetic tasks, exact_match for files."""
+    if cfg.reward.fn != "auto":
+        return cfg.reward.fn
+    return "exact_match" if cfg.data.train_files else "char_match"

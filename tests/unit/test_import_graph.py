@@ -1,0 +1,112 @@
+"""The import graph of the product (``rlframe``, ``workers``) has no circles, counting lazy
+imports inside functions and imports under ``TYPE_CHECKING`` too, and ``rlframe`` never
+imports ``workers``. Read from the source with ``ast``; nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("rlframe", "workers")
+
+
+def list_modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of the product packages."""
+    modules = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The longest product module that ``name`` (a module or a module's attribute) names."""
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def read_imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Product modules ``module`` imports anywhere in its file."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            names = [f"{base}.{alias.name}" for alias in node.names] or [base]
+        for name in names:
+            target = resolve(name, modules)
+            if target is not None and target != module:
+                found.add(target)
+    return found
+
+
+def build_graph() -> dict[str, set[str]]:
+    modules = list_modules()
+    return {m: read_imports(m, p, modules) for m, p in modules.items()}
+
+
+def find_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted.
+
+    A package's ``__init__`` importing its own submodules is not a circle by itself: a
+    submodule's import of its package is implicit, not an edge here."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circles() -> None:
+    graph = build_graph()
+    assert len(graph) > 50  # the walk found the product
+    assert find_circles(graph) == []
+
+
+def test_the_walk_finds_a_circle_when_there_is_one() -> None:
+    graph = build_graph()
+    graph["rlframe.checkpoint_layout"] = graph["rlframe.checkpoint_layout"] | {"rlframe.export"}
+    assert ["rlframe.checkpoint_layout", "rlframe.export"] in find_circles(graph)
+
+
+def test_rlframe_never_imports_workers() -> None:
+    graph = build_graph()
+    upward = {(m, t) for m, targets in graph.items() if m.startswith("rlframe") for t in targets}
+    assert not [(m, t) for m, t in upward if t.startswith("workers")]
