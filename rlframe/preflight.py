@@ -9,12 +9,13 @@ traceback after Ray and vLLM have started.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlframe.config import Config, ConfigError
+from rlframe.config import Config, ConfigError, Placement
 from rlframe.data.prompts import PromptRecord
 
 
@@ -41,6 +42,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     from rlframe.checkpoint import resolve_resume
     from rlframe.validation import split_validation_records
 
+    check_local_pools(cfg)
     check_plugins(cfg)
     reward_model_path = check_reward_inputs(cfg)
     # A run directory in use is resumed or refused, never overwritten.
@@ -73,14 +75,16 @@ def check_reward_inputs(cfg: Config) -> str | None:
     if r.uses_rule and package is not None and importlib.util.find_spec(package) is None:
         raise ConfigError(
             "reward.fn",
-            f"{r.fn} needs the {package.replace('_', '-')} package: pip install {package.replace('_', '-')}",
+            f"{r.fn} needs the {package.replace('_', '-')} package: "
+            f"pip install {package.replace('_', '-')}",
         )
     if r.uses_rule and r.fn == "code_tests":
         from rlframe.rewards.sandbox import warn_if_not_isolated
 
         isolation = warn_if_not_isolated()
         print(
-            f"rlframe: sandbox: namespaces={'on' if isolation.namespaces else 'off'}, processes bounded by {isolation.process_cap}",
+            f"rlframe: sandbox: namespaces={'on' if isolation.namespaces else 'off'}, "
+            f"processes bounded by {isolation.process_cap}",
             file=sys.stderr,
         )
     if not r.uses_model:
@@ -122,7 +126,8 @@ def check_reward_model(cfg: Config) -> str:
     if config.num_labels != 1:
         raise ConfigError(
             "reward.model.path",
-            f"{path} has {config.num_labels} labels; a reward model is a classifier with one (num_labels=1)",
+            f"{path} has {config.num_labels} labels; a reward model is a classifier with one "
+            "(num_labels=1)",
         )
     return path
 
@@ -132,6 +137,8 @@ def check_plugins(cfg: Config) -> None:
     from rlframe.algorithms.advantages import ADVANTAGES
     from rlframe.algorithms.losses import POLICY_LOSSES
     from rlframe.algorithms.registry import Registry, load_class
+    from rlframe.controller.dispatch import find_dispatch_methods
+    from rlframe.controller.roles import check_role
     from rlframe.rewards import REWARDS
 
     entries: list[tuple[str, str, Registry[Any]]] = [
@@ -145,14 +152,48 @@ def check_plugins(cfg: Config) -> None:
             registry.get(name)
         except Exception as e:  # a user's file may raise anything while it is imported
             raise ConfigError(key, describe_load_error(e)) from None
-    workers = [("actor.worker_cls", cfg.actor.worker_cls)]
-    if cfg.critic.enable:
-        workers.append(("critic.worker_cls", cfg.critic.worker_cls))
-    for key, path in workers:
+    for key, path, role in list_worker_roles(cfg):
         try:
-            load_class(path)
+            worker_cls = load_class(path)
         except Exception as e:
             raise ConfigError(key, describe_load_error(e)) from None
+        try:
+            check_role(role, worker_cls, find_dispatch_methods(worker_cls))
+        except TypeError as e:
+            raise ConfigError(key, str(e)) from None
+
+
+def list_worker_roles(cfg: Config) -> list[tuple[str, str, type]]:
+    """(config key, worker class path, role Protocol) of every group the run starts."""
+    from rlframe.config.placement import resolve_actor_worker_cls
+    from rlframe.controller import roles
+
+    separate = cfg.rollout.placement is Placement.separate
+    found: list[tuple[str, str, type]] = [
+        (
+            "actor.worker_cls",
+            resolve_actor_worker_cls(cfg),
+            roles.TrainGroup if separate else roles.HybridGroup,
+        )
+    ]
+    if separate:
+        found.append(("rollout.worker_cls", cfg.rollout.worker_cls, roles.RolloutGroup))
+    if cfg.critic.enable:
+        found.append(("critic.worker_cls", cfg.critic.worker_cls, roles.CriticGroup))
+    return found
+
+
+def check_local_pools(cfg: Config) -> None:
+    """When this run starts its own one-machine Ray: the worker pools fit the machine."""
+    from rlframe.config.placement import check_pools_fit
+    from rlframe.controller.cluster import will_start_local_ray
+
+    if not will_start_local_ray(cfg.ray):
+        return
+    if cfg.ray.num_cpus:
+        check_pools_fit(cfg, cfg.ray.num_cpus, "ray.num_cpus")
+    else:
+        check_pools_fit(cfg, os.cpu_count() or 1, "this machine's CPUs; ray.num_cpus overrides")
 
 
 def check_agent(cfg: Config, tokenizer: Any) -> None:
@@ -217,9 +258,13 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
     width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
     longest = cfg.data.max_prompt_length + width
     if limit is not None and longest > limit:
-        parts = f"data.max_prompt_length {cfg.data.max_prompt_length} + rollout.max_tokens {cfg.rollout.max_tokens}"
+        parts = (
+            f"data.max_prompt_length {cfg.data.max_prompt_length} + "
+            f"rollout.max_tokens {cfg.rollout.max_tokens}"
+        )
         if is_multi_turn(cfg.rollout.agent):
-            parts += f" + (agent.max_turns - 1) * agent.max_obs_tokens = {width - cfg.rollout.max_tokens}"
+            observations = width - cfg.rollout.max_tokens
+            parts += f" + (agent.max_turns - 1) * agent.max_obs_tokens = {observations}"
         raise ConfigError(
             "agent.max_obs_tokens" if is_multi_turn(cfg.rollout.agent) else "rollout.max_tokens",
             f"{parts} = {longest} tokens exceeds the model's {limit} positions",
@@ -259,8 +304,8 @@ def load_model_files(cfg: Config) -> tuple[str, Any]:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(
             "model.path",
-            f"{path!r} is not a local folder and its tokenizer cannot be loaded as a Hugging Face model id "
-            f"(offline, or a typo?): {reason}",
+            f"{path!r} is not a local folder and its tokenizer cannot be loaded as a Hugging "
+            f"Face model id (offline, or a typo?): {reason}",
         ) from None
     return path, tokenizer
 
