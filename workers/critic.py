@@ -12,6 +12,7 @@ import torch
 
 from rlframe.algorithms.losses import LossScale, aggregate_loss, masked_mean
 from rlframe.config import Config
+from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
@@ -61,7 +62,7 @@ class CriticWorker(Worker):
         self.engine = FSDPEngine(model_path, cfg.model, spec, device, head="value")
         self.packed = resolve_packing(cfg.actor.pack_sequences, device)
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
     def compute_values(self, batch: Batch) -> Batch:
         """[B, R] value of the state before each loss-mask token (0 elsewhere)."""
         values = score_micro_batches(
@@ -69,7 +70,7 @@ class CriticWorker(Worker):
         )
         return Batch({"values": values})
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.VALUE_UPDATE)
     def update(self, batch: Batch) -> dict[str, float]:
         """Regress values on the returns, with the actor's mini-batch and micro-batch sizes."""
         return run_minibatch_updates(

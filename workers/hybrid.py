@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from rlframe.config import Config
+from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
@@ -74,7 +75,7 @@ class HybridWorker(Worker):
 
     # -- stages --------------------------------------------------------------------------
 
-    @dispatch(Dispatch.ROLLOUT_DP_SPLIT)
+    @dispatch(Dispatch.ROLLOUT_DP_SPLIT, reads=reads.GENERATE)
     def generate(self, prompts: Batch) -> Batch:
         """See :meth:`RolloutRole.generate`; meta ``more_turns`` (an episode goes on) leaves
         the engine awake for the next turn."""
@@ -84,19 +85,19 @@ class HybridWorker(Worker):
             self.enter_train_mode()
         return out
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
     def compute_logprobs(self, batch: Batch) -> Batch:
         """The current policy's log-probs of the response tokens (``old_logprobs``)."""
         self.enter_train_mode()
         return Batch({"old_logprobs": self.train_role.compute_logprobs(batch)})
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """The frozen reference policy's log-probs of the response tokens."""
         self.enter_train_mode()
         return Batch({"ref_logprobs": self.train_role.compute_ref_logprobs(batch)})
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
     def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
         """See :meth:`TrainRole.update`."""
         self.enter_train_mode()

@@ -18,6 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from rlframe.config import Config
+from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
@@ -70,7 +71,7 @@ class RewardModelWorker(Worker):
         apply_fsdp(model, init_device_mesh(device, (dist.get_world_size(),)), dtype)
         self.model = model.to(device)
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.REWARD_MODEL)
     def compute_rm_scores(self, batch: Batch) -> Batch:
         """``rm_score`` for each row of ``messages`` (chat turns) and ``response`` (text).
 

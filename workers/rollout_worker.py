@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from rlframe.config import Config
+from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.controller.worker import Worker
@@ -43,7 +44,7 @@ class RolloutWorker(Worker):
             raise RuntimeError("receive_weights before init_weight_group")
         return self.receiver.pull(self.rollout_role)
 
-    @dispatch(Dispatch.ROLLOUT_DP_SPLIT)
+    @dispatch(Dispatch.ROLLOUT_DP_SPLIT, reads=reads.GENERATE)
     def generate(self, prompts: Batch) -> Batch:
         """See :meth:`workers.rollout_role.RolloutRole.generate` (the engine never sleeps here,
         so meta ``more_turns`` changes nothing)."""

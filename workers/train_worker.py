@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from rlframe.config import Config
+from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.controller.worker import Worker
@@ -47,17 +48,17 @@ class TrainWorker(Worker):
         self.sender.push(self.train_role.weight_source(), version)
         return version
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
     def compute_logprobs(self, batch: Batch) -> Batch:
         """The current policy's log-probs of the response tokens (``old_logprobs``)."""
         return Batch({"old_logprobs": self.train_role.compute_logprobs(batch)})
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
     def compute_ref_logprobs(self, batch: Batch) -> Batch:
         """The frozen reference policy's log-probs of the response tokens."""
         return Batch({"ref_logprobs": self.train_role.compute_ref_logprobs(batch)})
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
     def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
         """See :meth:`workers.train_role.TrainRole.update`."""
         return self.train_role.update(batch)
