@@ -176,10 +176,14 @@ class ResourcePool:
         A single-node pool rendezvouses on loopback: every rank is on that node, and no
         traffic needs to leave it.
         """
-        host, port = ray.get(
-            find_free_port.options(scheduling_strategy=self.scheduling(0)).remote(), timeout=60
-        )
+        host, port = self.find_free_port(0)
         return ("127.0.0.1" if self.nnodes == 1 else host), port
+
+    def find_free_port(self, rank: int) -> tuple[str, int]:
+        """The address of rank ``rank``'s node and a port that was free there a moment ago."""
+        return ray.get(
+            find_free_port.options(scheduling_strategy=self.scheduling(rank)).remote(), timeout=60
+        )
 
     def remove(self) -> None:
         for g in self.placement_groups:
