@@ -117,7 +117,9 @@ def check_role(role: type[Group], worker_cls: type, dispatch_methods: dict[str, 
         )
     for name, signature in wanted.items():
         theirs = inspect.signature(getattr(worker_cls, name))
-        if list(theirs.parameters) != list(signature.parameters):
+        # ray.remote(cls) adds a tracing keyword to the class's methods.
+        params = [p for p in theirs.parameters if not p.startswith("_ray_")]
+        if params != list(signature.parameters):
             raise TypeError(
                 f"{worker_cls.__qualname__}.{name}{theirs} does not match "
                 f"{role.__name__}.{name}{signature}"
