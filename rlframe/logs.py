@@ -209,7 +209,7 @@ def describe_pools(cfg: Any, device: str) -> dict[str, str]:
     from rlframe.config.placement import list_pools
 
     tp, engine = cfg.rollout.tensor_parallel_size, cfg.rollout.engine.value
-    pools = list_pools(cfg)
+    pools = list_pools(cfg.rollout, cfg.trainer)
     lines: dict[str, str] = {}
     for pool in pools:
         if len(pools) == 1:

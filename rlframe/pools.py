@@ -16,17 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ray
+
 from rlframe.algorithms.registry import load_class
 from rlframe.config import Config, Placement
 from rlframe.config.placement import resolve_actor_worker_cls, rollout_pool, trainer_pool
 from rlframe.controller import roles
 from rlframe.controller.placement import ResourcePool
-from rlframe.controller.weight_group import (
-    build_broadcast_sync,
-    join_weight_group,
-    pick_weight_group_spec,
-)
-from rlframe.controller.worker_group import WorkerGroup
+from rlframe.controller.weight_group import WeightGroupSpec
+from rlframe.controller.worker_group import WorkerGroup, wait_calls
 from rlframe.protocol import Batch
 
 WorkerEnv = Callable[[int], dict[str, str]]
@@ -61,7 +59,12 @@ class Launch:
     groups: list[WorkerGroup]
 
     def create_pool(self, section: str, colocate: int) -> ResourcePool:
-        shape = trainer_pool(self.cfg) if section == "trainer" else rollout_pool(self.cfg)
+        cfg = self.cfg
+        shape = (
+            trainer_pool(cfg.trainer)
+            if section == "trainer"
+            else rollout_pool(cfg.rollout, cfg.trainer)
+        )
         pool = ResourcePool(
             nnodes=shape.nnodes,
             procs_per_node=shape.procs_per_node,
@@ -111,7 +114,9 @@ def start_workers(launch: Launch) -> Workers:
         actor: roles.ActorGroup = hybrid
         generate, sync, push = hybrid.generate, build_colocated_sync(hybrid), None
     else:
-        group, cls = launch.start(train, "actor", resolve_actor_worker_cls(cfg), launch.model_path)
+        group, cls = launch.start(
+            train, "actor", resolve_actor_worker_cls(cfg.rollout, cfg.actor), launch.model_path
+        )
         trainer = roles.bind_role(group, roles.TrainGroup, cls)
         pool = launch.create_pool("rollout", 1)
         group, cls = launch.start(pool, "rollout", cfg.rollout.worker_cls, launch.model_path, tp)
@@ -150,3 +155,42 @@ def build_colocated_sync(actor: roles.HybridGroup) -> Callable[[], int]:
         return int(actor.sync_weights()[0])
 
     return sync_weights
+
+
+def pick_weight_group_spec(
+    trainer: roles.Group, rollout: roles.Group, find_port: Callable[[], tuple[str, int]]
+) -> WeightGroupSpec:
+    """The spec both pools join: trainer rank 0's node and a free port there (loopback when
+    the cluster is this one node, so nothing listens on the network)."""
+    host, port = find_port()
+    one_node = sum(1 for n in ray.nodes() if n["Alive"]) == 1
+    return WeightGroupSpec(
+        "127.0.0.1" if one_node else host, port, trainer.world_size, rollout.world_size
+    )
+
+
+def join_weight_group(
+    trainer: roles.TrainGroup, rollout: roles.RolloutGroup, spec: WeightGroupSpec
+) -> None:
+    """Every rank of both pools joins the broadcast group. Each join blocks until all ranks
+    have joined, so both are started before either is waited on."""
+    wait_calls(trainer.submit("init_weight_group", spec), rollout.submit("init_weight_group", spec))
+
+
+def build_broadcast_sync(
+    trainer: roles.TrainGroup, rollout: roles.RolloutGroup
+) -> tuple[Callable[[], int], Callable[[], int]]:
+    """``sync_weights`` (a new version: train ranks send, rollout ranks receive, waited on
+    together so a death on either side ends the wait, named) and ``push_current`` (the
+    current version again: after start or a resume)."""
+
+    def move(bump_version: bool) -> int:
+        sent, received = wait_calls(
+            trainer.submit("send_weights", bump_version=bump_version),
+            rollout.submit("receive_weights"),
+        )
+        if len({*sent, *received}) != 1:
+            raise RuntimeError(f"weight sync versions disagree: sent {sent}, received {received}")
+        return int(sent[0])
+
+    return (lambda: move(True)), (lambda: move(False))

@@ -172,7 +172,7 @@ def list_worker_roles(cfg: Config) -> list[tuple[str, str, type]]:
     found: list[tuple[str, str, type]] = [
         (
             "actor.worker_cls",
-            resolve_actor_worker_cls(cfg),
+            resolve_actor_worker_cls(cfg.rollout, cfg.actor),
             roles.TrainGroup if separate else roles.HybridGroup,
         )
     ]
@@ -191,9 +191,10 @@ def check_local_pools(cfg: Config) -> None:
     if not will_start_local_ray(cfg.ray):
         return
     if cfg.ray.num_cpus:
-        check_pools_fit(cfg, cfg.ray.num_cpus, "ray.num_cpus")
+        check_pools_fit(cfg.rollout, cfg.trainer, cfg.ray.num_cpus, "ray.num_cpus")
     else:
-        check_pools_fit(cfg, os.cpu_count() or 1, "this machine's CPUs; ray.num_cpus overrides")
+        cpus, source = os.cpu_count() or 1, "this machine's CPUs; ray.num_cpus overrides"
+        check_pools_fit(cfg.rollout, cfg.trainer, cpus, source)
 
 
 def check_agent(cfg: Config, tokenizer: Any) -> None:

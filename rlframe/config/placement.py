@@ -10,13 +10,9 @@ training and rollout. ``separate``: that pool trains; a second one,
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
 
 from rlframe.config.checks import require
-from rlframe.config.sections import ActorConfig, Placement, RolloutConfig
-
-if TYPE_CHECKING:
-    from rlframe.config.schema import Config
+from rlframe.config.sections import ActorConfig, Placement, RolloutConfig, TrainerConfig
 
 SEPARATE_ONLY = ("nnodes", "procs_per_node", "cpus_per_proc", "worker_cls")
 """rollout.* keys that size or fill the separate rollout pool."""
@@ -50,37 +46,34 @@ class PoolShape:
         )
 
 
-def trainer_pool(cfg: Config) -> PoolShape:
-    t = cfg.trainer
+def trainer_pool(t: TrainerConfig) -> PoolShape:
     return PoolShape("trainer", t.nnodes, t.procs_per_node, t.cpus_per_proc)
 
 
-def rollout_pool(cfg: Config) -> PoolShape:
+def rollout_pool(r: RolloutConfig, t: TrainerConfig) -> PoolShape:
     """The pool that holds the rollout engines: the trainer's when colocated."""
-    if cfg.rollout.placement is Placement.colocated:
-        return trainer_pool(cfg)
-    r = cfg.rollout
+    if r.placement is Placement.colocated:
+        return trainer_pool(t)
     return PoolShape("rollout", r.nnodes, r.procs_per_node, r.cpus_per_proc)
 
 
-def list_pools(cfg: Config) -> list[PoolShape]:
-    if cfg.rollout.placement is Placement.colocated:
-        return [trainer_pool(cfg)]
-    return [trainer_pool(cfg), rollout_pool(cfg)]
+def list_pools(r: RolloutConfig, t: TrainerConfig) -> list[PoolShape]:
+    if r.placement is Placement.colocated:
+        return [trainer_pool(t)]
+    return [trainer_pool(t), rollout_pool(r, t)]
 
 
-def resolve_actor_worker_cls(cfg: Config) -> str:
+def resolve_actor_worker_cls(r: RolloutConfig, actor: ActorConfig) -> str:
     """The trainer pool's worker class: actor.worker_cls, except that separate placement
     swaps the default hybrid worker for the training-only one (no engine to build)."""
     default = next(f.default for f in fields(ActorConfig) if f.name == "worker_cls")
-    if cfg.rollout.placement is Placement.separate and cfg.actor.worker_cls == default:
+    if r.placement is Placement.separate and actor.worker_cls == default:
         return TRAIN_WORKER_CLS
-    return cfg.actor.worker_cls
+    return actor.worker_cls
 
 
-def check_placement(cfg: Config) -> None:
+def check_placement(r: RolloutConfig, t: TrainerConfig) -> None:
     """Keys of the other placement are unset; TP divides the engines' pool per node."""
-    r = cfg.rollout
     defaults = {f.name: f.default for f in fields(RolloutConfig)}
     other, used_with = (
         (SEPARATE_ONLY, Placement.separate)
@@ -95,7 +88,7 @@ def check_placement(cfg: Config) -> None:
             f"is only used with rollout.placement={used_with.value} (got {value!r} with "
             f"rollout.placement={r.placement.value}); remove it or change rollout.placement",
         )
-    pool, tp = rollout_pool(cfg), r.tensor_parallel_size
+    pool, tp = rollout_pool(r, t), r.tensor_parallel_size
     require(
         pool.procs_per_node % tp == 0,
         "rollout.tensor_parallel_size",
@@ -104,10 +97,10 @@ def check_placement(cfg: Config) -> None:
     )
 
 
-def check_pools_fit(cfg: Config, cpus: int, source: str) -> None:
+def check_pools_fit(r: RolloutConfig, t: TrainerConfig, cpus: int, source: str) -> None:
     """Before a local (one-node) Ray starts: every pool is one node and together they fit
     ``cpus`` (what that Ray will advertise, told by ``source``)."""
-    pools = list_pools(cfg)
+    pools = list_pools(r, t)
     for pool in pools:
         require(
             pool.nnodes == 1,

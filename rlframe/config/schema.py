@@ -59,7 +59,7 @@ class Config:
             f"{a.pass_k} exceeds the responses per prompt, rollout.n = {self.rollout.n}",
         )
         check_batch_sizes(self)
-        check_placement(self)
+        check_placement(self.rollout, self.trainer)
         check_tensor_parallel(self)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),

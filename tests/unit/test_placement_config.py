@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.config import ConfigError, Placement, build_config
+from rlframe.config import Config, ConfigError, Placement, build_config
 from rlframe.config.placement import check_pools_fit, list_pools, resolve_actor_worker_cls
 from rlframe.logs import describe_pools
 
@@ -110,7 +110,7 @@ def test_pools_that_cannot_fit_a_local_ray_exit_2_before_it_starts(overrides, ke
     assert_one_line_error(run_cli(*overrides, local_ray=True), key, text)
 
 
-def config(**rollout: object) -> object:
+def config(**rollout: object) -> Config:
     return build_config({"model": {"path": "tiny:0"}, "rollout": rollout})
 
 
@@ -122,20 +122,23 @@ def test_an_unknown_placement_names_the_choices() -> None:
 def test_separate_pools_and_their_fit() -> None:
     cfg = config(placement="separate", procs_per_node=2, tensor_parallel_size=2, cpus_per_proc=1)
     assert cfg.rollout.placement is Placement.separate
-    trainer, rollout = list_pools(cfg)
+    trainer, rollout = list_pools(cfg.rollout, cfg.trainer)
     assert (trainer.section, trainer.world_size, rollout.section, rollout.world_size) == (
         "trainer",
         1,
         "rollout",
         2,
     )
-    check_pools_fit(cfg, 3, "test")  # 1 + 2 CPUs
+    check_pools_fit(cfg.rollout, cfg.trainer, 3, "test")  # 1 + 2 CPUs
     with pytest.raises(ConfigError, match=r"^rollout.cpus_per_proc: .* = 3 CPUs, .* has 2"):
-        check_pools_fit(cfg, 2, "test")
-    assert resolve_actor_worker_cls(cfg) == "workers.train_worker.TrainWorker"
+        check_pools_fit(cfg.rollout, cfg.trainer, 2, "test")
+    assert resolve_actor_worker_cls(cfg.rollout, cfg.actor) == "workers.train_worker.TrainWorker"
     colocated = config()
-    assert [p.section for p in list_pools(colocated)] == ["trainer"]
-    assert resolve_actor_worker_cls(colocated) == "workers.hybrid.HybridWorker"
+    assert [p.section for p in list_pools(colocated.rollout, colocated.trainer)] == ["trainer"]
+    assert (
+        resolve_actor_worker_cls(colocated.rollout, colocated.actor)
+        == "workers.hybrid.HybridWorker"
+    )
 
 
 def test_startup_summary_shows_both_pools() -> None:
