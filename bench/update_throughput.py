@@ -1,7 +1,7 @@
 """Update tokens/s on a length-skewed batch: packed rows in token-budget micro-batches vs
 padded rows in row-count micro-batches (issue 9, benchmark b).
 
-A real one-rank FSDP2 actor (gloo, in this process) runs ``HybridWorker.update`` on the
+A real one-rank FSDP2 actor (gloo, in this process) runs ``TrainWorker.update`` on the
 same batch of responses whose lengths spread from 16 to 512 tokens, most of them short
 (16 + 496 u^3, u uniform), as sampled responses are. Tokens/s counts real tokens
 (prompt + response) over the update's wall time (median of ``--repeats`` after a warm-up).
@@ -108,9 +108,9 @@ def make_config(rows: int, packed: bool, micro: int, budget: int, chunk: int):
 
 
 def time_updates(model_path: str, batch, cfg, repeats: int) -> list[float]:
-    from workers.hybrid import HybridWorker
+    from workers.train_worker import TrainWorker
 
-    worker = HybridWorker(cfg, model_path, "cpu")
+    worker = TrainWorker(cfg, model_path, "cpu")
     worker.update(batch)  # warm-up
     seconds = []
     for _ in range(repeats):
@@ -156,8 +156,9 @@ def main() -> None:
         budget = args.budget or args.micro * padded_width
         lengths = batch["response_mask"].sum(1)
         print(
-            f"{args.rows} responses, lengths {int(lengths.min())}-{int(lengths.max())} (mean {float(lengths.mean()):.0f}), "
-            f"prompt {PROMPT}; {real} real tokens, {args.rows * padded_width} padded; model {Path(path).name}; "
+            f"{args.rows} responses, lengths {int(lengths.min())}-{int(lengths.max())} "
+            f"(mean {float(lengths.mean()):.0f}), prompt {PROMPT}; {real} real tokens, "
+            f"{args.rows * padded_width} padded; model {Path(path).name}; "
             f"threads {torch.get_num_threads()}"
         )
         variants = {

@@ -9,12 +9,9 @@ rollout engines, returning the new weights version, for the trainer).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
-from rlframe.algorithms.registry import load_class
 from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_logs, write_hf_config
 from rlframe.config import Config
 from rlframe.controller.cluster import init_ray, resolve_device
@@ -43,26 +40,18 @@ def prepare_output_dir(cfg: Config, resume_step: int | None) -> Path:
     return out
 
 
-def worker_env(cfg: Config, device: str) -> dict[str, str]:
+def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> dict[str, str]:
     """Environment every worker process starts with (read by torch at import). vLLM's own
     variables are set by the vLLM engine (``workers/engines/vllm_rollout.py``), their one
-    owner, from ``rollout.*``."""
+    owner, from ``rollout.*``. ``cpus_per_proc``: the pool's bundle size (default
+    ``trainer.cpus_per_proc``; a separate rollout pool has its own)."""
     env = {"TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
         # vLLM's CPU worker turns torch.set_num_threads into a no-op: the count is set here.
-        env |= {"OMP_NUM_THREADS": str(cfg.trainer.cpus_per_proc)}
+        env |= {"OMP_NUM_THREADS": str(cpus_per_proc or cfg.trainer.cpus_per_proc)}
     else:
         env |= {"NCCL_CUMEM_ENABLE": "0"}
     return env
-
-
-def build_colocated_sync(actor: Any) -> Callable[[], int]:
-    """Colocated placement: each hybrid rank copies its training weights into its own engine."""
-
-    def sync_weights() -> int:
-        return int(actor.sync_weights()[0])
-
-    return sync_weights
 
 
 def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
@@ -79,51 +68,30 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     )
     logs = route_driver_logs(out, cfg.trainer.log_level)
     started = False
-    pool, tracker, experience, groups = None, None, None, []
+    tracker, experience, launch = None, None, None
     try:
         started = init_ray(cfg.ray)
         install_interrupt_handlers()  # again: Ray's replaced ours for SIGTERM
         import ray
 
-        from rlframe.controller.placement import ResourcePool
-        from rlframe.controller.worker_group import WorkerGroup
+        from rlframe.pools import Launch, start_workers
 
         device = resolve_device(cfg.trainer.device)
         print(
             format_startup_summary(describe_run(cfg, model_path, device, out, logs, started)),
             flush=True,
         )
-        # The critic and the reward model, when there are, share the actor's bundles.
-        pool = ResourcePool(
-            nnodes=cfg.trainer.nnodes,
-            procs_per_node=cfg.trainer.procs_per_node,
-            device=device,
-            cpus_per_proc=cfg.trainer.cpus_per_proc,
-            max_colocate=1 + int(bool(cfg.critic.enable)) + int(cfg.reward.uses_model),
-            name="actor_rollout",
+        launch = Launch(
+            cfg,
+            device,
+            model_path,
+            inputs.reward_model_path,
+            lambda cpus: worker_env(cfg, device, cpus) | logs.worker_env(),
+            [],
+            [],
         )
-        pool.create(timeout_s=cfg.ray.placement_timeout_s)
-
-        def start(role: str, worker_cls: str, path: str = model_path) -> WorkerGroup:
-            group = WorkerGroup(
-                pool,
-                load_class(worker_cls),
-                role=role,
-                init_args=(cfg, path, device),
-                call_timeout_s=cfg.ray.call_timeout_s,
-                env=worker_env(cfg, device) | logs.worker_env(),
-                rollout_tp_size=cfg.rollout.tensor_parallel_size,
-            )
-            groups.append(group)
-            return group
-
-        actor = start("actor", cfg.actor.worker_cls)
-        critic = start("critic", cfg.critic.worker_cls) if cfg.critic.enable else None
-        reward_model = None
-        if inputs.reward_model_path is not None:
-            reward_model = start(
-                "reward_model", cfg.reward.model.worker_cls, inputs.reward_model_path
-            )
+        workers = start_workers(launch)
+        actor, critic = workers.actor, workers.critic
         tracker = Tracker(
             out,
             cfg.trainer.loggers,
@@ -140,8 +108,8 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             lambda dest: write_hf_config(model_path, tokenizer, dest, cfg.model.trust_remote_code),
             cfg.trainer.export_hf,
         )
-        rewards = RewardStage(cfg, tokenizer, reward_model)
-        experience = ExperienceProducer(cfg, actor.generate, tokenizer, loader, rewards)
+        rewards = RewardStage(cfg, tokenizer, workers.reward_model)
+        experience = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards)
         validator = (
             Validator(val_records, cfg, tokenizer, experience.generate, rewards)
             if val_records
@@ -152,7 +120,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             actor,
             critic,
             experience,
-            build_colocated_sync(actor),
+            workers.sync_weights,
             tracker,
             checkpointer,
             validator,
@@ -160,16 +128,18 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
         if resume_from is not None:
             trainer.load_state_dict(checkpointer.load(resume_from))
             print(f"rlframe: resumed from {resume_from} at step {trainer.step_count}", flush=True)
+        if workers.push_current is not None:
+            # A separate rollout pool loaded the model itself; from now on it holds exactly
+            # the trainer's weights (the resumed ones, under their version).
+            workers.push_current()
         return trainer.fit()
     finally:
         if experience is not None:
             experience.close()
         if tracker is not None:
             tracker.close()
-        for group in groups:
-            group.shutdown()
-        if pool is not None:
-            pool.remove()
+        if launch is not None:
+            launch.shutdown()
         if started:
             ray.shutdown()
         logs.close()

@@ -189,24 +189,41 @@ def describe_run(
     """The start-up summary: model, world, devices, Ray, and where the run writes."""
     from rlframe.controller.cluster import describe_cluster
 
-    t, tp = cfg.trainer, cfg.rollout.tensor_parallel_size
     model = cfg.model.path if model_path == cfg.model.path else f"{cfg.model.path} ({model_path})"
-    world = (
-        f"{t.world_size} rank(s) = {t.nnodes} node(s) x {t.procs_per_node}; rollout: {cfg.rollout.engine.value}, "
-        f"{t.world_size // tp} engine(s) of tensor-parallel size {tp}"
-    )
-    per_rank = (
-        f"1 GPU + {t.cpus_per_proc} CPU(s)" if device == "cuda" else f"{t.cpus_per_proc} CPU(s)"
-    )
     ray_logs = logs.link_ray_logs()
     log_files = "driver.log, <role>_rank<r>.log" + (
         ", ray/ (Ray's session logs)" if ray_logs else ""
     )
     return {
         "model": model,
-        "world": world,
-        "devices": f"{device}, {per_rank} per rank",
+        **describe_pools(cfg, device),
         "ray": describe_cluster(started_ray),
         "run dir": str(run_dir.resolve()),
         "logs": f"{logs.log_dir}/ ({log_files})",
     }
+
+
+def describe_pools(cfg: Any, device: str) -> dict[str, str]:
+    """``world`` (ranks, and what they hold) and ``devices`` (their bundles) for the trainer
+    pool, and ``rollout world`` / ``rollout devices`` for a separate rollout pool."""
+    from rlframe.config.placement import list_pools
+
+    tp, engine = cfg.rollout.tensor_parallel_size, cfg.rollout.engine.value
+    pools = list_pools(cfg.rollout, cfg.trainer)
+    lines: dict[str, str] = {}
+    for pool in pools:
+        if len(pools) == 1:
+            holds = "training + rollout (colocated)"
+        else:
+            holds = "training" if pool.section == "trainer" else "rollout (separate)"
+        if pool is pools[-1]:  # the pool that holds the engines
+            holds += f"; {pool.world_size // tp} {engine} engine(s) of tensor-parallel size {tp}"
+        prefix = "" if pool.section == "trainer" else "rollout "
+        lines[f"{prefix}world"] = (
+            f"{pool.world_size} rank(s) = {pool.nnodes} node(s) x {pool.procs_per_node}, {holds}"
+        )
+        per_rank = f"{pool.cpus_per_proc} CPU(s)"
+        if device == "cuda":
+            per_rank = f"1 GPU + {per_rank}"
+        lines[f"{prefix}devices"] = f"{device}, {per_rank} per rank"
+    return lines

@@ -9,12 +9,13 @@ traceback after Ray and vLLM have started.
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlframe.config import Config, ConfigError
+from rlframe.config import Config, ConfigError, Placement
 from rlframe.data.prompts import PromptRecord
 
 
@@ -41,6 +42,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     from rlframe.checkpoint import resolve_resume
     from rlframe.validation import split_validation_records
 
+    check_local_pools(cfg)
     check_plugins(cfg)
     reward_model_path = check_reward_inputs(cfg)
     # A run directory in use is resumed or refused, never overwritten.
@@ -133,6 +135,8 @@ def check_plugins(cfg: Config) -> None:
     from rlframe.algorithms.advantages import ADVANTAGES
     from rlframe.algorithms.losses import POLICY_LOSSES
     from rlframe.algorithms.registry import Registry, load_class
+    from rlframe.controller.dispatch import find_dispatch_methods
+    from rlframe.controller.roles import check_role
     from rlframe.rewards import REWARDS
 
     entries: list[tuple[str, str, Registry[Any]]] = [
@@ -146,14 +150,49 @@ def check_plugins(cfg: Config) -> None:
             registry.get(name)
         except Exception as e:  # a user's file may raise anything while it is imported
             raise ConfigError(key, describe_load_error(e)) from None
-    workers = [("actor.worker_cls", cfg.actor.worker_cls)]
-    if cfg.critic.enable:
-        workers.append(("critic.worker_cls", cfg.critic.worker_cls))
-    for key, path in workers:
+    for key, path, role in list_worker_roles(cfg):
         try:
-            load_class(path)
+            worker_cls = load_class(path)
         except Exception as e:
             raise ConfigError(key, describe_load_error(e)) from None
+        try:
+            check_role(role, worker_cls, find_dispatch_methods(worker_cls))
+        except TypeError as e:
+            raise ConfigError(key, str(e)) from None
+
+
+def list_worker_roles(cfg: Config) -> list[tuple[str, str, type]]:
+    """(config key, worker class path, role Protocol) of every group the run starts."""
+    from rlframe.config.placement import resolve_actor_worker_cls
+    from rlframe.controller import roles
+
+    separate = cfg.rollout.placement is Placement.separate
+    found: list[tuple[str, str, type]] = [
+        (
+            "actor.worker_cls",
+            resolve_actor_worker_cls(cfg.rollout, cfg.actor),
+            roles.TrainGroup if separate else roles.HybridGroup,
+        )
+    ]
+    if separate:
+        found.append(("rollout.worker_cls", cfg.rollout.worker_cls, roles.RolloutGroup))
+    if cfg.critic.enable:
+        found.append(("critic.worker_cls", cfg.critic.worker_cls, roles.CriticGroup))
+    return found
+
+
+def check_local_pools(cfg: Config) -> None:
+    """When this run starts its own one-machine Ray: the worker pools fit the machine."""
+    from rlframe.config.placement import check_pools_fit
+    from rlframe.controller.cluster import will_start_local_ray
+
+    if not will_start_local_ray(cfg.ray):
+        return
+    if cfg.ray.num_cpus:
+        check_pools_fit(cfg.rollout, cfg.trainer, cfg.ray.num_cpus, "ray.num_cpus")
+    else:
+        cpus, source = os.cpu_count() or 1, "this machine's CPUs; ray.num_cpus overrides"
+        check_pools_fit(cfg.rollout, cfg.trainer, cpus, source)
 
 
 def check_agent(cfg: Config, tokenizer: Any) -> None:

@@ -19,6 +19,7 @@ from rlframe.algorithms.losses import KLController, apply_kl_penalty
 from rlframe.algorithms.mismatch import compute_mismatch_metrics
 from rlframe.checkpoint import Checkpointer
 from rlframe.config import Config
+from rlframe.controller.roles import ActorGroup, CriticGroup
 from rlframe.protocol import Batch
 from rlframe.rollout import ExperienceProducer
 from rlframe.sequence_layout import balance_rows
@@ -45,8 +46,8 @@ class Trainer:
     def __init__(
         self,
         cfg: Config,
-        actor: Any,
-        critic: Any | None,
+        actor: ActorGroup,
+        critic: CriticGroup | None,
         experience: ExperienceProducer | None,
         sync_weights: Callable[[], int],
         tracker: Tracker | None,

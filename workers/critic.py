@@ -1,7 +1,9 @@
 """The critic worker: a value model (HF backbone + scalar head) under FSDP2, for PPO/GAE.
 
-It is placed on the same bundles as the actor by default (each takes half a bundle) and
-has its own process group.
+It shares the actor's bundles and has its own process group. It is built from the training
+role's blocks (:mod:`workers.train_role`): the same FSDP2 engine and sharding, micro-batch
+scoring, loss tail and checkpointing. It reads the actor's batch sizes and packing
+(``actor.mini_batch_size``, ``actor.micro_batch_size``, ``actor.pack_sequences``...).
 """
 
 from __future__ import annotations
@@ -10,19 +12,18 @@ import torch
 
 from rlframe.algorithms.losses import LossScale, aggregate_loss, masked_mean
 from rlframe.config import Config
+from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import build_layout
 from workers.engines.checkpointing import load_engine, save_engine
-from workers.engines.fsdp import (
-    FSDPEngine,
-    OptimizerSpec,
-    resolve_packing,
-    run_minibatch_updates,
-    split_micro_batches,
+from workers.engines.fsdp import FSDPEngine, OptimizerSpec, resolve_packing, run_minibatch_updates
+from workers.train_role import (
+    backward_summed_over_ranks,
+    count_optimizer_steps,
+    score_micro_batches,
 )
-from workers.hybrid import count_optimizer_steps
 
 
 def compute_value_loss(
@@ -61,21 +62,15 @@ class CriticWorker(Worker):
         self.engine = FSDPEngine(model_path, cfg.model, spec, device, head="value")
         self.packed = resolve_packing(cfg.actor.pack_sequences, device)
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
     def compute_values(self, batch: Batch) -> Batch:
         """[B, R] value of the state before each loss-mask token (0 elsewhere)."""
-        self.engine.model.eval()
-        values = torch.zeros(batch["response_ids"].shape)
-        batch = batch.with_tensors(row_index=torch.arange(len(batch)))
-        with torch.no_grad():
-            for micro in split_micro_batches(batch, self.cfg.actor, self.device, self.packed):
-                layout = build_layout(micro, self.packed)
-                values[micro["row_index"]] = layout.to_grid(
-                    self.engine.compute_token_values(layout).cpu()
-                )
+        values = score_micro_batches(
+            self.engine, batch, self.cfg.actor, self.packed, self.engine.compute_token_values
+        )
         return Batch({"values": values})
 
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.VALUE_UPDATE)
     def update(self, batch: Batch) -> dict[str, float]:
         """Regress values on the returns, with the actor's mini-batch and micro-batch sizes."""
         return run_minibatch_updates(
@@ -99,8 +94,7 @@ class CriticWorker(Worker):
             self.cfg.critic.cliprange_value,
         )
         loss = aggregate_loss(token_loss, mask, "token-mean", scale)
-        # FSDP averages gradients over ranks; the shares sum over ranks (see HybridWorker).
-        (loss * self.world_size).backward()
+        backward_summed_over_ranks(loss, self.world_size)
         return {
             "critic/value_loss": float(masked_mean(token_loss.detach(), mask)),
             "critic/vf_clipfrac": float(masked_mean(clipped, mask)),

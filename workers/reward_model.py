@@ -16,25 +16,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlframe.config import Config
+from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
-from workers.engines.fsdp import pick_attention, pick_dtype
-
-
-def shard_scoring_model(model: nn.Module, device: str, dtype: torch.dtype) -> None:
-    """FSDP2 over all ranks: each decoder layer, then the root (embeddings, norm, score head).
-
-    Sharding happens on CPU; ``to(device)`` then moves only the local shards."""
-    mesh = init_device_mesh(device, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    backbone = getattr(model, model.base_model_prefix, model)
-    for layer in getattr(backbone, "layers", []):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+from workers.engines.fsdp import apply_fsdp, pick_attention, pick_dtype, run_as_root_forward
 
 
 def render_conversation(
@@ -63,7 +51,7 @@ class RewardModelWorker(Worker):
         self.tokenizer = AutoTokenizer.from_pretrained(
             model_path, trust_remote_code=rm.trust_remote_code
         )
-        dtype = pick_dtype(rm, device)  # type: ignore[arg-type]  # reads .dtype only
+        dtype = pick_dtype(rm.dtype, device)
         model = AutoModelForSequenceClassification.from_pretrained(
             model_path,
             dtype=dtype,
@@ -72,24 +60,18 @@ class RewardModelWorker(Worker):
         )
         if model.config.num_labels != 1:
             raise ValueError(
-                f"reward model {model_path} has {model.config.num_labels} labels; a reward model has 1"
+                f"reward model {model_path} has {model.config.num_labels} labels; "
+                "a reward model has 1"
             )
         self.pad_id = first_not_none(self.tokenizer.pad_token_id, self.tokenizer.eos_token_id, 0)
         if model.config.pad_token_id is None:
             model.config.pad_token_id = self.pad_id  # HF refuses batches > 1 without one
         model.eval()
-        shard_scoring_model(model, device, dtype)
+        # The policy's sharding (sharded on CPU; ``to(device)`` then moves only the shards).
+        apply_fsdp(model, init_device_mesh(device, (dist.get_world_size(),)), dtype)
         self.model = model.to(device)
-        # The per-token scores, read at each row's last real token (whatever the pad id is).
-        self.token_scores: torch.Tensor | None = None
-        head = getattr(self.model, "score", None)
-        if isinstance(head, nn.Module):
-            head.register_forward_hook(self.keep_token_scores)
 
-    def keep_token_scores(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
-        self.token_scores = output
-
-    @dispatch(Dispatch.DP_SPLIT)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.REWARD_MODEL)
     def compute_rm_scores(self, batch: Batch) -> Batch:
         """``rm_score`` for each row of ``messages`` (chat turns) and ``response`` (text).
 
@@ -113,13 +95,20 @@ class RewardModelWorker(Worker):
         for i, r in enumerate(rows):
             ids[i, : len(r)] = torch.tensor(r)
             mask[i, : len(r)] = 1
-        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
-        if self.token_scores is None:
-            return out.logits[:, 0].float().cpu()
-        last = (mask.sum(1) - 1).to(self.device)
-        scores = self.token_scores[torch.arange(len(rows), device=self.device), last, 0]
-        self.token_scores = None
-        return scores.float().cpu()
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        head = getattr(self.model, "score", None)
+        if not isinstance(head, nn.Module):  # HF's own pick: the last token that is not pad
+            return self.model(input_ids=ids, attention_mask=mask).logits[:, 0].float().cpu()
+        last = mask.sum(1) - 1
+
+        def forward() -> torch.Tensor:
+            # The head reads each row's last real token, whatever the pad id is; inside the
+            # FSDP root's forward, so the root's gathered parameters are in place.
+            backbone = getattr(self.model, self.model.base_model_prefix)
+            hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False)[0]
+            return head(hidden[torch.arange(len(rows), device=self.device), last])[:, 0]
+
+        return run_as_root_forward(self.model, forward).float().cpu()
 
 
 def first_not_none(*values: int | None) -> int:

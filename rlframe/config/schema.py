@@ -17,6 +17,7 @@ from rlframe.config.checks import (
     list_dotted_keys,
     require,
 )
+from rlframe.config.placement import check_placement
 from rlframe.config.sections import (
     ActorConfig,
     CriticConfig,
@@ -58,6 +59,7 @@ class Config:
             f"{a.pass_k} exceeds the responses per prompt, rollout.n = {self.rollout.n}",
         )
         check_batch_sizes(self)
+        check_placement(self.rollout, self.trainer)
         check_tensor_parallel(self)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
@@ -89,15 +91,9 @@ class Config:
 
 
 def check_tensor_parallel(cfg: Config) -> None:
-    """A TP group is consecutive ranks on one node: its size must divide the ranks per node
-    (and therefore the world size)."""
-    tp, per_node = cfg.rollout.tensor_parallel_size, cfg.trainer.procs_per_node
-    require(
-        per_node % tp == 0,
-        "rollout.tensor_parallel_size",
-        f"{tp} must divide trainer.procs_per_node = {per_node}: the ranks of one vLLM engine "
-        "share a node",
-    )
+    """A TP group is consecutive ranks on one node of the engines' pool (see
+    :func:`rlframe.config.placement.check_placement`); only vLLM shards."""
+    tp = cfg.rollout.tensor_parallel_size
     require(
         tp == 1 or cfg.rollout.engine.value == "vllm",
         "rollout.tensor_parallel_size",

@@ -20,6 +20,14 @@ class Device(str, Enum):
     cpu = "cpu"
 
 
+class Placement(str, Enum):
+    """Where the rollout engines live. ``colocated``: inside the training ranks (hybrid
+    workers, one device set). ``separate``: in a rollout pool of their own."""
+
+    colocated = "colocated"
+    separate = "separate"
+
+
 class RolloutEngineName(str, Enum):
     """Which rollout engine a hybrid worker builds."""
 
@@ -93,7 +101,20 @@ class RolloutConfig:
     """Largest bucket of gathered full tensors held at once during the weight sync."""
     tensor_parallel_size: int = 1
     """vLLM tensor parallelism: this many consecutive ranks on one node hold one engine
-    sharded between them and generate the same prompts; must divide trainer.procs_per_node."""
+    sharded between them and generate the same prompts; must divide the procs_per_node of the
+    pool holding the engines (trainer.*, or rollout.* with placement=separate)."""
+    placement: Placement = Placement.colocated
+    """colocated: every training rank also holds a rollout engine and switches between the two
+    (one pool, trainer.*). separate: the engines live in a rollout pool of their own
+    (rollout.nnodes x rollout.procs_per_node bundles) and receive the weights by broadcast."""
+    nnodes: int = 1
+    """placement=separate: nodes of the rollout pool."""
+    procs_per_node: int = 1
+    """placement=separate: rollout processes per node (one GPU each on GPU nodes)."""
+    cpus_per_proc: int = 1
+    """placement=separate: CPUs of each rollout bundle (OMP threads of its engine on CPU)."""
+    worker_cls: str = "workers.rollout_worker.RolloutWorker"
+    """placement=separate: dotted path of the rollout pool's worker class."""
     agent: str = "single_turn"
     """How a prompt becomes a response: single_turn (one sample), multi_turn (turns against
     ``agent.env``, observations masked out of the loss), or your own agent as
@@ -102,6 +123,7 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         # Dataclasses built in Python (tests, user code) may pass plain strings.
         self.engine = RolloutEngineName(self.engine)
+        self.placement = Placement(self.placement)
         # The name is checked against the registry by rlframe.preflight.
         self.agent = absolutize(self.agent)
         require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
@@ -118,6 +140,8 @@ class RolloutConfig:
         require_positive(self.weight_sync_bucket_mb, "rollout.weight_sync_bucket_mb")
         require_positive(self.tensor_parallel_size, "rollout.tensor_parallel_size")
         require_positive(self.cpu_kv_cache_gb, "rollout.cpu_kv_cache_gb")
+        for key in ("nnodes", "procs_per_node", "cpus_per_proc"):
+            require_positive(getattr(self, key), f"rollout.{key}")
         require(
             0 < self.gpu_memory_utilization < 1,
             "rollout.gpu_memory_utilization",

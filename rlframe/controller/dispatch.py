@@ -14,6 +14,11 @@ then exposes it on the driver as a plain function. Four modes are enough:
   ``world / TP`` chunks, every rank of group ``g`` gets chunk ``g`` (same rows, same seeds),
   and the result of each group's first rank is collected. With TP = 1 it is ``DP_SPLIT``.
 - ``RANK_ZERO``: only rank 0 runs the method; its result is returned.
+
+A method may also declare the Batch keys it reads, ``@dispatch(Dispatch.DP_SPLIT,
+reads=("prompt_ids", ...))``: the group then sends only those tensors and columns (the ones
+present; meta always goes), so text columns and tensors the method never looks at stay on
+the driver. Without ``reads`` the whole Batch is sent.
 """
 
 from __future__ import annotations
@@ -37,24 +42,56 @@ class Dispatch(Enum):
     RANK_ZERO = "rank_zero"
 
 
-def dispatch(mode: Dispatch) -> Callable[[F], F]:
-    """Mark a worker method as callable from the driver with the given dispatch mode."""
+@dataclass(frozen=True)
+class MethodSpec:
+    """How the driver calls one worker method."""
+
+    mode: Dispatch
+    reads: tuple[str, ...] | None = None
+    """Batch keys the method reads (optional ones included); None sends whole Batches."""
+
+
+def dispatch(mode: Dispatch, reads: tuple[str, ...] | None = None) -> Callable[[F], F]:
+    """Mark a worker method as callable from the driver with the given dispatch mode;
+    ``reads`` names the Batch keys it reads, the only ones the group sends it."""
+    spec = MethodSpec(mode, None if reads is None else tuple(reads))
 
     def mark(fn: F) -> F:
-        setattr(fn, DISPATCH_ATTR, mode)
+        setattr(fn, DISPATCH_ATTR, spec)
         return fn
 
     return mark
 
 
-def find_dispatch_methods(worker_cls: type) -> dict[str, Dispatch]:
-    """Names and modes of every ``@dispatch``-marked method of a worker class."""
+def find_dispatch_methods(worker_cls: type) -> dict[str, MethodSpec]:
+    """Names and specs of every ``@dispatch``-marked method of a worker class."""
     methods = {}
     for name in dir(worker_cls):
-        mode = getattr(getattr(worker_cls, name, None), DISPATCH_ATTR, None)
-        if mode is not None:
-            methods[name] = mode
+        spec = getattr(getattr(worker_cls, name, None), DISPATCH_ATTR, None)
+        if spec is not None:
+            methods[name] = spec
     return methods
+
+
+def select_reads(
+    method: str, reads: tuple[str, ...] | None, args: tuple, kwargs: dict
+) -> tuple[tuple, dict]:
+    """Every Batch argument cut down to the keys in ``reads`` that it has (meta kept)."""
+    if reads is None:
+        return args, kwargs
+
+    def cut(value: Any) -> Any:
+        if not isinstance(value, Batch):
+            return value
+        keys = [k for k in reads if k in value]
+        if len(value) and not keys:
+            # A Batch without keys has no rows: DP_SPLIT could not split it.
+            raise ValueError(
+                f"{method}() reads {list(reads)} but its Batch has none of them: {value.keys()}"
+            )
+        return value.select(keys)
+
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
 
 
 @dataclass
@@ -140,8 +177,9 @@ def collect_results(mode: Dispatch, fan_out: FanOut, results: list[Any]) -> Any:
     for index, result in enumerate(results):
         if len(result) != fan_out.chunk_rows:
             raise ValueError(
-                f"rank {index * fan_out.group_size} returned {len(result)} rows for {fan_out.chunk_rows} input rows; "
-                "a DP_SPLIT method must return one row per input row"
+                f"rank {index * fan_out.group_size} returned {len(result)} rows for "
+                f"{fan_out.chunk_rows} input rows; a DP_SPLIT method must return one row per "
+                "input row"
             )
     merged = Batch.concat(results)
     if fan_out.padding:

@@ -51,6 +51,9 @@ class ResourcePool:
     """How many roles share each bundle; each takes this fraction of the bundle."""
     name: str = "pool"
     """Prefix of the placement group names (visible in the Ray dashboard)."""
+    section: str = "trainer"
+    """Config section whose ``nnodes``/``procs_per_node``/``cpus_per_proc`` size the pool
+    (named in placement errors): ``trainer``, or ``rollout`` for a separate rollout pool."""
     placement_groups: list[PlacementGroup] = field(default_factory=list, init=False)
 
     @property
@@ -135,9 +138,10 @@ class ResourcePool:
                 for g in groups:
                     ray.util.remove_placement_group(g)
                 raise PlacementError(
-                    f"{self.describe()}, which the cluster could not place within {timeout_s:.0f} s "
-                    f"(free now: {free_resources()}; total: {total_resources()}). Free the resources, "
-                    "raise ray.placement_timeout_s, or lower trainer.procs_per_node / trainer.cpus_per_proc."
+                    f"{self.describe()}, which the cluster could not place within "
+                    f"{timeout_s:.0f} s (free now: {free_resources()}; total: "
+                    f"{total_resources()}). Free the resources, raise ray.placement_timeout_s, "
+                    f"or lower {self.section}.procs_per_node / {self.section}.cpus_per_proc."
                 )
             _, pending = ray.wait(
                 pending, num_returns=len(pending), timeout=min(report_every_s, remaining)
@@ -172,10 +176,14 @@ class ResourcePool:
         A single-node pool rendezvouses on loopback: every rank is on that node, and no
         traffic needs to leave it.
         """
-        host, port = ray.get(
-            find_free_port.options(scheduling_strategy=self.scheduling(0)).remote(), timeout=60
-        )
+        host, port = self.find_free_port(0)
         return ("127.0.0.1" if self.nnodes == 1 else host), port
+
+    def find_free_port(self, rank: int) -> tuple[str, int]:
+        """The address of rank ``rank``'s node and a port that was free there a moment ago."""
+        return ray.get(
+            find_free_port.options(scheduling_strategy=self.scheduling(rank)).remote(), timeout=60
+        )
 
     def remove(self) -> None:
         for g in self.placement_groups:
@@ -209,9 +217,10 @@ def check_placeable(pool: ResourcePool) -> None:
         if not capable
         else f"only {len(capable)} node(s) of {len(nodes)} can hold {need}"
     )
+    keys = "/".join(f"{pool.section}.{k}" for k in ("procs_per_node", "cpus_per_proc", "nnodes"))
     raise PlacementError(
-        f"{pool.describe()} ({need} per node), which the cluster could not place and never can: {why}. Lower "
-        "trainer.procs_per_node / trainer.cpus_per_proc / trainer.nnodes or add nodes."
+        f"{pool.describe()} ({need} per node), which the cluster could not place and never "
+        f"can: {why}. Lower {keys} or add nodes."
     )
 
 

@@ -1,8 +1,8 @@
 """The base class of every worker that a WorkerGroup starts.
 
 A worker learns its place from the environment the group set (``RANK``, ``WORLD_SIZE``,
-``MASTER_ADDR``, ``MASTER_PORT`` or ``RLFRAME_RENDEZVOUS_FILE``), so the same class runs under Ray, under torchrun or in a
-plain process for debugging.
+``MASTER_ADDR``, ``MASTER_PORT`` or ``RLFRAME_RENDEZVOUS_FILE``), so the same class runs under
+Ray, under torchrun or in a plain process for debugging.
 """
 
 from __future__ import annotations

@@ -6,9 +6,16 @@ environment, and binds every ``@dispatch``-marked method of ``cls`` as a driver-
 function: ``group.generate(batch)`` splits, calls all ranks and collects as the method's
 mode says.
 
-Waiting never hangs: each call has a deadline, and the first rank that fails (raises or
-dies) ends the wait with a :class:`WorkerError` naming the role, the rank and the method,
-even while other ranks are still blocked in a collective with the dead one.
+Calls can also be started without waiting: ``handle = group.submit("update", batch)``
+returns a :class:`CallHandle` at once and ``handle.result()`` later returns what
+``group.update(batch)`` would have; a blocking call is exactly submit then result.
+:func:`wait_calls` waits on handles of several groups together (a weight sync's sender and
+receivers), so whichever side fails first ends the wait, named.
+
+Waiting never hangs: each call has a deadline (``call_timeout_s`` from the moment it was
+submitted), and the first rank that fails (raises or dies) ends the wait with a
+:class:`WorkerError` naming the role, the rank and the method, even while other ranks are
+still blocked in a collective with the dead one.
 """
 
 from __future__ import annotations
@@ -23,7 +30,14 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from rlframe.controller.dispatch import Dispatch, collect_results, find_dispatch_methods, split_call
+from rlframe.controller.dispatch import (
+    Dispatch,
+    FanOut,
+    collect_results,
+    find_dispatch_methods,
+    select_reads,
+    split_call,
+)
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker import RENDEZVOUS_FILE_ENV
 
@@ -73,7 +87,7 @@ class WorkerGroup:
             setattr(self, name, partial(self.call, name))
         # Constructor errors surface here, named as such, not at the first real call.
         ready = {a.__ray_ready__.remote(): r for r, a in enumerate(self.actors)}
-        self.wait_all("__init__", ready, timeout_s=start_timeout_s)
+        CallHandle(self.role, "__init__", ready, start_timeout_s).result()
 
     def start_actors(
         self, pool: ResourcePool, worker_cls: type, init_args: tuple[Any, ...], env: dict[str, str]
@@ -113,13 +127,19 @@ class WorkerGroup:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run ``method`` on the ranks its dispatch mode names and collect the results."""
-        mode = self.methods.get(method)
-        if mode is None:
+        return self.submit(method, *args, **kwargs).result()
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> CallHandle:
+        """Start ``method`` on the ranks without waiting; ``.result()`` collects it."""
+        spec = self.methods.get(method)
+        if spec is None:
             raise AttributeError(
-                f"{self.role} workers have no @dispatch method {method!r}; they have {sorted(self.methods)}"
+                f"{self.role} workers have no @dispatch method {method!r}; "
+                f"they have {sorted(self.methods)}"
             )
-        fan_out = split_call(mode, self.world_size, args, kwargs, self.rollout_tp_size)
-        if mode is Dispatch.ONE_TO_ALL and self.world_size > 1:
+        args, kwargs = select_reads(method, spec.reads, args, kwargs)
+        fan_out = split_call(spec.mode, self.world_size, args, kwargs, self.rollout_tp_size)
+        if spec.mode is Dispatch.ONE_TO_ALL and self.world_size > 1:
             # Serialise shared arguments once rather than once per rank; Ray resolves
             # top-level ObjectRef arguments back to values in the worker.
             shared_args = tuple(ray.put(a) for a in args)
@@ -130,46 +150,7 @@ class WorkerGroup:
             getattr(self.actors[c.rank], method).remote(*c.args, **c.kwargs): c.rank
             for c in fan_out.calls
         }
-        return collect_results(mode, fan_out, self.wait_all(method, refs))
-
-    def wait_all(
-        self, method: str, refs: dict[Any, int], timeout_s: float | None = None
-    ) -> list[Any]:
-        """Results of ``refs`` (ref -> rank) in rank order; the first failure raises at once."""
-        timeout_s = timeout_s or self.call_timeout_s
-        deadline = time.monotonic() + timeout_s
-        results: dict[int, Any] = {}
-        pending = list(refs)
-        while pending:
-            remaining = deadline - time.monotonic()
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(remaining, 0))
-            if not ready:
-                ranks = sorted(refs[r] for r in pending)
-                raise WorkerError(
-                    self.role,
-                    None,
-                    method,
-                    f"ranks {ranks} did not answer within {timeout_s:.0f} s; a rank may be "
-                    "stuck in a collective with a dead peer (ray.call_timeout_s sets the limit)",
-                )
-            for ref in ready:
-                results[refs[ref]] = self.fetch(ref, refs[ref], method, timeout_s)
-        return [results[rank] for rank in sorted(results)]
-
-    def fetch(self, ref: Any, rank: int, method: str, timeout_s: float) -> Any:
-        try:
-            return ray.get(ref, timeout=timeout_s)
-        except RayTaskError as e:
-            raise WorkerError(self.role, rank, method, describe_task_error(e)) from None
-        except RayActorError as e:
-            # The full text carries the creation task's traceback when a constructor raised.
-            raise WorkerError(
-                self.role, rank, method, f"the worker process died: {str(e).strip()}"
-            ) from None
-        except GetTimeoutError:
-            raise WorkerError(
-                self.role, rank, method, "result could not be fetched in time"
-            ) from None
+        return CallHandle(self.role, method, refs, self.call_timeout_s, spec.mode, fan_out)
 
     def shutdown(self) -> None:
         """Kill every actor of the group (stuck collectives included)."""
@@ -182,8 +163,107 @@ class WorkerGroup:
         if name.startswith("__") or name in ("methods", "role", "actors"):
             raise AttributeError(name)
         raise AttributeError(
-            f"{self.role} workers have no @dispatch method {name!r}; they have {sorted(self.methods)}"
+            f"{self.role} workers have no @dispatch method {name!r}; "
+            f"they have {sorted(self.methods)}"
         )
+
+
+class CallHandle:
+    """One submitted worker-group call: its per-rank Ray refs and its deadline.
+
+    ``result()`` waits (until the deadline set at submit) and returns what the blocking
+    call returns, raising :class:`WorkerError` for the first rank that raised or died, or
+    for the ranks still silent at the deadline. The outcome is kept: a second ``result()``
+    returns (or raises) the same without waiting again.
+    """
+
+    def __init__(
+        self,
+        role: str,
+        method: str,
+        refs: dict[Any, int],
+        timeout_s: float,
+        mode: Dispatch | None = None,
+        fan_out: FanOut | None = None,
+    ) -> None:
+        self.role, self.method, self.refs, self.timeout_s = role, method, refs, timeout_s
+        self.mode, self.fan_out = mode, fan_out
+        self.deadline = time.monotonic() + timeout_s
+        self.values: dict[int, Any] = {}
+        self.pending = set(refs)
+        self.outcome: tuple[bool, Any] | None = None
+        """(True, result) or (False, the WorkerError) once settled."""
+
+    def result(self) -> Any:
+        """The call's collected result (see the class docstring)."""
+        (value,) = wait_calls(self)
+        return value
+
+    def fetch(self, ref: Any) -> None:
+        """Take one finished rank's value; raises WorkerError if it failed."""
+        self.pending.discard(ref)
+        rank = self.refs[ref]
+        try:
+            self.values[rank] = ray.get(ref, timeout=self.timeout_s)
+        except RayTaskError as e:
+            self.fail(WorkerError(self.role, rank, self.method, describe_task_error(e)))
+        except RayActorError as e:
+            # The full text carries the creation task's traceback when a constructor raised.
+            detail = f"the worker process died: {str(e).strip()}"
+            self.fail(WorkerError(self.role, rank, self.method, detail))
+        except GetTimeoutError:
+            detail = "result could not be fetched in time"
+            self.fail(WorkerError(self.role, rank, self.method, detail))
+
+    def expire(self) -> None:
+        ranks = sorted(self.refs[r] for r in self.pending)
+        self.fail(
+            WorkerError(
+                self.role,
+                None,
+                self.method,
+                f"ranks {ranks} did not answer within {self.timeout_s:.0f} s; a rank may be "
+                "stuck in a collective with a dead peer (ray.call_timeout_s sets the limit)",
+            )
+        )
+
+    def fail(self, error: WorkerError) -> None:
+        self.outcome, self.pending = (False, error), set()
+        raise error
+
+    def settle(self) -> Any:
+        """The collected result once every rank answered (call with nothing pending)."""
+        if self.outcome is None:
+            ranked = [self.values[rank] for rank in sorted(self.values)]
+            value = (
+                ranked if self.mode is None else collect_results(self.mode, self.fan_out, ranked)
+            )
+            self.outcome = (True, value)
+        ok, value = self.outcome
+        if not ok:
+            raise value
+        return value
+
+
+def wait_calls(*handles: CallHandle) -> list[Any]:
+    """Wait on calls of one or several groups together; their results, in argument order.
+
+    The first failure among all of them (a rank that raised or died, or a call past its
+    own deadline) raises its :class:`WorkerError` at once, whatever the other calls are
+    doing: when one side of a weight sync dies, the other side is typically blocked in a
+    collective with it and would never answer.
+    """
+    owner = {ref: h for h in handles if h.outcome is None for ref in h.pending}
+    while owner:
+        now = time.monotonic()
+        for handle in {id(h): h for h in owner.values()}.values():
+            if handle.deadline <= now:
+                handle.expire()
+        timeout = min(h.deadline for h in owner.values()) - now
+        ready, _ = ray.wait(list(owner), num_returns=1, timeout=max(timeout, 0))
+        for ref in ready:
+            owner.pop(ref).fetch(ref)
+    return [h.settle() for h in handles]
 
 
 def describe_task_error(error: RayTaskError) -> str:

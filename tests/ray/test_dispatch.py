@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,35 +15,6 @@ from rlframe.protocol import Batch
 from tests.ray.test_workers import BrokenWorker, EchoWorker
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
-
-
-@pytest.fixture
-def make_group() -> Iterator:
-    """Builds pools and groups and tears all of them down after the test."""
-    made: list[tuple[ResourcePool, list[WorkerGroup]]] = []
-
-    def make(
-        world: int, *, timeout: float = 60.0, colocate: int = 1, roles: int = 1
-    ) -> list[WorkerGroup]:
-        pool = ResourcePool(
-            nnodes=1, procs_per_node=world, device="cpu", cpus_per_proc=1, max_colocate=colocate
-        )
-        pool.create(timeout_s=30)
-        groups: list[WorkerGroup] = []
-        made.append((pool, groups))
-        for i in range(roles):
-            groups.append(
-                WorkerGroup(
-                    pool, EchoWorker, role=f"echo{i}", init_args=(2.0,), call_timeout_s=timeout
-                )
-            )
-        return groups
-
-    yield make
-    for pool, groups in made:
-        for g in groups:
-            g.shutdown()
-        pool.remove()
 
 
 def rows(n: int) -> Batch:
@@ -232,7 +202,8 @@ def test_worker_returning_the_wrong_number_of_rows_is_named(make_group) -> None:
     (group,) = make_group(2)
     with pytest.raises(
         ValueError,
-        match=r"rank 1 returned 1 rows for 2 input rows; a DP_SPLIT method must return one row per input row",
+        match=r"rank 1 returned 1 rows for 2 input rows; "
+        r"a DP_SPLIT method must return one row per input row",
     ):
         group.drop_row_on(rows(4), rank=1)
 

@@ -71,26 +71,27 @@ class CallLog:
 class LoggedHybridWorker(HybridWorker):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.rollout = CallLog(self.rollout)
+        self.rollout_role.engine = CallLog(self.rollout_role.engine)
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def take_calls(self) -> list[str]:
-        calls, self.rollout.calls = self.rollout.calls, []
+        engine = self.rollout_role.engine
+        calls, engine.calls = engine.calls, []
         return calls
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def wake_without_reload_gap(self) -> float:
         """Sleep and wake the engine the way the old mode machine did (no weight push) and
         return the largest gap between its weights and the actor's (hf engine only)."""
-        self.rollout.sleep()
-        self.rollout.wake_up()
-        engine = dict(self.rollout.engine.model.state_dict())
+        self.rollout_role.sleep()
+        self.rollout_role.wake_up()
+        engine = dict(self.rollout_role.engine.engine.model.state_dict())
         gap = max(
             float((engine[k] - v.to(engine[k].dtype)).abs().max())
-            for k, v in self.actor.iter_full_weights(2**30)
+            for k, v in self.train_role.weight_source().iter_tensors()
         )
-        self.rollout_weights_valid = False
-        self.mode = "train"
+        self.rollout_role.weights_valid = False
+        self.rollout_role.awake = False
         return gap
 
 

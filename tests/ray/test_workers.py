@@ -39,6 +39,11 @@ class EchoWorker(Worker):
     def count_rows(self, batch: Batch) -> int:
         return len(batch)
 
+    @dispatch(Dispatch.DP_SPLIT, reads=("x", "maybe"))
+    def keys_seen(self, batch: Batch) -> Batch:
+        """Declares what it reads: ``x`` and, when present, ``maybe``; reports what arrived."""
+        return Batch({"y": batch.tensors["x"]}, {"seen": [sorted(batch.keys())] * len(batch)})
+
     @dispatch(Dispatch.ONE_TO_ALL)
     def env(self) -> dict[str, str]:
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RLFRAME_ROLE")

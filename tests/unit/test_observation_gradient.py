@@ -1,6 +1,6 @@
 """Observation tokens of a multi-turn response get exactly zero gradient.
 
-The actor's real loss step (``HybridWorker.forward_backward``: policy loss, entropy bonus,
+The actor's real loss step (``TrainRole.forward_backward``: policy loss, entropy bonus,
 KL penalty, mismatch weights) runs on the tiny model without FSDP: tokens with loss mask 0
 must not move the weights however wrong their advantages and log-probs are, while they
 still feed the later turns as context."""
@@ -19,7 +19,7 @@ from rlframe.data.tiny_model import resolve_model_path
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import build_layout
 from workers.engines.fsdp import FSDPEngine, compute_layout_logprobs
-from workers.hybrid import HybridWorker
+from workers.train_role import TrainRole
 
 # turn 1 | observation | turn 2 | padding
 LOSS_MASK = torch.tensor(
@@ -75,8 +75,7 @@ def parameter_grads(model_path: str, batch: Batch, loss: str) -> list[torch.Tens
         packed=False,
         policy_loss=POLICY_LOSSES.get(loss),
     )
-    worker.take_old_logprobs = MethodType(HybridWorker.take_old_logprobs, worker)
-    HybridWorker.forward_backward(
+    TrainRole.forward_backward(
         worker, batch, LossScale(tokens=float(LOSS_MASK.sum()), sequences=2.0)
     )
     return [p.grad.clone() for p in model.parameters()]

@@ -65,5 +65,5 @@ def test_world_not_a_multiple_of_tp_is_refused() -> None:
 def test_hybrid_generate_is_dispatched_by_rollout_groups() -> None:
     from workers.hybrid import HybridWorker
 
-    assert HybridWorker.generate.__rlframe_dispatch__ is Dispatch.ROLLOUT_DP_SPLIT
-    assert HybridWorker.update.__rlframe_dispatch__ is Dispatch.DP_SPLIT
+    assert HybridWorker.generate.__rlframe_dispatch__.mode is Dispatch.ROLLOUT_DP_SPLIT
+    assert HybridWorker.update.__rlframe_dispatch__.mode is Dispatch.DP_SPLIT

@@ -27,7 +27,7 @@ def main() -> int:
     )
     from rlframe.data.tiny_model import resolve_model_path
     from tests.workers.test_update import make_batch, make_config
-    from workers.hybrid import HybridWorker
+    from workers.train_worker import TrainWorker
 
     path = resolve_model_path("tiny:0", cache_dir=Path(tempfile.mkdtemp()))
     norms = []
@@ -35,7 +35,7 @@ def main() -> int:
         cfg = make_config(micro, "token-mean", kl_coef=0.1)
         cfg.model.dtype = "bfloat16"
         torch.cuda.reset_peak_memory_stats()
-        worker = HybridWorker(cfg, path, "cuda")
+        worker = TrainWorker(cfg, path, "cuda")
         metrics = worker.update(make_batch())
         norms.append(metrics["actor/grad_norm"])
         print(

@@ -14,21 +14,22 @@ from tests.workers.layout_cases import gather_grads, make_batch, make_config, se
 def compute_case_grads(
     config_kwargs: dict, model_path: str, rank: int, world_size: int
 ) -> torch.Tensor:
-    """The full gradient of one mini-batch on this rank's share (rows balanced by the driver's rule)."""
+    """The full gradient of one mini-batch on this rank's share (rows balanced by the
+    driver's rule)."""
     from rlframe.sequence_layout import balance_ranks, count_row_tokens
     from workers.engines.fsdp import accumulate_gradients
-    from workers.hybrid import HybridWorker
+    from workers.train_worker import TrainWorker
 
     cfg = make_config(world_size=world_size, **config_kwargs)
-    worker = HybridWorker(cfg, model_path, "cpu")
+    role = TrainWorker(cfg, model_path, "cpu").train_role
     batch = make_batch()
     order = balance_ranks(
         count_row_tokens(batch, packed=True), world_size, cfg.actor.mini_batch_size
     )
     share = batch.rows(order).chunk(world_size)[rank]
-    worker.actor.model.train()
-    accumulate_gradients(share, cfg.actor, "cpu", worker.packed, worker.forward_backward)
-    return gather_grads(worker.actor.model)
+    role.actor.model.train()
+    accumulate_gradients(share, cfg.actor, "cpu", role.packed, role.forward_backward)
+    return gather_grads(role.actor.model)
 
 
 def run_rank(

@@ -84,15 +84,15 @@ def test_two_ranks_give_the_one_rank_gradient(model_path: str, tmp_path) -> None
 
 
 def test_on_policy_update_without_old_logprob_pass(model_path: str) -> None:
-    from workers.hybrid import HybridWorker
+    from workers.train_worker import TrainWorker
 
     cfg = make_config(budget=24, chunk=5, kl_coef=0.0)
     batch = make_batch()
     del batch.tensors["old_logprobs"]
-    with_pass = HybridWorker(cfg, model_path, "cpu")
+    with_pass = TrainWorker(cfg, model_path, "cpu")
     old = with_pass.compute_logprobs(batch)["old_logprobs"]
     want = with_pass.update(batch.with_tensors(old_logprobs=old))
-    got = HybridWorker(cfg, model_path, "cpu").update(batch)
+    got = TrainWorker(cfg, model_path, "cpu").update(batch)
     mask = batch["loss_mask"].bool()
     assert bool((old[mask] < 0).all())
     torch.testing.assert_close(got.pop("old_logprobs"), old, atol=1e-5, rtol=1e-5)
@@ -102,7 +102,7 @@ def test_on_policy_update_without_old_logprob_pass(model_path: str) -> None:
 
 def test_update_without_old_logprobs_refuses_a_second_pass(model_path: str) -> None:
     from rlframe.config import ActorConfig
-    from workers.hybrid import check_single_pass
+    from workers.train_role import check_single_pass
 
     check_single_pass(16, ActorConfig(mini_batch_size=16, micro_batch_size=4), 1)
     with pytest.raises(ValueError, match="on-policy"):

@@ -115,12 +115,12 @@ def updated_weights(
     model_path: str, micro: int, loss_agg: str
 ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
     """Metrics of one actor update on the whole batch in this process, weights before and after."""
-    from workers.hybrid import HybridWorker
+    from workers.train_worker import TrainWorker
 
-    worker = HybridWorker(make_config(micro, loss_agg, kl_coef=0.1), model_path, "cpu")
-    before = gather_weights(worker.actor.model)
+    worker = TrainWorker(make_config(micro, loss_agg, kl_coef=0.1), model_path, "cpu")
+    before = gather_weights(worker.train_role.actor.model)
     metrics = worker.update(make_batch())
-    return metrics, before, gather_weights(worker.actor.model)
+    return metrics, before, gather_weights(worker.train_role.actor.model)
 
 
 @pytest.mark.parametrize("loss_agg", LOSS_AGGS)
@@ -128,7 +128,8 @@ def test_update_does_not_depend_on_micro_batch_size(model_path: str, loss_agg: s
     whole, w_start, w_whole = updated_weights(model_path, 16, loss_agg)
     split, _, w_split = updated_weights(model_path, 4, loss_agg)
     print(
-        f"{loss_agg}: grad_norm micro=16 {whole['actor/grad_norm']:.6f} micro=4 {split['actor/grad_norm']:.6f}"
+        f"{loss_agg}: grad_norm micro=16 {whole['actor/grad_norm']:.6f} "
+        f"micro=4 {split['actor/grad_norm']:.6f}"
     )
     assert whole["actor/grad_norm"] > 0 and whole["actor/skipped_steps"] == 0
     assert whole["actor/grad_norm"] == pytest.approx(split["actor/grad_norm"], rel=1e-5)
@@ -149,20 +150,20 @@ def run_rank(rank: int, port: int, model_path: str, results: Any) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     set_rank_env(rank, 2, port)
     from workers.critic import CriticWorker
-    from workers.hybrid import HybridWorker
+    from workers.train_worker import TrainWorker
 
     out: dict[str, Any] = {}
     try:
         for loss_agg in LOSS_AGGS:
-            worker = HybridWorker(make_config(4, loss_agg, kl_coef=0.1, ranks=2), model_path, "cpu")
+            worker = TrainWorker(make_config(4, loss_agg, kl_coef=0.1, ranks=2), model_path, "cpu")
             metrics = worker.update(make_batch().chunk(2)[rank])
-            out[loss_agg] = (metrics, gather_weights(worker.actor.model))
+            out[loss_agg] = (metrics, gather_weights(worker.train_role.actor.model))
         critic = CriticWorker(make_config(4, "token-mean", ranks=2), model_path, "cpu")
         out["critic"] = (
             critic.update(with_critic_targets(make_batch()).chunk(2)[rank]),
             gather_weights(critic.engine.model),
         )
-        out["stream"] = stream_after_zeroing(worker.actor)
+        out["stream"] = stream_after_zeroing(worker.train_role)
     except Exception as e:  # reported to the test, which would otherwise wait for nothing
         out["error"] = f"rank {rank}: {type(e).__name__}: {e}"
     if rank == 0 or "error" in out:
@@ -172,15 +173,17 @@ def run_rank(rank: int, port: int, model_path: str, results: Any) -> None:
         results.put(buffer.getvalue())
 
 
-def stream_after_zeroing(engine: Any) -> tuple[str, float, list[float]]:
+def stream_after_zeroing(role: Any) -> tuple[str, float, list[float]]:
     """Take the first tensor of the weight stream (1-byte buckets: one tensor each), then zero
     every parameter shard, then drain the stream. A stream that gathers bucket by bucket
     yields zeros after the first tensor; one that gathered everything up front does not."""
-    stream = engine.iter_full_weights(1)
+    from workers.weight_sync import WeightSource
+
+    stream = WeightSource(role.actor.model, bucket_bytes=1).iter_tensors()
     name, first = next(stream)
     first = first.clone()
     with torch.no_grad():
-        for p in engine.model.parameters():
+        for p in role.actor.model.parameters():
             p.zero_()
     rest = [float(t.abs().max()) for _, t in stream]
     return name, float(first.abs().max()), rest
@@ -217,7 +220,8 @@ def test_update_does_not_depend_on_rank_count(
     one, _, w_one = updated_weights(model_path, 4, loss_agg)
     two, w_two = two_rank_results[loss_agg]
     print(
-        f"{loss_agg}: grad_norm 1 rank {one['actor/grad_norm']:.6f} 2 ranks {two['actor/grad_norm']:.6f}"
+        f"{loss_agg}: grad_norm 1 rank {one['actor/grad_norm']:.6f} "
+        f"2 ranks {two['actor/grad_norm']:.6f}"
     )
     # Adam's step hardly depends on the gradient's scale: the norm is what shows a wrong one.
     assert two["actor/grad_norm"] == pytest.approx(one["actor/grad_norm"], rel=1e-5)
@@ -246,20 +250,20 @@ def test_weight_stream_gathers_bucket_by_bucket(two_rank_results: dict[str, Any]
 
 
 def test_non_finite_gradient_skips_the_optimizer_step(model_path: str) -> None:
-    from workers.hybrid import HybridWorker
+    from workers.train_worker import TrainWorker
 
-    worker = HybridWorker(make_config(4, "token-mean"), model_path, "cpu")
-    start = gather_weights(worker.actor.model)
+    worker = TrainWorker(make_config(4, "token-mean"), model_path, "cpu")
+    start = gather_weights(worker.train_role.actor.model)
     poisoned = make_batch()
     poisoned.tensors["advantages"][0, 0] = float("nan")  # a real (unmasked) token of row 0
     metrics = worker.update(poisoned)
     assert not math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/skipped_steps"] == 1
-    assert torch.equal(gather_weights(worker.actor.model), start), (
+    assert torch.equal(gather_weights(worker.train_role.actor.model), start), (
         "a NaN gradient reached the weights"
     )
     # The skipped step left no NaN behind (gradients, Adam state): the next update is clean.
     metrics = worker.update(make_batch())
-    after = gather_weights(worker.actor.model)
+    after = gather_weights(worker.train_role.actor.model)
     assert metrics["actor/skipped_steps"] == 0 and torch.isfinite(after).all()
     assert float((after - start).abs().max()) == pytest.approx(LR, rel=0.05)
 

@@ -2,13 +2,13 @@
 
 Parallelism is applied by plain functions in a fixed order (see :func:`build_train_model`).
 Every rank of the group holds one shard; gathering a full parameter is a collective, so
-every rank must walk the weights in the same order (:meth:`FSDPEngine.iter_full_weights`).
+every rank must walk the weights in the same order (:class:`workers.weight_sync.WeightSource`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -45,10 +45,11 @@ def resolve_packing(setting: bool | None, device: str) -> bool:
     return setting if setting is not None else pick_attention(device) == "flash_attention_2"
 
 
-def pick_dtype(cfg: ModelConfig, device: str) -> torch.dtype:
-    if cfg.dtype == "auto":
+def pick_dtype(setting: str, device: str) -> torch.dtype:
+    """A model's ``dtype`` setting: ``auto`` is bf16 on cuda and fp32 on cpu."""
+    if setting == "auto":
         return torch.bfloat16 if device == "cuda" else torch.float32
-    return getattr(torch, cfg.dtype)
+    return getattr(torch, setting)
 
 
 def load_hf_model(path: str, cfg: ModelConfig, device: str, head: str) -> nn.Module:
@@ -75,14 +76,30 @@ def load_hf_model(path: str, cfg: ModelConfig, device: str, head: str) -> nn.Mod
     return AutoModelForCausalLM.from_pretrained(path, **kwargs)
 
 
+# The attribute that holds the decoder blocks in HF models (Llama/Qwen: ``layers``, GPT-2: ``h``).
+LAYER_LIST_NAMES = ("layers", "h", "blocks")
+
+
+def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks, wherever a head or wrapper put the backbone: ``model.layers`` of a
+    causal LM, a sequence or token classifier alike, ``base_model.model.model.layers`` under
+    PEFT. The first (outermost) module list with a decoder-block name."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in LAYER_LIST_NAMES:
+            return module
+    raise ValueError(
+        f"{type(model).__name__} has no decoder-layer list named one of {LAYER_LIST_NAMES}"
+    )
+
+
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
-    """Shard each decoder layer, then the root (embeddings, final norm, tied head).
+    """Shard each decoder layer, then the root (embeddings, final norm, the head).
 
     Per-layer units keep only one layer's full parameters alive at a time. Gradients are
     reduced in fp32 whatever the compute dtype, so small updates are not lost.
     """
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
+    for layer in find_decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
@@ -97,7 +114,7 @@ def build_train_model(path: str, cfg: ModelConfig, device: str, head: str = "lm"
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh(device, (dist.get_world_size(),))
-    apply_fsdp(model, mesh, pick_dtype(cfg, device))
+    apply_fsdp(model, mesh, pick_dtype(cfg.dtype, device))
     return model.to(device)
 
 
@@ -225,7 +242,8 @@ class FSDPEngine:
         with_entropy: bool,
         entropy_grad: bool = False,
     ) -> TokenLogprobs:
-        """Log-probs (and entropy) of the layout's selected tokens; see :func:`compute_layout_logprobs`."""
+        """Log-probs (and entropy) of the layout's selected tokens
+        (see :func:`compute_layout_logprobs`)."""
         return compute_layout_logprobs(
             self.model, layout.to(self.device), temperature, chunk, with_entropy, entropy_grad
         )
@@ -264,24 +282,6 @@ class FSDPEngine:
         assert self.optimizer is not None
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def iter_full_weights(self, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) for every ``state_dict`` entry, gathered bucket by bucket.
-
-        ``state_dict`` (not ``named_parameters``) so that tied weights such as ``lm_head``
-        appear under their own name; at most ``bucket_bytes`` of gathered tensors are alive
-        beyond the one being consumed. Every rank must consume the whole iterator.
-        """
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, value in self.model.state_dict().items():
-            tensor = full_tensor(value).detach()
-            bucket.append((name, tensor))
-            size += tensor.numel() * tensor.element_size()
-            if size >= bucket_bytes:
-                yield from bucket
-                bucket, size = [], 0
-        yield from bucket
-
     def offload(self) -> None:
         """Move parameters and optimizer state to CPU RAM (cuda only) while vLLM runs."""
         if self.device == "cuda":
@@ -302,7 +302,8 @@ class FSDPEngine:
 
 
 def compute_global_loss_scale(mini: Batch, device: str) -> LossScale:
-    """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over ranks."""
+    """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over
+    ranks."""
     counts = torch.tensor([mini["loss_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
     if device == "cuda":
         counts = counts.cuda()

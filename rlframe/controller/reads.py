@@ -1,0 +1,27 @@
+"""The Batch keys each standard worker method reads: all that crosses the wire to it.
+
+A worker method declares them with ``@dispatch(mode, reads=...)`` and the worker group
+sends ``batch.select`` of the ones present, so the text columns (``prompt``, ``response``,
+``messages``, ``extra``, ``ground_truth``) and the tensors a method never looks at stay on
+the driver. Optional keys are listed too: a key that switches a path on the worker
+(``old_logprobs`` for an off-policy update, ``max_tokens`` for a multi-turn budget) goes
+when the driver's Batch has it. Meta always goes.
+"""
+
+from __future__ import annotations
+
+GENERATE = ("prompt_ids", "prompt_mask", "seed", "max_tokens")
+"""A rollout: the left-padded prompts, each row's sampling seed and (optional) token cap."""
+
+FORWARD = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask")
+"""A training-engine forward over prompt + response (see rlframe.sequence_layout)."""
+
+POLICY_UPDATE = (*FORWARD, "advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
+"""A policy update: the forward's keys, the advantages, and the log-probs the loss, the
+mismatch correction and the KL term read (each optional)."""
+
+VALUE_UPDATE = (*FORWARD, "values", "returns")
+"""A critic update: the forward's keys, the old values and the returns."""
+
+REWARD_MODEL = ("messages", "response")
+"""Reward-model scoring: the chat turns and the response text it renders."""

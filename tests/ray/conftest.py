@@ -1,0 +1,40 @@
+"""Fixtures of the Ray tests: pools and groups of the test workers, torn down after use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from rlframe.controller.placement import ResourcePool
+from rlframe.controller.worker_group import WorkerGroup
+from tests.ray.test_workers import EchoWorker
+
+
+@pytest.fixture
+def make_group() -> Iterator:
+    """Builds pools and groups and tears all of them down after the test."""
+    made: list[tuple[ResourcePool, list[WorkerGroup]]] = []
+
+    def make(
+        world: int, *, timeout: float = 60.0, colocate: int = 1, roles: int = 1
+    ) -> list[WorkerGroup]:
+        pool = ResourcePool(
+            nnodes=1, procs_per_node=world, device="cpu", cpus_per_proc=1, max_colocate=colocate
+        )
+        pool.create(timeout_s=30)
+        groups: list[WorkerGroup] = []
+        made.append((pool, groups))
+        for i in range(roles):
+            groups.append(
+                WorkerGroup(
+                    pool, EchoWorker, role=f"echo{i}", init_args=(2.0,), call_timeout_s=timeout
+                )
+            )
+        return groups
+
+    yield make
+    for pool, groups in made:
+        for g in groups:
+            g.shutdown()
+        pool.remove()

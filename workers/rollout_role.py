@@ -1,0 +1,125 @@
+"""The rollout role: a rollout engine (vLLM by default), its sleep/wake state, sampling.
+
+It owns what the engine holds: whether it is awake, whether its weights are usable, and
+which weights version they are. A worker composes it with a training role in one process
+(:class:`workers.hybrid.HybridWorker`) or runs it alone in a separate rollout pool
+(:class:`workers.rollout_worker.RolloutWorker`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from rlframe.config import Config, RolloutEngineName
+from rlframe.config.agent import compute_response_width
+from rlframe.protocol import Batch
+from workers.engines.base import RolloutEngine, RolloutSample, SamplingSpec
+from workers.engines.fsdp import pick_dtype
+
+
+def build_rollout_engine(cfg: Config, model_path: str, device: str, rank: int) -> RolloutEngine:
+    dtype = pick_dtype(cfg.model.dtype, device)
+    r = cfg.rollout
+    if r.engine is RolloutEngineName.hf:
+        from workers.engines.hf_rollout import HFRollout
+
+        return HFRollout(model_path, device, dtype, cfg.model.trust_remote_code, r.sleep_level)
+    from workers.engines.vllm_rollout import VLLMRollout
+
+    max_len = cfg.data.max_prompt_length + compute_response_width(r.max_tokens, r.agent, cfg.agent)
+    # Equal inside a tensor-parallel group (its ranks run one engine), different across them.
+    seed = cfg.trainer.seed + rank // r.tensor_parallel_size
+    return VLLMRollout(model_path, r, device, max_len, seed, dtype)
+
+
+def build_sampling_spec(prompts: Batch, cfg: Config) -> SamplingSpec:
+    """Sampling for one generate call: the run's settings, overridden by the batch's meta
+    (``greedy`` for ReMax baselines, ``temperature`` for validation) and per-row caps."""
+    meta = prompts.meta
+    per_row = tuple(int(m) for m in prompts["max_tokens"]) if "max_tokens" in prompts else None
+    return SamplingSpec(
+        max_tokens=cfg.rollout.max_tokens,
+        temperature=0.0 if meta.get("greedy") else meta.get("temperature", cfg.rollout.temperature),
+        top_p=cfg.rollout.top_p,
+        stop_token_ids=tuple(meta["stop_token_ids"]),
+        max_tokens_per_row=per_row,
+    )
+
+
+def pad_samples(samples: list[RolloutSample], width: int, pad: int, version: int) -> Batch:
+    """Right-padded ``[rows, width]`` response columns, and the weights version per row."""
+    ids = torch.full((len(samples), width), pad, dtype=torch.long)
+    logprobs = torch.zeros(len(samples), width)
+    mask = torch.zeros(len(samples), width)
+    for i, s in enumerate(samples):
+        n = len(s.response_ids)
+        ids[i, :n] = torch.tensor(s.response_ids, dtype=torch.long)
+        logprobs[i, :n] = torch.tensor(s.logprobs)
+        mask[i, :n] = 1
+    return Batch(
+        {
+            "response_ids": ids,
+            "response_mask": mask,
+            "loss_mask": mask.clone(),
+            "rollout_logprobs": logprobs,
+            "weights_version": torch.full((len(samples),), version, dtype=torch.long),
+        },
+        {"finish_reason": [s.finish_reason for s in samples]},
+        # Batch-level copy for readers not yet on the per-row column.
+        {"weights_version": version},
+    )
+
+
+class RolloutRole:
+    """Args: the run's config, the model directory, ``cuda`` or ``cpu``, and this process's
+    rank in its pool (tensor-parallel ranks of one engine share a sampling seed)."""
+
+    def __init__(self, cfg: Config, model_path: str, device: str, rank: int) -> None:
+        self.cfg = cfg
+        self.engine = build_rollout_engine(cfg, model_path, device, rank)
+        # The engine starts awake with the checkpoint's weights, which are version 0.
+        self.awake = True
+        self.weights_valid = True
+        """False after a sleep that discarded the weights (level 2) until they are loaded."""
+        self.weights_version = 0
+
+    def generate(self, prompts: Batch) -> Batch:
+        """One sampled turn per row, in one engine call: ``response_ids``, ``response_mask``,
+        ``loss_mask``, ``rollout_logprobs`` and ``weights_version`` (int64, per row). Every
+        token of a turn was sampled, so the loss mask equals the response mask (a multi-turn
+        agent adds observations on the driver). The engine must be awake with valid weights.
+
+        Optional inputs: a ``max_tokens`` tensor (each row's cap, e.g. what is left of a
+        multi-turn budget); meta ``greedy`` (ReMax baselines), ``temperature`` (validation).
+        """
+        if not (self.awake and self.weights_valid):
+            raise RuntimeError("generate needs the rollout engine awake with loaded weights")
+        rows = [
+            ids[mask.bool()].tolist()
+            for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])
+        ]
+        seeds = [int(s) for s in prompts["seed"]]
+        samples = self.engine.generate(rows, seeds, build_sampling_spec(prompts, self.cfg))
+        pad = int(prompts.meta["pad_token_id"])
+        return pad_samples(samples, self.cfg.rollout.max_tokens, pad, self.weights_version)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Replace the engine's weights in place and record their version."""
+        self.engine.load_weights(iter(weights))
+        self.weights_valid = True
+        self.weights_version = version
+
+    def sleep(self) -> None:
+        """Free the engine's device memory; a level-2 sleep also discards the weights."""
+        self.engine.sleep()
+        self.awake = False
+        if self.engine.discards_weights_on_sleep:
+            self.weights_valid = False
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore ``["weights"]``, ``["kv_cache"]`` or (None) both; awake once the KV cache is."""
+        self.engine.wake_up(tags)
+        if tags is None or "kv_cache" in tags:
+            self.awake = True

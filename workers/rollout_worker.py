@@ -1,0 +1,51 @@
+"""The rollout worker of a separate placement: the rollout role alone, awake all the time.
+
+It receives the trainer's weights over the weight group both pools join
+(``init_weight_group``) and stamps every row it generates with the version they carried.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlframe.config import Config
+from rlframe.controller import reads
+from rlframe.controller.dispatch import Dispatch, dispatch
+from rlframe.controller.weight_group import WeightGroupSpec
+from rlframe.controller.worker import Worker
+from rlframe.protocol import Batch
+from workers.rollout_role import RolloutRole
+from workers.weight_sync import BroadcastReceiver, WeightGroup
+
+
+class RolloutWorker(Worker):
+    """Args: the run's config, the resolved model directory, and ``cuda`` or ``cpu``."""
+
+    def __init__(self, cfg: Config, model_path: str, device: str) -> None:
+        super().__init__()
+        self.device = device
+        # Before the engine: vLLM adopts this pool's process group as its world.
+        self.init_process_group(device)
+        torch.manual_seed(cfg.trainer.seed)
+        self.rollout_role = RolloutRole(cfg, model_path, device, self.rank)
+        self.receiver: BroadcastReceiver | None = None
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def init_weight_group(self, spec: WeightGroupSpec) -> None:
+        """Join the weight group after the trainer ranks. Blocks until every rank has joined."""
+        group = WeightGroup(spec, spec.trainer_world + self.rank, self.device)
+        self.receiver = BroadcastReceiver(group)
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def receive_weights(self) -> int:
+        """Load the weights trainer rank 0 broadcasts (``send_weights`` runs at the same
+        time); returns their version, which every later row carries."""
+        if self.receiver is None:
+            raise RuntimeError("receive_weights before init_weight_group")
+        return self.receiver.pull(self.rollout_role)
+
+    @dispatch(Dispatch.ROLLOUT_DP_SPLIT, reads=reads.GENERATE)
+    def generate(self, prompts: Batch) -> Batch:
+        """See :meth:`workers.rollout_role.RolloutRole.generate` (the engine never sleeps here,
+        so meta ``more_turns`` changes nothing)."""
+        return self.rollout_role.generate(prompts)

@@ -1,0 +1,250 @@
+"""The training role: the policy under FSDP2 with its optimizer, and the frozen reference.
+
+It computes log-probs, runs the PPO-style update, saves and loads its state, and is the
+source of the weights that a sink loads into a rollout engine. It owns the version of the
+weights it has published. A worker composes it with a rollout role in one process
+(:class:`workers.hybrid.HybridWorker`) or runs it alone (:class:`workers.train_worker.TrainWorker`).
+
+The module-level building blocks (micro-batch scoring, the loss tail, the step count) are
+shared with the critic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+
+from rlframe.algorithms.losses import (
+    POLICY_LOSSES,
+    LossScale,
+    PolicyLossInputs,
+    aggregate_loss,
+    compute_kl,
+    masked_mean,
+)
+from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
+from rlframe.config import ActorConfig, Config
+from rlframe.protocol import Batch
+from rlframe.sequence_layout import SequenceLayout, build_layout
+from workers.engines.checkpointing import load_engine, save_engine
+from workers.engines.fsdp import (
+    FSDPEngine,
+    OptimizerSpec,
+    pick_dtype,
+    resolve_packing,
+    run_minibatch_updates,
+    split_micro_batches,
+)
+from workers.weight_sync import WeightSource
+
+
+def count_optimizer_steps(cfg: Config) -> int:
+    """Optimizer steps in the whole run (for the learning-rate schedule)."""
+    responses = cfg.data.batch_size * cfg.rollout.n
+    return cfg.trainer.total_steps * cfg.actor.epochs * (responses // cfg.actor.mini_batch_size)
+
+
+def check_single_pass(rows: int, cfg: ActorConfig, world_size: int) -> None:
+    """Log-probs taken during an update are the old ones only if no step came before them."""
+    if cfg.epochs != 1 or rows > cfg.mini_batch_size // world_size:
+        raise ValueError(
+            "an update without old_logprobs must be exactly on-policy (actor.epochs=1 and one "
+            f"mini-batch): got epochs={cfg.epochs}, {rows} rows for mini-batches of "
+            f"{cfg.mini_batch_size // world_size} per rank; compute old log-probs first "
+            "(compute_logprobs)"
+        )
+
+
+def build_optimizer_spec(cfg: ActorConfig, total_steps: int) -> OptimizerSpec:
+    return OptimizerSpec(
+        cfg.lr, cfg.weight_decay, cfg.grad_clip, cfg.warmup_steps, cfg.lr_schedule, total_steps
+    )
+
+
+@torch.no_grad()
+def score_micro_batches(
+    engine: FSDPEngine,
+    batch: Batch,
+    sizes: ActorConfig,
+    packed: bool,
+    score: Callable[[SequenceLayout], torch.Tensor],
+) -> torch.Tensor:
+    """[B, R] per-token scores of the loss-mask tokens (0 elsewhere): ``score(layout)`` gives
+    the [N] values of one micro-batch's selected tokens (log-probs, values)."""
+    engine.model.eval()
+    out = torch.zeros(batch["response_ids"].shape)
+    batch = batch.with_tensors(row_index=torch.arange(len(batch)))
+    for micro in split_micro_batches(batch, sizes, engine.device, packed):
+        layout = build_layout(micro, packed)
+        out[micro["row_index"]] = layout.to_grid(score(layout).cpu())
+    return out
+
+
+def backward_summed_over_ranks(loss: torch.Tensor, world_size: int) -> None:
+    """Backward of a rank's share of the mini-batch loss.
+
+    FSDP averages gradients over ranks; the loss shares sum to the mini-batch loss over
+    ranks, so scale by the world size to turn that average into the sum.
+    """
+    (loss * world_size).backward()
+
+
+class TrainRole:
+    """Args: the run's config, the model directory, ``cuda`` or ``cpu``, and the size of
+    the training group (the default process group, already joined)."""
+
+    def __init__(self, cfg: Config, model_path: str, device: str, world_size: int) -> None:
+        self.cfg, self.device, self.world_size = cfg, device, world_size
+        spec = build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg))
+        self.actor = FSDPEngine(model_path, cfg.model, spec, device)
+        self.ref = (
+            FSDPEngine(model_path, cfg.model, None, device)
+            if cfg.algorithm.uses_reference
+            else None
+        )
+        self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
+        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
+        self.weights_version = 0
+        """The version of the last published weights (0: the checkpoint's)."""
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """[B, R] log-probs of the current policy (``old_logprobs``)."""
+        return self.score_logprobs(self.actor, batch)
+
+    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        """[B, R] log-probs of the frozen reference policy."""
+        if self.ref is None:
+            raise RuntimeError(
+                "compute_ref_logprobs needs a reference model: set algorithm.kl_coef or "
+                "algorithm.kl_reward_coef > 0"
+            )
+        return self.score_logprobs(self.ref, batch)
+
+    def score_logprobs(self, engine: FSDPEngine, batch: Batch) -> torch.Tensor:
+        a = self.cfg.actor
+
+        def score(layout: SequenceLayout) -> torch.Tensor:
+            temperature = self.cfg.rollout.temperature
+            return engine.compute_token_logprobs(
+                layout, temperature, a.logprob_chunk_size, False
+            ).logprobs
+
+        return score_micro_batches(engine, batch, a, self.packed, score)
+
+    def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+        """PPO-style updates (epochs x mini-batches x micro-batches) on this rank's share.
+
+        A batch without ``old_logprobs`` is an exactly on-policy step (one epoch, one
+        mini-batch): the old log-probs are the update's own, detached, and come back as the
+        ``old_logprobs`` entry ([rows, R], this rank's rows in order) beside the metrics.
+        """
+        own: torch.Tensor | None = None
+        if "old_logprobs" not in batch:
+            check_single_pass(len(batch), self.cfg.actor, self.world_size)
+            batch = batch.with_tensors(row_index=torch.arange(len(batch)))
+            own = torch.zeros(batch["response_ids"].shape)
+        metrics: dict[str, float | torch.Tensor] = dict(
+            run_minibatch_updates(
+                self.actor,
+                batch,
+                self.cfg.actor,
+                self.world_size,
+                forward_backward=partial(self.forward_backward, own_logprobs=own),
+                prefix="actor",
+                packed=self.packed,
+            )
+        )
+        if own is not None:
+            metrics["old_logprobs"] = own
+        return metrics
+
+    def forward_backward(
+        self, micro: Batch, scale: LossScale, own_logprobs: torch.Tensor | None = None
+    ) -> dict[str, float]:
+        """One micro-batch's loss and backward. ``own_logprobs`` ([rows, R] of the whole
+        update) receives this micro-batch's detached log-probs when the batch has no old ones."""
+        cfg, a = self.cfg.algorithm, self.cfg.actor
+        layout = build_layout(micro, self.packed)
+        mask = micro["loss_mask"].to(self.device)
+        token = self.actor.compute_token_logprobs(
+            layout,
+            self.cfg.rollout.temperature,
+            a.logprob_chunk_size,
+            with_entropy=True,
+            entropy_grad=cfg.entropy_coef > 0,
+        )
+        logprobs = layout.to_grid(token.logprobs)
+        if "old_logprobs" in micro:
+            old_logprobs = micro["old_logprobs"].to(self.device)
+        else:
+            old_logprobs = logprobs.detach()
+            if own_logprobs is not None:
+                own_logprobs[micro["row_index"]] = old_logprobs.cpu()
+        out = self.policy_loss(
+            PolicyLossInputs(
+                logprobs=logprobs,
+                old_logprobs=old_logprobs,
+                advantages=micro["advantages"].to(self.device),
+                loss_mask=mask,
+                config=cfg,
+            )
+        )
+        token_loss = out.token_loss
+        if is_mismatch_correction_on(cfg):
+            weights = compute_mismatch_weights(
+                old_logprobs, micro["rollout_logprobs"].to(self.device), mask, cfg
+            )
+            token_loss = token_loss * weights
+            out.metrics["mismatch_weight"] = weights
+        loss = aggregate_loss(token_loss, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
+        metrics = {"actor/pg_loss": float(masked_mean(token_loss.detach(), mask))}
+        entropy = layout.to_grid(token.entropy)
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * aggregate_loss(
+                entropy, mask, cfg.loss_agg, scale, cfg.loss_agg_norm
+            )
+        metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
+        if cfg.kl_coef > 0:
+            kl = compute_kl(logprobs, micro["ref_logprobs"].to(self.device), cfg.kl_estimator)
+            loss = loss + cfg.kl_coef * aggregate_loss(
+                kl, mask, cfg.loss_agg, scale, cfg.loss_agg_norm
+            )
+            metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
+        backward_summed_over_ranks(loss, self.world_size)
+        for name, value in out.metrics.items():
+            metrics[f"actor/{name}"] = float(masked_mean(value, mask))
+        return metrics
+
+    def weight_source(self) -> WeightSource:
+        """The policy's weights in sync buckets, cast to the rollout engine's dtype."""
+        bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
+        return WeightSource(
+            self.actor.model, bucket_bytes, pick_dtype(self.cfg.model.dtype, self.device)
+        )
+
+    def publish_weights(self) -> int:
+        """A new weights version for the weights as they are now (after an update)."""
+        self.weights_version += 1
+        return self.weights_version
+
+    def offload(self) -> None:
+        """Free the device for the rollout engine (``actor.offload``; cuda only)."""
+        if self.cfg.actor.offload:
+            self.actor.offload()
+
+    def reload(self) -> None:
+        if self.cfg.actor.offload:
+            self.actor.reload()
+
+    def save(self, path: str) -> None:
+        """This rank's shards of the policy, its optimizer and LR schedule, and the weights
+        version. The reference is not saved: it is the initial model, rebuilt at start."""
+        save_engine(self.actor, path, {"weights_version": self.weights_version})
+
+    def load(self, path: str) -> int:
+        """Load what :meth:`save` wrote; returns the restored weights version."""
+        extra = load_engine(self.actor, path, {"weights_version": 0})
+        self.weights_version = int(extra["weights_version"])
+        return self.weights_version

@@ -1,0 +1,234 @@
+"""Weight transports: a source yields the training role's weights as named buckets, a sink
+loads them into a rollout engine.
+
+- :class:`WeightSource`: every ``state_dict`` entry of the policy, gathered to a full tensor
+  bucket by bucket (a collective on every training rank), named as the engine expects.
+- :class:`InProcessSink`: the engine lives in the same process (colocated placement).
+- :class:`BroadcastSender` / :class:`BroadcastReceiver`: the engine lives in another process
+  (a separate rollout pool). Trainer rank 0 broadcasts each bucket over a
+  :class:`WeightGroup`, a torch.distributed group of its own that spans both pools.
+
+Every push carries a weights version, which the rollout role records and stamps on every row
+it generates afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from rlframe.controller.weight_group import WeightGroupSpec
+from workers.engines.fsdp import full_tensor
+
+if TYPE_CHECKING:
+    from workers.rollout_role import RolloutRole
+
+WeightBucket = list[tuple[str, torch.Tensor]]
+
+# Module wrappers that insert a path segment into training names but not into checkpoints:
+# torch.compile and activation-checkpoint wrappers.
+WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_checkpoint_wrapped_module"})
+
+
+def to_engine_name(train_name: str) -> str:
+    """The name the rollout engine's loader expects (the HF checkpoint name) for a training
+    ``state_dict`` name. This is the one place that maps the two."""
+    return ".".join(part for part in train_name.split(".") if part not in WRAPPER_SEGMENTS)
+
+
+class WeightSource:
+    """The policy's weights as ``(engine name, full tensor)`` buckets.
+
+    ``state_dict`` (not ``named_parameters``) so that tied weights such as ``lm_head`` appear
+    under their own name (vLLM otherwise keeps a stale head). A bucket holds at least
+    ``bucket_bytes`` (the last one may hold less) and is gathered only when asked for, so at
+    most one bucket of full tensors is alive beyond the one being consumed. Gathering is a
+    collective: every training rank must consume the whole stream, in the same order.
+    """
+
+    def __init__(self, model: nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None):
+        self.model, self.bucket_bytes, self.dtype = model, bucket_bytes, dtype
+
+    def iter_buckets(self) -> Iterator[WeightBucket]:
+        bucket: WeightBucket = []
+        size = 0
+        for name, value in self.model.state_dict().items():
+            tensor = full_tensor(value).detach()
+            if self.dtype is not None:
+                tensor = tensor.to(self.dtype)
+            bucket.append((to_engine_name(name), tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= self.bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+    def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for bucket in self.iter_buckets():
+            yield from bucket
+
+
+class InProcessSink:
+    """Loads a source straight into a rollout role of the same process."""
+
+    def __init__(self, rollout: RolloutRole) -> None:
+        self.rollout = rollout
+
+    def push(self, source: WeightSource, version: int) -> None:
+        self.rollout.load_weights(source.iter_tensors(), version)
+
+
+class WeightGroup:
+    """A torch.distributed process group of its own over the trainer pool and the rollout
+    pool: ranks ``0..trainer_world-1`` are the trainer's, the rollout ranks follow.
+
+    Each process already has a default group (its own pool's FSDP or vLLM world), and
+    ``new_group`` can only take ranks of that world, so this group is built standalone from
+    a TCP store at the spec's address (the store's server runs in trainer rank 0) and used
+    through the process-group object's own collectives. gloo on CPU, NCCL on GPU.
+    """
+
+    def __init__(
+        self, spec: WeightGroupSpec, rank: int, device: str, timeout_s: float = 1800.0
+    ) -> None:
+        self.rank, self.device = rank, device
+        self.world_size = spec.trainer_world + spec.rollout_world
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(
+            spec.master_addr,
+            spec.master_port,
+            self.world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+        )
+        prefixed = dist.PrefixStore("rlframe-weights", store)
+        self.store = store  # the server lives as long as the group (trainer rank 0)
+        if device == "cuda":
+            self.group: dist.ProcessGroup = dist.ProcessGroupNCCL(prefixed, rank, self.world_size)
+        else:
+            self.group = dist.ProcessGroupGloo(prefixed, rank, self.world_size, timeout)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Rank 0's ``tensor`` into every other rank's ``tensor`` (same shape and dtype)."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self.group.broadcast([tensor], options).wait()
+
+
+@dataclass(frozen=True)
+class BucketHeader:
+    """What a receiver needs to cut one broadcast bucket back into named tensors."""
+
+    version: int
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+    @property
+    def is_end(self) -> bool:
+        """An empty header closes a push."""
+        return not self.names
+
+    def encode(self) -> torch.Tensor:
+        text = json.dumps([self.version, self.names, self.dtypes, self.shapes])
+        return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
+
+    @staticmethod
+    def decode(data: torch.Tensor) -> BucketHeader:
+        version, names, dtypes, shapes = json.loads(bytes(data.cpu().numpy()).decode())
+        return BucketHeader(version, names, dtypes, shapes)
+
+    def tensor_bytes(self) -> list[int]:
+        return [
+            torch.Size(shape).numel() * getattr(torch, dtype).itemsize
+            for dtype, shape in zip(self.dtypes, self.shapes, strict=True)
+        ]
+
+
+def pack_bucket(bucket: WeightBucket, device: str) -> torch.Tensor:
+    """One contiguous byte buffer of the bucket's tensors, in order."""
+    return torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for _, t in bucket]).to(device)
+
+
+class BroadcastSender:
+    """The training side of a cross-process push: every trainer rank walks the source (the
+    gathers are collectives of the trainer's own group) and joins each broadcast; rank 0's
+    buffers are the ones sent, the other trainer ranks' buffers are overwritten with the same
+    bytes. Per bucket: the header's length, the header (JSON), then the packed tensors."""
+
+    def __init__(self, group: WeightGroup) -> None:
+        self.group = group
+
+    def push(self, source: WeightSource, version: int) -> int:
+        """Broadcast every bucket, then an end marker; returns the payload bytes sent."""
+        sent = 0
+        for bucket in source.iter_buckets():
+            header = BucketHeader(
+                version,
+                [name for name, _ in bucket],
+                [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+                [list(t.shape) for _, t in bucket],
+            )
+            self.send_header(header)
+            payload = pack_bucket(bucket, self.group.device)
+            self.group.broadcast(payload)
+            sent += payload.numel()
+        self.send_header(BucketHeader(version, [], [], []))
+        return sent
+
+    def send_header(self, header: BucketHeader) -> None:
+        data = header.encode().to(self.group.device)
+        self.group.broadcast(torch.tensor([data.numel()], device=self.group.device))
+        self.group.broadcast(data)
+
+
+class BroadcastReceiver:
+    """The rollout side of a cross-process push: receives the buckets and loads them into the
+    rollout role as they arrive (one bucket alive at a time), with the pushed version."""
+
+    def __init__(self, group: WeightGroup) -> None:
+        self.group = group
+
+    def pull(self, rollout: RolloutRole) -> int:
+        """Load one whole push into ``rollout``; returns the version it carried."""
+        first = self.receive_header()
+        rollout.load_weights(self.iter_tensors(first), first.version)
+        return first.version
+
+    def receive_header(self) -> BucketHeader:
+        length = torch.zeros(1, dtype=torch.long, device=self.group.device)
+        self.group.broadcast(length)
+        data = torch.empty(int(length.item()), dtype=torch.uint8, device=self.group.device)
+        self.group.broadcast(data)
+        return BucketHeader.decode(data)
+
+    def iter_tensors(self, header: BucketHeader) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors of ``header``'s bucket and of every bucket after it, up to the end
+        marker; a bucket of another version means two pushes got interleaved."""
+        version = header.version
+        while not header.is_end:
+            sizes = header.tensor_bytes()
+            payload = torch.empty(sum(sizes), dtype=torch.uint8, device=self.group.device)
+            self.group.broadcast(payload)
+            parts = payload.split(sizes)
+            for name, dtype, shape, part in zip(
+                header.names, header.dtypes, header.shapes, parts, strict=True
+            ):
+                kind = getattr(torch, dtype)
+                if part.storage_offset() % kind.itemsize:  # a view needs aligned storage
+                    part = part.clone()
+                yield name, part.view(kind).reshape(shape)
+            header = self.receive_header()
+            if header.version != version:
+                raise RuntimeError(
+                    f"weight push of version {version} interrupted by a bucket of version "
+                    f"{header.version}"
+                )
