@@ -14,7 +14,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.logs import route_worker_logs
 
 RENDEZVOUS_FILE_ENV = "RLFRAME_RENDEZVOUS_FILE"
@@ -61,19 +60,3 @@ class Worker:
             world_size=self.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
-
-    @dispatch(Dispatch.ONE_TO_ALL)
-    def describe(self) -> dict[str, object]:
-        """Where this rank runs: rank, pid, node and placement (for logs and tests)."""
-        import ray
-
-        context = ray.get_runtime_context()
-        return {
-            "role": self.role,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "pid": os.getpid(),
-            "node_id": context.get_node_id(),
-            "placement_group_id": context.get_placement_group_id(),
-            "master": f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}",
-        }

@@ -20,16 +20,27 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
+from rlframe.controller.dispatch import Dispatch, dispatch  # noqa: E402
 from rlframe.controller.placement import ResourcePool  # noqa: E402
 from rlframe.controller.worker import Worker  # noqa: E402
 from rlframe.controller.worker_group import WorkerGroup  # noqa: E402
+
+
+class ProbeWorker(Worker):
+    """Reports where its rank runs (defined here, so Ray ships it by value)."""
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def describe(self) -> dict[str, object]:
+        master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        node_id = ray.get_runtime_context().get_node_id()
+        return {"rank": self.rank, "node_id": node_id, "master": master}
 
 
 def place_pool() -> dict:
     """Where the ranks of ``trainer.nnodes=2 trainer.procs_per_node=1`` land."""
     pool = ResourcePool(nnodes=2, procs_per_node=1, device="cpu", cpus_per_proc=1)
     pool.create(timeout_s=60)
-    group = WorkerGroup(pool, Worker, role="probe", call_timeout_s=120)
+    group = WorkerGroup(pool, ProbeWorker, role="probe", call_timeout_s=120)
     try:
         return {
             "ranks": group.describe(),

@@ -25,6 +25,12 @@ class EchoWorker(Worker):
         self.calls[method] = self.calls.get(method, 0) + 1
 
     @dispatch(Dispatch.ONE_TO_ALL)
+    def describe(self) -> dict[str, object]:
+        """Where this rank runs: its rank and the rendezvous address it was given."""
+        master = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        return {"rank": self.rank, "pid": os.getpid(), "master": master}
+
+    @dispatch(Dispatch.ONE_TO_ALL)
     def call_counts(self) -> dict[str, int]:
         """How often each counted method ran on this rank."""
         return dict(self.calls)
