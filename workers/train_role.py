@@ -47,8 +47,10 @@ def count_optimizer_steps(cfg: Config) -> int:
 
 
 def check_single_pass(rows: int, cfg: ActorConfig, world_size: int) -> None:
-    """Log-probs taken during an update are the old ones only if no step came before them."""
-    if cfg.epochs != 1 or rows > cfg.mini_batch_size // world_size:
+    """Log-probs taken during an update are the old ones only if no step came before them
+    (the driver's rule, :meth:`~rlframe.config.ActorConfig.updates_in_one_pass`, on all
+    ranks' rows; the config checks that the world size divides the mini-batch)."""
+    if not cfg.updates_in_one_pass(rows * world_size):
         raise ValueError(
             "an update without old_logprobs must be exactly on-policy (actor.epochs=1 and one "
             f"mini-batch): got epochs={cfg.epochs}, {rows} rows for mini-batches of "
