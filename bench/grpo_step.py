@@ -78,7 +78,8 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         print(
-            f"GRPO step on the tiny CPU shape (32 prompts x 8 x 32 tokens), median of steps 3-{args.steps}"
+            "GRPO step on the tiny CPU shape (32 prompts x 8 x 32 tokens), median of steps "
+            f"3-{args.steps}"
         )
         print(f"{'variant':<42} " + " ".join(f"{s:>11}" for s in STAGES))
         for i, (name, (code, overrides)) in enumerate(variants.items()):
@@ -89,7 +90,8 @@ def main() -> None:
     before = results[next(iter(variants))]["step"]
     for name, r in list(results.items())[1:]:
         print(
-            f"{name}: step time {r['step'] / before:.2f}x of before ({before / r['step']:.2f}x faster)"
+            f"{name}: step time {r['step'] / before:.2f}x of before ({before / r['step']:.2f}x "
+            "faster)"
         )
 
 

@@ -152,11 +152,14 @@ def main() -> None:
         )
         return
     print(
-        f"loss-path peak memory, hidden {HIDDEN}, fp32, chunk {args.chunk} tokens, device {args.device}"
+        f"loss-path peak memory, hidden {HIDDEN}, fp32, chunk {args.chunk} tokens, device "
+        f"{args.device}"
     )
     print(
-        f"{'vocab':>7} {'tokens':>6} | {'unchunked GiB':>13} {'(extra)':>8} | {'chunked GiB':>11} {'(extra)':>8} | "
-        f"{'ratio':>5} {'extra ratio':>11} | {'|grad diff|':>11} {'|value diff|':>12} | s unchunked / chunked"
+        f"{'vocab':>7} {'tokens':>6} | {'unchunked GiB':>13} {'(extra)':>8} | {'chunked GiB':>11} "
+        f"{'(extra)':>8} | "
+        f"{'ratio':>5} {'extra ratio':>11} | {'|grad diff|':>11} {'|value diff|':>12} | s "
+        "unchunked / chunked"
     )
     with tempfile.TemporaryDirectory() as tmp:
         for vocab in args.vocabs:
@@ -168,18 +171,23 @@ def main() -> None:
                 chunked = measure("chunked", vocab, tokens, args.chunk, args.device, chunked_path)
                 if args.device == "cpu" and estimate_unchunked_gib(vocab, tokens) > args.max_gib:
                     print(
-                        f"{vocab:>7} {tokens:>6} | {'skipped':>13} {'':>8} | {chunked['peak'] / 2**30:>11.2f} "
+                        f"{vocab:>7} {tokens:>6} | {'skipped':>13} {'':>8} | "
+                        f"{chunked['peak'] / 2**30:>11.2f} "
                         f"{chunked['extra'] / 2**30:>8.2f} | unchunked estimated at "
-                        f"{estimate_unchunked_gib(vocab, tokens):.1f} GiB > --max-gib {args.max_gib}"
+                        f"{estimate_unchunked_gib(vocab, tokens):.1f} GiB > --max-gib "
+                        f"{args.max_gib}"
                     )
                     continue
                 plain = measure("unchunked", vocab, tokens, args.chunk, args.device, plain_path)
                 grad_diff, value_diff = compare(chunked_path, plain_path)
                 print(
-                    f"{vocab:>7} {tokens:>6} | {plain['peak'] / 2**30:>13.2f} {plain['extra'] / 2**30:>8.2f} | "
+                    f"{vocab:>7} {tokens:>6} | {plain['peak'] / 2**30:>13.2f} "
+                    f"{plain['extra'] / 2**30:>8.2f} | "
                     f"{chunked['peak'] / 2**30:>11.2f} {chunked['extra'] / 2**30:>8.2f} | "
-                    f"{chunked['peak'] / plain['peak']:>5.2f} {chunked['extra'] / plain['extra']:>11.2f} | "
-                    f"{grad_diff:>11.2e} {value_diff:>12.2e} | {plain['seconds']:.1f} / {chunked['seconds']:.1f}",
+                    f"{chunked['peak'] / plain['peak']:>5.2f} "
+                    f"{chunked['extra'] / plain['extra']:>11.2f} | "
+                    f"{grad_diff:>11.2e} {value_diff:>12.2e} | {plain['seconds']:.1f} / "
+                    f"{chunked['seconds']:.1f}",
                     flush=True,
                 )
 

@@ -29,7 +29,8 @@ class Registry(Generic[F]):
         def add(fn: F) -> F:
             if name in self.entries:
                 raise ValueError(
-                    f"{self.kind} {name!r} is already registered ({self.entries[name].__qualname__})"
+                    f"{self.kind} {name!r} is already registered "
+                    f"({self.entries[name].__qualname__})"
                 )
             self.entries[name] = fn
             return fn

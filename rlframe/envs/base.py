@@ -69,7 +69,8 @@ def as_step_result(value: Any, env_name: str) -> StepResult:
     """Check an env's step return value and turn it into a StepResult."""
     if not isinstance(value, tuple) or len(value) != 4:
         raise EnvError(
-            f"env {env_name}: step must return (observation messages, reward, done, info), got {value!r:.200}"
+            f"env {env_name}: step must return (observation messages, reward, done, info), got "
+            f"{value!r:.200}"
         )
     observation, reward, done, info = value
     check_messages(observation, env_name, "step")
@@ -83,7 +84,8 @@ def check_messages(messages: Any, env_name: str, method: str) -> list[Message]:
         isinstance(m, dict) and "role" in m for m in messages
     ):
         raise EnvError(
-            f"env {env_name}: {method} must return a list of messages ({{'role': ..., 'content': ...}}), "
+            f"env {env_name}: {method} must return a list of messages "
+            f"({{'role': ..., 'content': ...}}), "
             f"got {messages!r:.200}"
         )
     return messages

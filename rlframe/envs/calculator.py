@@ -52,7 +52,8 @@ def evaluate(node: ast.AST) -> float:
             raise ValueError("result is too large")
         return value
     raise ValueError(
-        f"unsupported expression element {type(node).__name__}: use numbers, + - * / // % ** and parentheses"
+        f"unsupported expression element {type(node).__name__}: use numbers, + - * / // % ** and "
+        "parentheses"
     )
 
 

@@ -99,15 +99,18 @@ class ChatFormat:
         end = before.rfind(self.end_of_turn)
         if end < 0:
             raise EnvError(
-                f"the chat template does not close an assistant turn with {self.end_of_turn!r} (the stop token); "
+                f"the chat template does not close an assistant turn with {self.end_of_turn!r} "
+                "(the stop token); "
                 "observations cannot be aligned to the sampled ids"
             )
         prefix = before[: end + len(self.end_of_turn)]
         after = self.render(DUMMY_TURNS + observation, add_generation_prompt=True)
         if not after.startswith(prefix):
             raise EnvError(
-                "the chat template is not append-only at the end of an assistant turn (it rewrites earlier "
-                f"turns when an observation follows): {prefix[-80:]!r} vs {after[: len(prefix)][-80:]!r}"
+                "the chat template is not append-only at the end of an assistant turn (it "
+                "rewrites earlier "
+                f"turns when an observation follows): {prefix[-80:]!r} vs "
+                f"{after[: len(prefix)][-80:]!r}"
             )
         return self.encode(after[len(prefix) :])
 

@@ -42,9 +42,10 @@ HERMES_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 @TOOL_PARSERS.register("hermes")
 @TOOL_PARSERS.register("qwen")
 def parse_hermes_tool_calls(text: str) -> ParsedTurn:
-    """Hermes / Qwen2.5 / Qwen3 format: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
-    one JSON object per tag, any number of tags. An unclosed last tag is parsed too (the
-    turn may have stopped at the end-of-turn token right after the JSON)."""
+    """Hermes / Qwen2.5 / Qwen3 format:
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, one JSON object per tag, any
+    number of tags. An unclosed last tag is parsed too (the turn may have stopped at the
+    end-of-turn token right after the JSON)."""
     parsed = ParsedTurn()
     for body in HERMES_CALL.findall(text):
         try:

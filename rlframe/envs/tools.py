@@ -58,7 +58,8 @@ def describe_type(hint: Any, where: str) -> dict[str, Any]:
             return describe_type(kept[0], where)
         return {"anyOf": [describe_type(a, where) for a in kept]}
     raise TypeError(
-        f"{where}: type {hint!r} has no JSON schema; use str, int, float, bool, list, dict or Literal"
+        f"{where}: type {hint!r} has no JSON schema; use str, int, float, bool, list, dict or "
+        "Literal"
     )
 
 

@@ -37,7 +37,8 @@ NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def extract_final_number(text: str) -> str | None:
-    """The answer a math response commits to: after '####', else in \\boxed{}, else the last number."""
+    """The answer a math response commits to: after '####', else in \\boxed{}, else the last
+    number."""
     for pattern in (r"####\s*([^\n]+)", r"\\boxed\{([^}]*)\}"):
         found = re.findall(pattern, text)
         if found:

@@ -56,8 +56,10 @@ def test_agent_tiny_learns_to_play(tmp_path: Path) -> None:
     gap = max(m["rollout/logprob_diff"] for m in metrics)
     seconds = sum(m["timing_s/step"] for m in metrics)
     print(
-        f"agent_tiny: {len(metrics)} steps, {seconds:.0f} s of steps, mean reward first 5 {first:.3f} -> last 5 "
-        f"{last:.3f}, turns/mean {metrics[0]['agent/turns/mean']:.2f} -> {metrics[-1]['agent/turns/mean']:.2f}, "
+        f"agent_tiny: {len(metrics)} steps, {seconds:.0f} s of steps, mean reward first 5 "
+        f"{first:.3f} -> last 5 "
+        f"{last:.3f}, turns/mean {metrics[0]['agent/turns/mean']:.2f} -> "
+        f"{metrics[-1]['agent/turns/mean']:.2f}, "
         f"max rollout/logprob_diff {gap:.2e}"
     )
     assert last - first >= 0.2

@@ -128,7 +128,8 @@ def test_local_ray_listens_on_loopback_only_and_dies_with_its_driver(tmp_path: P
             time.sleep(0.5)
         left = [(p.pid, p.name()) for p in tree if not is_gone(p)]
         print(
-            f"after SIGKILL of the driver: cluster gone in {time.monotonic() - start:.1f} s; left: {left}"
+            f"after SIGKILL of the driver: cluster gone in {time.monotonic() - start:.1f} s; "
+            f"left: {left}"
         )
         assert not left
     finally:

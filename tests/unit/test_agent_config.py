@@ -22,7 +22,8 @@ TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "test_multi_turn.py"
         ),
         (
             "rollout.agent=three_turn",
-            "rollout.agent: unknown rollout agent 'three_turn'; registered: ['multi_turn', 'single_turn']",
+            "rollout.agent: unknown rollout agent 'three_turn'; registered: ['multi_turn', "
+            "'single_turn']",
         ),
         (
             "agent.env=chess",
@@ -37,7 +38,9 @@ TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "test_multi_turn.py"
         ("+agent.max_turn=3", "agent.max_turn: unknown key; keys allowed in agent:"),
         (
             "agent.max_obs_tokens=256",
-            "agent.max_obs_tokens: data.max_prompt_length 16 + rollout.max_tokens 4 + (agent.max_turns - 1) * agent.max_obs_tokens = 768 = 788 tokens exceeds the model's 512 positions",
+            "agent.max_obs_tokens: data.max_prompt_length 16 + rollout.max_tokens 4 + "
+            "(agent.max_turns - 1) * agent.max_obs_tokens = 768 = 788 tokens exceeds the model's "
+            "512 positions",
         ),
     ],
 )

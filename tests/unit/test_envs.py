@@ -17,7 +17,8 @@ from tests.unit.chatml_tokenizer import build_chatml_tokenizer
 def test_hermes_parser_finds_every_call_and_reports_malformed_ones() -> None:
     parse = TOOL_PARSERS.get("hermes")
     text = (
-        'Let me compute.\n<tool_call>\n{"name": "calculate", "arguments": {"expression": "2+3"}}\n</tool_call>\n'
+        'Let me compute.\n<tool_call>\n{"name": "calculate", "arguments": {"expression": '
+        '"2+3"}}\n</tool_call>\n'
         '<tool_call>{"name": "calculate", "arguments": "{\\"expression\\": \\"4*5\\"}"}</tool_call>'
         "<tool_call>{not json}</tool_call><tool_call>[1, 2]</tool_call>"
     )
@@ -149,7 +150,8 @@ def test_guess_number_gives_higher_lower_feedback() -> None:
 
 
 def test_observation_suffix_aligns_at_the_end_of_turn_token() -> None:
-    """prompt ids + sampled ids + observation ids == the template's ids of the whole conversation."""
+    """prompt ids + sampled ids + observation ids == the template's ids of the whole
+    conversation."""
     tokenizer = build_chatml_tokenizer()
     env = CalculatorEnv(system_prompt="Be brief.")
     chat = ChatFormat(tokenizer, tools=env.tools)

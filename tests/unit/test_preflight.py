@@ -32,11 +32,13 @@ PLUGINS = Path(__file__).resolve().parents[1] / "plugins" / "my_algorithms.py"
         ),
         (
             "algorithm.advantage=gea",
-            "algorithm.advantage: unknown advantage 'gea'; registered: ['gae', 'grpo', 'grpo_passk'",
+            "algorithm.advantage: unknown advantage 'gea'; registered: ['gae', 'grpo', "
+            "'grpo_passk'",
         ),
         (
             "actor.worker_cls=workers.hybrid.NoSuchWorker",
-            "actor.worker_cls: cannot be loaded: ImportError: 'workers.hybrid.NoSuchWorker' cannot be imported",
+            "actor.worker_cls: cannot be loaded: ImportError: 'workers.hybrid.NoSuchWorker' "
+            "cannot be imported",
         ),
         ("model.path=/no/such/model", "model.path: no such folder /no/such/model"),
         (
@@ -100,11 +102,13 @@ def write_bad_files(folder: Path) -> dict[str, Path]:
         ("broken_line", "broken.jsonl: cannot be read as jsonl: line 2"),
         (
             "no_truth",
-            "no_truth.jsonl row 0: a row needs a 'ground_truth' column; it has ['answer', 'prompt']",
+            "no_truth.jsonl row 0: a row needs a 'ground_truth' column; it has ['answer', "
+            "'prompt']",
         ),
         (
             "no_prompt",
-            "no_prompt.jsonl row 0: a row needs a 'prompt' or 'messages' column; it has ['ground_truth', 'question']",
+            "no_prompt.jsonl row 0: a row needs a 'prompt' or 'messages' column; it has "
+            "['ground_truth', 'question']",
         ),
         ("csv", "rows.csv: prompt files must be .parquet, .jsonl or .json"),
     ],

@@ -18,7 +18,8 @@ N = 2
 def groups_batch(
     rewards: list[tuple[float, float]], first_group: int, prompt_width: int = 3
 ) -> Batch:
-    """One row per response, N per group, with the group's rewards and a prompt of ``prompt_width``."""
+    """One row per response, N per group, with the group's rewards and a prompt of
+    ``prompt_width``."""
     rows = len(rewards) * N
     return Batch(
         {
