@@ -225,7 +225,8 @@ class FSDPEngine:
         with_entropy: bool,
         entropy_grad: bool = False,
     ) -> TokenLogprobs:
-        """Log-probs (and entropy) of the layout's selected tokens; see :func:`compute_layout_logprobs`."""
+        """Log-probs (and entropy) of the layout's selected tokens; see
+        :func:`compute_layout_logprobs`."""
         return compute_layout_logprobs(
             self.model, layout.to(self.device), temperature, chunk, with_entropy, entropy_grad
         )
@@ -255,8 +256,9 @@ class FSDPEngine:
         stepped = math.isfinite(norm_value)
         if stepped:
             self.optimizer.step()
+            # A skipped step leaves the schedule where it was, as it leaves the weights.
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         return norm_value, stepped
 
     @property
@@ -302,7 +304,8 @@ class FSDPEngine:
 
 
 def compute_global_loss_scale(mini: Batch, device: str) -> LossScale:
-    """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over ranks."""
+    """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over
+    ranks."""
     counts = torch.tensor([mini["loss_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
     if device == "cuda":
         counts = counts.cuda()
