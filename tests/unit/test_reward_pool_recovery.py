@@ -1,0 +1,123 @@
+"""The reward pool's recovery paths, through its public API under ``reward.on_error=zero``:
+a worker that dies mid-sample or while idle is replaced and every score stays aligned with
+its response; a sample times out at the limit (not at twice it) and the limit counts from
+when the sample is sent; a pool of one worker does all of this alone."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from rlframe.config import RewardConfig
+from rlframe.rewards import RuleScorer
+
+PLUGIN = '''
+import os, threading, time
+
+def behave(response, ground_truth, sample):
+    """The response says what to do: a number, die, die_when_idle, hang or sleep:S."""
+    if response == "die":
+        os._exit(3)
+    if response == "die_when_idle":
+        # Answer, then die a moment later while the pool holds this worker as ready.
+        threading.Thread(target=lambda: (time.sleep(0.2), os._exit(4)), daemon=True).start()
+        return 0.75
+    if response == "hang":
+        time.sleep(3600)
+    if response.startswith("sleep:"):
+        time.sleep(float(response[6:]))
+        return 1.0
+    return float(response)
+'''
+
+
+@pytest.fixture()
+def spec(tmp_path: Path) -> str:
+    path = tmp_path / "behave.py"
+    path.write_text(PLUGIN)
+    return f"{path}:behave"
+
+
+def make_scorer(spec: str, workers: int, timeout_s: float = 30.0) -> RuleScorer:
+    return RuleScorer(spec, RewardConfig(num_workers=workers, timeout_s=timeout_s, on_error="zero"))
+
+
+def score(scorer: RuleScorer, responses: list[str]) -> tuple[list[float], list[bool], list[bool]]:
+    out = scorer.score(responses, ["x"] * len(responses), [{} for _ in responses])
+    assert len(out.scores) == len(responses)
+    return out.scores, out.errors, out.timeouts
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_death_mid_sample_is_replaced_and_scores_stay_aligned(spec: str, workers: int) -> None:
+    scorer = make_scorer(spec, workers)
+    try:
+        responses = ["0.5", "die", "0.25", "die", "die", "0.125", "1"]
+        scores, errors, timeouts = score(scorer, responses)
+        assert scores == [0.5, 0, 0.25, 0, 0, 0.125, 1.0]
+        assert errors == [False, True, False, True, True, False, False]
+        assert timeouts == [False] * 7
+        # The pool keeps working after the deaths, at full strength.
+        assert score(scorer, ["0.5", "0.25"])[0] == [0.5, 0.25]
+    finally:
+        scorer.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_worker_found_dead_while_idle_keeps_its_next_sample(spec: str, workers: int) -> None:
+    scorer = make_scorer(spec, workers)
+    try:
+        first = ["die_when_idle"] * workers
+        assert score(scorer, first)[0] == [0.75] * workers
+        time.sleep(1.0)  # every worker is now dead, but the pool holds them as ready
+        scores, errors, _ = score(scorer, ["0.5", "0.25", "0.125"])
+        # The samples sent to dead workers are not to blame: scored, in order, no errors.
+        assert scores == [0.5, 0.25, 0.125] and errors == [False] * 3
+    finally:
+        scorer.close()
+
+
+@pytest.mark.timeout(60)
+def test_timeout_at_the_limit_not_twice_it(spec: str) -> None:
+    scorer = make_scorer(spec, 1, timeout_s=1.0)
+    try:
+        score(scorer, ["1"])  # the pool is up: time the sample only
+        start = time.monotonic()
+        scores, errors, timeouts = score(scorer, ["hang"])
+        elapsed = time.monotonic() - start
+        assert (scores, errors, timeouts) == ([0.0], [False], [True])
+        assert 1.0 <= elapsed < 1.5, elapsed
+        # The replacement answers the next sample.
+        assert score(scorer, ["0.5"])[0] == [0.5]
+    finally:
+        scorer.close()
+
+
+@pytest.mark.timeout(60)
+def test_limit_counts_from_when_a_sample_is_sent(spec: str) -> None:
+    """One worker, three samples of 0.5 s each, a limit of 0.8 s: queued time is not counted,
+    and a sample that finishes inside its limit is not a timeout."""
+    scorer = make_scorer(spec, 1, timeout_s=0.8)
+    try:
+        score(scorer, ["1"])
+        scores, errors, timeouts = score(scorer, ["sleep:0.5"] * 3)
+        assert scores == [1.0] * 3 and errors == [False] * 3 and timeouts == [False] * 3
+    finally:
+        scorer.close()
+
+
+@pytest.mark.timeout(60)
+def test_one_worker_recovers_from_a_mix_of_failures(spec: str) -> None:
+    scorer = make_scorer(spec, 1, timeout_s=0.5)
+    try:
+        responses = ["hang", "0.5", "die", "hang", "0.25"]
+        scores, errors, timeouts = score(scorer, responses)
+        assert scores == [0, 0.5, 0, 0, 0.25]
+        assert errors == [False, False, True, False, False]
+        assert timeouts == [True, False, False, True, False]
+    finally:
+        scorer.close()
