@@ -339,7 +339,7 @@ def make_pids_cgroup(processes: int) -> Path | None:
         return None
     remove_stale_cgroups(root)
     group = Path(tempfile.mkdtemp(prefix="rlframe-sandbox-", dir=root))
-    (group / "pids.max").write_text(str(processes + 3))
+    (group / "pids.max").write_text(str(processes + 2))  # unshare and the launcher
     return group
 
 
