@@ -84,6 +84,32 @@ def register_configs() -> None:
             )
 
 
+def check_override_values(args: list[str]) -> None:
+    """Check each ``key=value`` against the schema's type, and ``+recipe=NAME`` against the
+    recipes, before Hydra does: Hydra reports both in several lines and exits with status 1,
+    where every other config mistake is one line and status 2."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(Config)
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-") or arg.startswith("hydra.") or "=" not in arg:
+            continue
+        key, value = arg.split("=", 1)
+        if key == "+recipe":
+            recipes = sorted({p.stem for d in find_recipe_dirs() for p in d.glob("*.yaml")})
+            if value not in recipes:
+                raise ConfigError("recipe", f"no recipe {value!r}; recipes: {', '.join(recipes)}")
+            continue
+        if key.startswith(("+", "~")):
+            continue
+        try:
+            OmegaConf.update(schema, key, parser.parse_override(arg).value(), merge=True)
+        except OmegaConfBaseException as e:
+            raise ConfigError(key, str(e).splitlines()[0]) from None
+
+
 def check_override_keys(args: list[str]) -> None:
     """Reject overrides whose key is not in the schema, listing the keys allowed.
 
@@ -109,7 +135,8 @@ def check_override_keys(args: list[str]) -> None:
                 continue  # a new key of a free-form mapping (+agent.env_kwargs.NAME=VALUE)
             raise ConfigError(
                 key,
-                f"set schema keys as {key}=VALUE, without {prefix!r} (only +recipe=NAME takes a '+')",
+                f"set schema keys as {key}=VALUE, without {prefix!r} "
+                "(only +recipe=NAME takes a '+')",
             )
         check_schema_key(key)
 
@@ -178,6 +205,7 @@ def hydra_main(tree: DictConfig) -> None:
 def main() -> None:
     try:
         check_override_keys(sys.argv[1:])
+        check_override_values(sys.argv[1:])
         register_configs()
     except ConfigError as e:
         print(f"rlframe: config error: {e}", file=sys.stderr)

@@ -45,8 +45,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 )
 def test_config_errors_exit_nonzero_and_name_the_key(override: str, key: str, allowed: str) -> None:
     result = run_cli("+recipe=grpo_qwen", override)
-    assert result.returncode != 0
+    assert result.returncode == 2, result.stderr
     assert key in result.stderr and allowed in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert "ray-must-not-start" not in result.stderr
 
@@ -59,7 +60,7 @@ def test_missing_model_path_points_at_recipes() -> None:
 
 def test_unknown_recipe_lists_available_ones() -> None:
     result = run_cli("+recipe=nope")
-    assert result.returncode != 0
+    assert result.returncode == 2, result.stderr
     assert "grpo_qwen" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -161,7 +162,8 @@ def test_the_schema_imports_nothing_heavy() -> None:
     """The schema validates without torch or the algorithm registries (no import cycle)."""
     code = (
         "import sys, rlframe.config\n"
-        "heavy = [m for m in ('torch', 'rlframe.algorithms.losses', 'rlframe.algorithms.advantages') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'rlframe.algorithms.losses', "
+        "'rlframe.algorithms.advantages') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=REPO)
@@ -171,7 +173,8 @@ def test_importing_the_driver_imports_no_vllm_and_no_cuda() -> None:
     code = (
         "import sys, rlframe, rlframe.main, rlframe.config, rlframe.protocol\n"
         "import rlframe.controller.worker_group, rlframe.controller.placement\n"
-        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), 'vllm imported'\n"
+        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), "
+        "'vllm imported'\n"
         "import torch; assert not torch.cuda.is_initialized(), 'cuda initialised'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=REPO)
