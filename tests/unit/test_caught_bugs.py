@@ -202,3 +202,9 @@ def test_select_token_share_floor_and_rounding() -> None:
     assert select_token_share(0.5, 7) == 3
     assert select_token_share(1.0, 7) == 7
     assert select_token_share(0.5, 0) == 0
+
+
+def test_rloo_group_of_two_scales_by_n_over_n_minus_one() -> None:
+    """With two responses the baseline of each is the other's reward: 1 - 0 and 0 - 1."""
+    adv, _ = advantages("rloo", [1.0, 0.0, 0.5], [0, 0, 1], torch.ones(3, 1))
+    assert adv[:, 0].tolist() == [1.0, -1.0, 0.0]
