@@ -121,3 +121,71 @@ def test_one_worker_recovers_from_a_mix_of_failures(spec: str) -> None:
         assert timeouts == [True, False, False, True, False]
     finally:
         scorer.close()
+
+
+LEAKY_PLUGIN = '''
+import os, subprocess, time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+with open(HERE / "starts.txt", "a") as starts:
+    starts.write("x")
+if len((HERE / "starts.txt").read_text()) > int((HERE / "max_starts.txt").read_text()):
+    raise RuntimeError("no more workers")
+
+
+def behave(response, ground_truth, sample):
+    """hang: start a sleeping child, record both pids, hang. die: exit. Else a number."""
+    if response == "hang":
+        child = subprocess.Popen(["sleep", "3600"])
+        (HERE / "pids.txt").write_text(f"{os.getpid()} {child.pid}")
+        time.sleep(3600)
+    if response == "die":
+        time.sleep(0.5)  # after the hung sample has recorded its pids
+        os._exit(3)
+    return float(response)
+'''
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def leaky_spec(tmp_path: Path, max_starts: int) -> str:
+    (tmp_path / "leaky.py").write_text(LEAKY_PLUGIN)
+    (tmp_path / "max_starts.txt").write_text(str(max_starts))
+    return f"{tmp_path / 'leaky.py'}:behave"
+
+
+@pytest.mark.timeout(60)
+def test_a_timed_out_worker_dies_with_everything_it_started(tmp_path: Path) -> None:
+    scorer = make_scorer(leaky_spec(tmp_path, 10), 1, timeout_s=1.0)
+    try:
+        assert score(scorer, ["hang", "0.5"])[0] == [0.0, 0.5]
+        worker, child = (int(p) for p in (tmp_path / "pids.txt").read_text().split())
+        time.sleep(0.2)
+        assert not is_alive(worker) and not is_alive(child)
+    finally:
+        scorer.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_batch_kills_the_workers_still_busy(tmp_path: Path) -> None:
+    """The replacement of a dead worker cannot load the reward: the batch stops with that
+    error, and the worker still busy with a hung sample is killed, not left behind."""
+    from rlframe.rewards import RewardError
+
+    # Three loads: the driver (to check the function) and the two workers; no fourth.
+    scorer = make_scorer(leaky_spec(tmp_path, 3), 2, timeout_s=30.0)
+    try:
+        with pytest.raises(RewardError, match="could not start: .*no more workers"):
+            score(scorer, ["hang", "die"])
+        worker, child = (int(p) for p in (tmp_path / "pids.txt").read_text().split())
+        time.sleep(0.2)
+        assert not is_alive(worker) and not is_alive(child)
+    finally:
+        scorer.close()
