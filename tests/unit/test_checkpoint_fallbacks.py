@@ -52,6 +52,17 @@ def test_marker_naming_an_older_complete_checkpoint_is_followed(tmp_path: Path) 
     assert find_latest_checkpoint(tmp_path) == root / "step_00000002"
 
 
+def test_latest_marker_is_replaced_never_rewritten_in_place(tmp_path: Path) -> None:
+    """A reader of the marker sees the old name or the new one, never a half-written file:
+    the new marker is a new file renamed over the old, so an open handle keeps the old."""
+    root = save(tmp_path, 1)
+    with open(root / "latest") as old:
+        save(tmp_path, 2)
+        assert old.read().strip() == "step_00000001"
+    assert (root / "latest").read_text().strip() == "step_00000002"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000001", "step_00000002"]
+
+
 def test_complete_checkpoints_are_listed_by_step(tmp_path: Path) -> None:
     root = save(tmp_path, 9, 10, 100)
     (root / "step_00000200").mkdir()  # incomplete: no driver state

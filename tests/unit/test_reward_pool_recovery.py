@@ -140,6 +140,11 @@ def behave(response, ground_truth, sample):
         child = subprocess.Popen(["sleep", "3600"])
         (HERE / "pids.txt").write_text(f"{os.getpid()} {child.pid}")
         time.sleep(3600)
+    if response == "pid":
+        with open(HERE / "seen.txt", "a") as seen:
+            seen.write(f"{os.getpid()} ")
+        time.sleep(0.2)  # long enough that every worker takes one
+        return 1.0
     if response == "die":
         time.sleep(0.5)  # after the hung sample has recorded its pids
         os._exit(3)
@@ -189,3 +194,16 @@ def test_a_failed_batch_kills_the_workers_still_busy(tmp_path: Path) -> None:
         assert not is_alive(worker) and not is_alive(child)
     finally:
         scorer.close()
+
+
+@pytest.mark.timeout(60)
+def test_close_kills_every_worker(tmp_path: Path) -> None:
+    scorer = make_scorer(leaky_spec(tmp_path, 10), 2)
+    try:
+        assert score(scorer, ["pid"] * 4)[0] == [1.0] * 4
+    finally:
+        scorer.close()
+    pids = {int(p) for p in (tmp_path / "seen.txt").read_text().split()}
+    assert len(pids) == 2
+    time.sleep(0.2)
+    assert not any(is_alive(pid) for pid in pids)
