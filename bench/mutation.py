@@ -99,6 +99,10 @@ EQUIVALENT: dict[str, str] = {
     "without it the formula gives the same 1.0",
     "rlframe/validation.py:30:a - b -> a": "as above: n < k never holds (checked just before), "
     "and the formula covers n - c < k",
+    "rlframe/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
+    "tells it apart, which no test here can cause",
+    "rlframe/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "
+    "flushes it before the rename anyway; only a power loss tells it apart",
 }
 """``file:line:change`` of mutants that no test can kill on this machine, and why. Filled
 from the survivors' review; they are excluded from the kill rate."""
