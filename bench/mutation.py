@@ -99,6 +99,9 @@ EQUIVALENT: dict[str, str] = {
     "without it the formula gives the same 1.0",
     "rlframe/validation.py:30:a - b -> a": "as above: n < k never holds (checked just before), "
     "and the formula covers n - c < k",
+    "rlframe/rewards/pool.py:90:0 -> 1": "RewardPool.restarts is a counter nothing reads",
+    "rlframe/rewards/pool.py:112:drop augmented assignment": "RewardPool.restarts is a counter "
+    "nothing reads",
     "rlframe/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
     "tells it apart, which no test here can cause",
     "rlframe/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "

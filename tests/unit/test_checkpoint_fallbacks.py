@@ -63,6 +63,44 @@ def test_latest_marker_is_replaced_never_rewritten_in_place(tmp_path: Path) -> N
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000001", "step_00000002"]
 
 
+class FolderGroup:
+    """Stands for a worker group on the driver: saves and loads a file in the folder given."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.loaded: str | None = None
+
+    def save_checkpoint(self, path: str) -> None:
+        Path(path).mkdir()
+        (Path(path) / "shard.txt").write_text(self.text)
+
+    def load_checkpoint(self, path: str) -> None:
+        self.loaded = (Path(path) / "shard.txt").read_text()
+
+
+def test_every_role_and_the_model_config_land_in_the_checkpoint(tmp_path: Path) -> None:
+    actor, critic = FolderGroup("actor weights"), FolderGroup("critic weights")
+    saver = Checkpointer(
+        tmp_path,
+        3,
+        {"actor": actor, "critic": critic},
+        lambda dest: (dest.mkdir(), (dest / "config.json").write_text("{}")),
+        export_hf=False,
+    )
+    final = saver.save(5, {"seed": 0})
+    assert final == tmp_path / "checkpoints" / "step_00000005"
+    assert (final / "actor" / "shard.txt").read_text() == "actor weights"
+    assert (final / "critic" / "shard.txt").read_text() == "critic weights"
+    assert (final / "hf_config" / "config.json").is_file()
+    assert saver.load(final) == {"step": 5, "seed": 0}
+    assert (actor.loaded, critic.loaded) == ("actor weights", "critic weights")
+    # A checkpoint saved without a critic cannot resume a run with one.
+    solo = tmp_path / "solo"
+    Checkpointer(solo, 3, {"actor": actor}, lambda d: d.mkdir(), export_hf=False).save(1, {})
+    with pytest.raises(FileNotFoundError, match="has no critic/ state"):
+        saver.load(solo / "checkpoints" / "step_00000001")
+
+
 def test_complete_checkpoints_are_listed_by_step(tmp_path: Path) -> None:
     root = save(tmp_path, 9, 10, 100)
     (root / "step_00000200").mkdir()  # incomplete: no driver state

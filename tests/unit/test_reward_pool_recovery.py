@@ -5,6 +5,7 @@ when the sample is sent; a pool of one worker does all of this alone."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -132,6 +133,8 @@ with open(HERE / "starts.txt", "a") as starts:
     starts.write("x")
 if len((HERE / "starts.txt").read_text()) > int((HERE / "max_starts.txt").read_text()):
     raise RuntimeError("no more workers")
+with open(HERE / "loaded.txt", "a") as loaded:
+    loaded.write(f"{os.getpid()} ")
 
 
 def behave(response, ground_truth, sample):
@@ -207,3 +210,18 @@ def test_close_kills_every_worker(tmp_path: Path) -> None:
     assert len(pids) == 2
     time.sleep(0.2)
     assert not any(is_alive(pid) for pid in pids)
+
+
+@pytest.mark.timeout(60)
+def test_a_pool_that_cannot_start_leaves_no_worker_behind(tmp_path: Path) -> None:
+    """Three workers, the third cannot load the reward: the two that did are killed."""
+    from rlframe.rewards import RewardError
+    from rlframe.rewards.pool import RewardPool
+
+    spec = leaky_spec(tmp_path, 2)
+    with pytest.raises(RewardError, match="could not start: .*no more workers"):
+        RewardPool(spec, 3, 30.0)
+    loaded = {int(p) for p in (tmp_path / "loaded.txt").read_text().split()} - {os.getpid()}
+    assert len(loaded) == 2
+    time.sleep(0.2)
+    assert not any(is_alive(pid) for pid in loaded)
