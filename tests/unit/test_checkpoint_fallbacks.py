@@ -226,3 +226,16 @@ def test_validation_before_training_and_periods_that_divide(tmp_path: Path) -> N
 def test_zero_period_never_saves_or_validates(tmp_path: Path) -> None:
     validated, saved, _ = run_loop(tmp_path, total_steps=3, save_every=0, val_every=0)
     assert validated == [] and saved == []
+
+
+def test_pause_hook_waits_before_the_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The test hook that lets an e2e test kill a save at its last moment: a pause of 0.3 s."""
+    import time
+
+    monkeypatch.setenv("RLFRAME_CHECKPOINT_PAUSE_S", "0.3")
+    start = time.monotonic()
+    save(tmp_path, 1)
+    assert time.monotonic() - start >= 0.3
+    assert "checkpoint step_00000001 written, pausing 0 s" in capsys.readouterr().out
