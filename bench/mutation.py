@@ -102,6 +102,14 @@ EQUIVALENT: dict[str, str] = {
     "rlframe/rewards/pool.py:90:0 -> 1": "RewardPool.restarts is a counter nothing reads",
     "rlframe/rewards/pool.py:112:drop augmented assignment": "RewardPool.restarts is a counter "
     "nothing reads",
+    "rlframe/checkpoint.py:216:True -> False": "flush of a console line: only its order "
+    "among other output changes",
+    "rlframe/checkpoint.py:230:drop call statement": "fsync of the checkpoints folder after "
+    "the rename: only a power loss tells it apart",
+    "rlframe/rewards/sandbox.py:110:True -> False": "SandboxLimits frozen: nothing assigns to "
+    "a limits object, so a mutable one behaves the same",
+    "rlframe/rewards/sandbox.py:201:30 -> 31": "time limit of the isolation probe, which "
+    "answers in milliseconds",
     "rlframe/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
     "tells it apart, which no test here can cause",
     "rlframe/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "
