@@ -110,6 +110,12 @@ EQUIVALENT: dict[str, str] = {
     "a limits object, so a mutable one behaves the same",
     "rlframe/rewards/sandbox.py:201:30 -> 31": "time limit of the isolation probe, which "
     "answers in milliseconds",
+    "rlframe/rewards/sandbox.py:369:0.01 -> 0.02": "poll interval while emptying a cgroup",
+    "rlframe/envs/chat.py:42:4096 -> 4097": "size of a memo cache",
+    "rlframe/envs/chat.py:89:True -> False": "sort_keys of a memo key: the same observation "
+    "dumps the same either way",
+    "rlframe/envs/chat.py:98:False -> True": "the generation prompt follows the last "
+    "end-of-turn token, and the suffix is cut at the last one either way",
     "rlframe/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
     "tells it apart, which no test here can cause",
     "rlframe/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "

@@ -47,3 +47,20 @@ def test_append_only_template_gives_the_suffix_after_the_end_of_turn_token() -> 
     assert chat.observation_ids([{"role": "user", "content": "more"}], len(ids)) == (ids, False)
     shorter, cut = chat.observation_ids([{"role": "user", "content": "more"}], len(ids) - 1)
     assert cut and chat.tokenizer.decode(shorter).startswith("\n<|im_start|>user\nmor<|im_end|>")
+
+
+def test_observation_cache_is_memoised_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlframe.envs.chat as chat_module
+
+    monkeypatch.setattr(chat_module, "CACHE_SIZE", 3)
+    chat = ChatFormat(build_chatml_tokenizer())
+    first = chat.observation_ids([{"role": "user", "content": "a"}], 100)
+    chat.observation_ids([{"role": "user", "content": "b"}], 100)
+    assert len(chat.cache) == 2
+    # A hit returns a copy: changing it leaves the cached ids alone.
+    again = chat.observation_ids([{"role": "user", "content": "a"}], 100)
+    again[0].append(-1)
+    assert chat.observation_ids([{"role": "user", "content": "a"}], 100) == first
+    for text in "cdefg":
+        chat.observation_ids([{"role": "user", "content": text}], 100)
+        assert len(chat.cache) <= 3

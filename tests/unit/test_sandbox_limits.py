@@ -78,3 +78,10 @@ def test_process_limit_at_its_setting() -> None:
     result = run_python(code, limits=SandboxLimits(wall_s=10.0, processes=6))
     started = int(result.stdout.split()[0])
     assert 1 <= started <= 5, started
+
+
+@pytest.mark.parametrize("code,status", [(3, "error"), (128, "error"), (129, "signal")])
+def test_exit_codes_are_errors_up_to_128(code: int, status: str) -> None:
+    """Above 128 the launcher reports a signal (128 + its number); 128 itself is an exit code."""
+    result = run_python(f"import sys\nsys.exit({code})\n")
+    assert (result.status, result.exit_code) == (status, code)
