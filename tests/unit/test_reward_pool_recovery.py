@@ -225,3 +225,16 @@ def test_a_pool_that_cannot_start_leaves_no_worker_behind(tmp_path: Path) -> Non
     assert len(loaded) == 2
     time.sleep(0.2)
     assert not any(is_alive(pid) for pid in loaded)
+
+
+@pytest.mark.timeout(60)
+def test_workers_dying_together_are_replaced_together(spec: str) -> None:
+    """Four workers die on the same batch; their replacements come up at about the same time
+    (several are ready in one wait), and scoring goes on, aligned."""
+    scorer = make_scorer(spec, 4)
+    try:
+        for _ in range(3):
+            scores, errors, _ = score(scorer, ["die"] * 4 + ["0.5", "0.25"])
+            assert scores == [0, 0, 0, 0, 0.5, 0.25] and errors == [True] * 4 + [False] * 2
+    finally:
+        scorer.close()
