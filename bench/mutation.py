@@ -116,6 +116,9 @@ EQUIVALENT: dict[str, str] = {
     "dumps the same either way",
     "rlframe/envs/chat.py:98:False -> True": "the generation prompt follows the last "
     "end-of-turn token, and the suffix is cut at the last one either way",
+    "rlframe/envs/chat.py:100:< -> <=": "the end-of-turn token never starts the rendered "
+    "turns (a user turn comes first), so rfind never returns 0",
+    "rlframe/envs/chat.py:100:0 -> 1": "as above: rfind returns -1 or a position past 0",
     "rlframe/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
     "tells it apart, which no test here can cause",
     "rlframe/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "
