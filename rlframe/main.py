@@ -87,8 +87,8 @@ def register_configs() -> None:
 
 
 def check_recipe_keys(args: list[str]) -> None:
-    """Reject a renamed key in the chosen recipe (``+recipe=NAME``) with its new name; Hydra
-    would report it as unknown without saying what it became."""
+    """Reject an unknown recipe (``+recipe=NAME``), and a renamed key in the chosen one with
+    its new name: Hydra would report either in several lines, with status 1."""
     names = [a.split("=", 1)[1] for a in args if a.startswith("+recipe=")]
     for name in names:
         for folder in reversed(find_recipe_dirs()):
@@ -98,6 +98,9 @@ def check_recipe_keys(args: list[str]) -> None:
                     if key in RENAMED_KEYS:
                         raise ConfigError(key, f"(in {path}) renamed to {RENAMED_KEYS[key]}")
                 break
+        else:
+            recipes = sorted({p.stem for d in find_recipe_dirs() for p in d.glob("*.yaml")})
+            raise ConfigError("recipe", f"no recipe {name!r}; recipes: {', '.join(recipes)}")
 
 
 def check_override_keys(args: list[str]) -> None:

@@ -138,7 +138,9 @@ def compute_grpo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     return out
 
 
-def compute_passk_scores(correct: int, n: int, k: int) -> tuple[float, float]:
+def compute_passk_scores(
+    correct: int, n: int, k: int, norm_by_std: bool = True
+) -> tuple[float, float]:
     """Pass@k advantages of a correct and of a wrong response in a group of ``n`` with
     ``correct`` right answers (Chen et al., 2025, "Pass@k Training").
 
@@ -146,7 +148,8 @@ def compute_passk_scores(correct: int, n: int, k: int) -> tuple[float, float]:
     mean R = 1 - C(n - c, k) / C(n, k), std s = sqrt(R (1 - R)). A right response lifts every
     subset it is in to 1: A+ = (1 - R) / s. A wrong one is in a subset of reward 0 with
     probability C(n - c - 1, k - 1) / C(n - 1, k - 1): A- = (1 - R - that) / s. A group
-    that is all right or all wrong has s = 0 and gets 0.
+    that is all right or all wrong has s = 0 and gets 0. ``norm_by_std=False`` leaves out the
+    division by s (as ``grpo`` does for Dr.GRPO).
     """
     wrong = n - correct
     mean = 1 - comb(wrong, k) / comb(n, k)
@@ -154,14 +157,20 @@ def compute_passk_scores(correct: int, n: int, k: int) -> tuple[float, float]:
     if std == 0:
         return 0.0, 0.0
     all_wrong_given_wrong = comb(wrong - 1, k - 1) / comb(n - 1, k - 1) if wrong else 0.0
-    return (1 - mean) / std, (1 - mean - all_wrong_given_wrong) / std
+    scale = std if norm_by_std else 1.0
+    return (1 - mean) / scale, (1 - mean - all_wrong_given_wrong) / scale
 
 
 @ADVANTAGES.register("grpo_passk")
 def compute_grpo_passk_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """GRPO for pass@k (``algorithm.pass_k``): advantages that reward a group for holding
     *some* right answer among k tries, which keeps exploring where pass@1 training sharpens.
-    Rewards are read as binary: a response is right when its reward is above 0.5."""
+    Rewards are read as binary: a response is right when its reward is above 0.5.
+
+    Not veRL's ``grpo_passk``: veRL gives only the best response of each group an advantage,
+    its reward minus the group's second best (over the group's std unless
+    ``norm_adv_by_std_in_grpo=False``), and every other response 0. This is the closed-form
+    pass@k advantage of Chen et al., 2025, which scores every response of the group."""
     k = inputs.config.pass_k
     right = inputs.rewards > 0.5
     scores = torch.zeros(len(inputs.rewards), dtype=torch.float64)
@@ -172,7 +181,9 @@ def compute_grpo_passk_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
             raise ValueError(
                 f"grpo_passk: a group of {n} responses is smaller than algorithm.pass_k={k}"
             )
-        positive, negative = compute_passk_scores(int(right[rows].sum()), n, k)
+        positive, negative = compute_passk_scores(
+            int(right[rows].sum()), n, k, inputs.config.norm_by_std
+        )
         scores[rows] = torch.where(right[rows], positive, negative).double()
     return broadcast_scores(scores, inputs.loss_mask)
 
@@ -194,7 +205,8 @@ def compute_rloo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
 
 @ADVANTAGES.register("reinforce_pp")
 def compute_reinforce_pp_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
-    """REINFORCE++: undiscounted per-token returns (KL penalty included), whitened over the batch."""
+    """REINFORCE++: per-token returns discounted by ``gamma`` (KL penalty included), whitened
+    over the batch."""
     mask = inputs.loss_mask.float()
     returns = compute_reverse_cumsum(inputs.per_token_rewards(), mask, inputs.config.gamma)
     return AdvantageOutputs(whiten(returns, mask), returns)

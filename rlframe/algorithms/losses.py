@@ -149,8 +149,11 @@ def compute_gmpo_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clipped)
     seq_ratio = torch.exp((pessimistic * mask).sum(-1) / count)
     seq_loss = -advantage * seq_ratio
+    # A token is clipped when the clip lowered its signed log-ratio. Comparing ``pessimistic``
+    # with ``log_ratio`` instead would count every token of a zero-advantage response (sign 0
+    # makes ``pessimistic`` 0) as clipped, and zero-advantage groups are common.
     metrics = {
-        "pg_clipfrac": (pessimistic != log_ratio).float().detach(),
+        "pg_clipfrac": (sign * log_ratio > sign * clipped).float().detach(),
         "ppo_kl": (-log_ratio).detach(),
     }
     return PolicyLossOutputs(seq_loss.unsqueeze(-1).expand_as(mask), metrics)
@@ -181,16 +184,17 @@ def compute_clip_cov_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     """Clip-Cov: PPO-clip, with the gradient cut on a few high-covariance tokens.
 
     ``clip_cov_ratio`` of the loss tokens are drawn at random (torch's global generator)
-    among those whose covariance lies in [clip_cov_lb, clip_cov_ub], and their loss is
-    removed from the gradient.
+    among those whose covariance lies in [clip_cov_lb, clip_cov_ub] and that PPO's clip has
+    not already cut (their gradient is 0 anyway: drawing them would cut fewer tokens than the
+    ratio asks), and their loss is removed from the gradient.
     """
     cfg = inputs.config
     out = compute_ppo_clip_loss(inputs)
     cov = compute_centred_covariance(inputs)
     mask = inputs.loss_mask.bool()
-    candidates = torch.nonzero(
-        (mask & (cov >= cfg.clip_cov_lb) & (cov <= cfg.clip_cov_ub)).flatten()
-    ).squeeze(-1)
+    unclipped = out.metrics["pg_clipfrac"] == 0
+    in_bounds = (cov >= cfg.clip_cov_lb) & (cov <= cfg.clip_cov_ub)
+    candidates = torch.nonzero((mask & unclipped & in_bounds).flatten()).squeeze(-1)
     take = min(len(candidates), select_token_share(cfg.clip_cov_ratio, int(mask.sum())))
     keep = torch.ones_like(inputs.logprobs)
     keep.view(-1)[candidates[torch.randperm(len(candidates))[:take]]] = 0.0
@@ -225,7 +229,7 @@ def compute_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     k2 = (log p - log q)^2 / 2; k3 = q/p - log(q/p) - 1 (unbiased, always >= 0). k3 is
     clamped to [-10, 10] as its exp() can explode on tokens the reference finds very unlikely.
 
-    ``k1+`` / ``k3+`` (straight-through): the value of k1 / k3 with the gradient of k2. As a
+    ``k1+`` / ``abs+`` / ``k3+`` (straight-through): that value with the gradient of k2. As a
     loss, k2's gradient (log p - log q) * grad log p is the unbiased estimate of the KL's
     gradient, which k1's and k3's gradients are not.
     """

@@ -16,8 +16,9 @@ LOSS_AGGREGATIONS = (
 )
 """How per-token losses reduce to one number (see ``losses.aggregate_loss``)."""
 
-KL_ESTIMATORS = ("k1", "abs", "k2", "k3", "k1+", "k3+")
-"""Per-token KL estimators; ``+``: the value of k1/k3 with the gradient of k2."""
+KL_ESTIMATORS = ("k1", "abs", "k2", "k3", "k1+", "abs+", "k3+")
+"""Per-token KL estimators; ``+``: the value of k1/abs/k3 with the gradient of k2. The first
+four (no ``+``) are the ones the in-reward penalty takes (no gradient flows through it)."""
 
 MISMATCH_LEVELS = ("token", "sequence")
 """Granularity of the rollout/trainer mismatch corrections (TIS, masked IS)."""

@@ -68,11 +68,13 @@ class AlgorithmConfig:
     """DAPO: drop groups whose rewards are all equal and sample more prompts until the batch
     is full of groups that carry a signal."""
     max_sampling_rounds: int = 4
-    """DAPO: most generation rounds per step; a step that still lacks groups trains on what it has."""
+    """DAPO: most generation rounds per step; a step that still lacks groups trains on what it
+    has."""
     kl_coef: float = 0.0
     """Coefficient of the KL loss against the reference policy; 0 turns the reference off."""
     kl_estimator: str = "k3"
-    """KL estimator for the loss: k1, abs, k2, k3, or k1+ / k3+ (that value, k2's gradient)."""
+    """KL estimator for the loss: k1, abs, k2, k3, or k1+ / abs+ / k3+ (that value, k2's
+    gradient)."""
     entropy_coef: float = 0.0
     """Coefficient of the entropy bonus."""
     policy_loss: str = "ppo_clip"
@@ -122,7 +124,8 @@ class AlgorithmConfig:
         require(
             0 <= self.mismatch_low < 1 < self.mismatch_high,
             "algorithm.mismatch_low",
-            f"need 0 <= mismatch_low < 1 < mismatch_high, got [{self.mismatch_low}, {self.mismatch_high}]",
+            "need 0 <= mismatch_low < 1 < mismatch_high, "
+            f"got [{self.mismatch_low}, {self.mismatch_high}]",
         )
         require(self.pass_k >= 1, "algorithm.pass_k", f"must be >= 1, got {self.pass_k}")
         require(

@@ -189,6 +189,8 @@ class RewardPool:
             if worker in self.starting:
                 self.wait_for_starting(0)
                 continue
+            if worker not in busy:
+                continue  # a replacement that the wait just above already moved to ready
             i, _ = busy.pop(worker)
             alive, message = worker.receive()
             if alive:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -49,9 +50,10 @@ from rlframe.rewards.sandbox_cgroups import (
 
 WORK = "/sandbox"
 PACKAGES = "/packages"
-STARTUP_ALLOWANCE_S = 1.0
-"""Added to ``wall_s``: building the sandbox takes about 50 ms, much more on a loaded machine,
-and that time is not the program's."""
+STARTUP_LIMIT_S = 30.0
+"""The longest building the sandbox may take (about 50 ms, seconds on a loaded machine). The
+program's ``wall_s`` starts when the launcher inside reports ready, so that time is not the
+program's, and the limit itself holds at its setting."""
 SANDBOX_UID = 65534
 """The host uid (and gid) untrusted code runs as when rlframe runs as root: ``nobody``."""
 
@@ -59,7 +61,7 @@ SANDBOX_UID = 65534
 # per-process rlimits, puts the working folder (and exposed packages) on sys.path, runs the
 # script as __main__. It imports nothing from rlframe: the sandbox has no rlframe.
 LAUNCHER = r"""
-import json, resource, runpy, sys
+import json, os, resource, runpy, sys
 limits, script = json.loads(sys.argv[1]), sys.argv[2]
 mb = 1024 * 1024
 resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_s"], limits["cpu_s"] + 1))
@@ -73,7 +75,10 @@ sys.argv = [script]
 sys.path[0] = "/sandbox"
 if limits["packages"]:
     sys.path.insert(1, "/packages")
-del json, resource, limits, mb, fsize
+if limits["ready_fd"] is not None:  # the program's wall clock starts now
+    os.write(limits["ready_fd"], b"1")
+    os.close(limits["ready_fd"])
+del json, os, resource, limits, mb, fsize
 runpy.run_path(script, run_name="__main__")
 """
 
@@ -85,8 +90,8 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class SandboxLimits:
     wall_s: float = 10.0
-    """Wall-clock seconds before the whole sandbox is killed (plus STARTUP_ALLOWANCE_S for
-    building the sandbox)."""
+    """Wall-clock seconds from the program's start (the sandbox built) until the whole
+    sandbox is killed."""
     cpu_s: int = 10
     """CPU seconds of each process (RLIMIT_CPU): SIGXCPU, then SIGKILL a second later."""
     memory_mb: int = 1024
@@ -212,9 +217,15 @@ def tmpfs(path: str, size_mb: int) -> list[str]:
 
 
 def build_command(
-    files: dict[str, int], script: str, limits: SandboxLimits, packages: Sequence[str], nproc: int
+    files: dict[str, int],
+    script: str,
+    limits: SandboxLimits,
+    packages: Sequence[str],
+    nproc: int,
+    ready_fd: int | None = None,
 ) -> list[str]:
-    """The bwrap command line; ``files`` maps a name in /sandbox to a readable fd."""
+    """The bwrap command line; ``files`` maps a name in /sandbox to a readable fd, and the
+    launcher writes one byte to ``ready_fd`` (when given) just before the program starts."""
     python, prefix = interpreter()
     command = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
     command += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
@@ -238,7 +249,12 @@ def build_command(
         ids = [f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups"]
         command += ["setpriv", *ids, "--inh-caps=-all", "--bounding-set=-all"]
         command += ["--no-new-privs", "--"]
-    per_process = {**asdict(limits), "nproc": nproc, "packages": bool(packages)}
+    per_process = {
+        **asdict(limits),
+        "nproc": nproc,
+        "packages": bool(packages),
+        "ready_fd": ready_fd,
+    }
     command += [python, "-I", "-S", "-c", LAUNCHER, json.dumps(per_process), script]
     return command
 
@@ -279,12 +295,13 @@ class Sandbox:
         # the sandbox uid (all sandboxes together): allow some room for the others.
         nproc = 0 if use_pids else limits.processes * 8
         sources = [tempfile.TemporaryFile() for _ in files]
+        ready, ready_w = os.pipe()
         try:
             for source, text in zip(sources, files.values()):
                 source.write(text.encode())
                 source.seek(0)
             fds = {name: s.fileno() for name, s in zip(files, sources)}
-            command = build_command(fds, script, limits, packages, nproc)
+            command = build_command(fds, script, limits, packages, nproc, ready_w)
             if self.cgroup is not None:
                 # The shell joins the groups, then becomes bwrap: everything it starts stays in.
                 join = 'for p in $0; do echo $$ > "$p" || exit 125; done; exec "$@"'
@@ -295,18 +312,32 @@ class Sandbox:
                 stdin=stdin,
                 stdout=stdout,
                 stderr=stderr,
-                pass_fds=tuple(fds.values()),
+                pass_fds=(*fds.values(), ready_w),
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
         except BaseException:
+            os.close(ready)
             if self.cgroup is not None:
                 self.cgroup.remove()
             raise
         finally:
+            os.close(ready_w)
             for source in sources:
                 source.close()
-        self.deadline = self.started + limits.wall_s + STARTUP_ALLOWANCE_S
+        self.deadline = self.wait_ready(ready) + limits.wall_s
+
+    def wait_ready(self, ready: int) -> float:
+        """When the program started: the launcher's ready byte (or the end of the pipe, if the
+        sandbox died first). A sandbox that takes STARTUP_LIMIT_S to build gets no time."""
+        try:
+            found, _, _ = select.select([ready], [], [], STARTUP_LIMIT_S)
+            if found:
+                os.read(ready, 1)
+        finally:
+            os.close(ready)
+        self.started = time.monotonic()
+        return self.started if found else self.started - self.limits.wall_s
 
     def time_left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())

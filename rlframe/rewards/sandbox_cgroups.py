@@ -111,7 +111,8 @@ def limit_group(controller: str, group: Path, memory_mb: int, processes: int, cp
             if (group / "memory.memsw.limit_in_bytes").exists():
                 (group / "memory.memsw.limit_in_bytes").write_text(limit)
     elif controller == "pids":
-        (group / "pids.max").write_text(str(processes + 3))
+        # The program's processes and bwrap's two (the outer monitor and the namespace's init).
+        (group / "pids.max").write_text(str(processes + 2))
     elif controller == "cpu":
         quota = str(max(1000, int(cpus * CFS_PERIOD_US)))
         if v2:

@@ -87,7 +87,8 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
         f"max rollout/logprob_diff {worst_gap:.2e}"
     )
     assert last - first >= 0.2
-    assert worst_gap < 0.05
+    # fp32 on CPU: a healthy sync is within ~1e-6; a stale one is off by 1e-2 and more.
+    assert worst_gap < 1e-4
 
 
 def test_two_ranks_with_kl_and_user_plugins(tmp_path: Path) -> None:
@@ -103,7 +104,7 @@ def test_two_ranks_with_kl_and_user_plugins(tmp_path: Path) -> None:
         f"algorithm.policy_loss={plugins}:compute_reinforce_loss",
     )
     assert len(metrics) == 3
-    assert all("actor/kl" in m and m["rollout/logprob_diff"] < 0.05 for m in metrics)
+    assert all("actor/kl" in m and m["rollout/logprob_diff"] < 1e-4 for m in metrics)
     for m in metrics:
         assert 0 < m["adv/positive_frac"] < 1  # the user's estimator ran
         # The user's loss ran (its own metric, a mean log-prob), not the default ppo_clip.

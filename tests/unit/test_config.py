@@ -49,8 +49,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 )
 def test_config_errors_exit_nonzero_and_name_the_key(override: str, key: str, allowed: str) -> None:
     result = run_cli("+recipe=grpo_qwen", override)
-    assert result.returncode != 0
+    assert result.returncode == 2, result.stderr
     assert key in result.stderr and allowed in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert "ray-must-not-start" not in result.stderr
 
@@ -63,7 +64,7 @@ def test_missing_model_path_points_at_recipes() -> None:
 
 def test_unknown_recipe_lists_available_ones() -> None:
     result = run_cli("+recipe=nope")
-    assert result.returncode != 0
+    assert result.returncode == 2, result.stderr
     assert "grpo_qwen" in result.stderr and "Traceback" not in result.stderr
 
 

@@ -273,8 +273,9 @@ class FSDPEngine:
         stepped = math.isfinite(norm_value)
         if stepped:
             self.optimizer.step()
+            # A skipped step leaves the schedule where it was, as it leaves the weights.
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         return norm_value, stepped
 
     @property

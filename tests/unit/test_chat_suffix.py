@@ -1,0 +1,66 @@
+"""Chat templates that rewrite earlier turns are refused: an observation's ids can only be
+appended to the sampled ids when the template renders the conversation so far unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlframe.envs import ChatFormat, EnvError
+from tests.unit.chatml_tokenizer import CHATML_TEMPLATE, build_chatml_tokenizer
+
+# Like Qwen3's: an assistant turn before the last user turn loses its content's first part.
+REWRITING_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' and not loop.last -%}"
+    "{{- '<|im_start|>assistant\\n' + message['content'][1:] + '<|im_end|>\\n' -}}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+def test_template_that_rewrites_earlier_turns_is_refused() -> None:
+    tokenizer = build_chatml_tokenizer()
+    tokenizer.chat_template = REWRITING_TEMPLATE
+    chat = ChatFormat(tokenizer)
+    with pytest.raises(EnvError, match="not append-only at the end of an assistant turn"):
+        chat.observation_ids([{"role": "user", "content": "more"}], 100)
+
+
+def test_template_without_the_end_of_turn_token_is_refused() -> None:
+    tokenizer = build_chatml_tokenizer()
+    tokenizer.chat_template = CHATML_TEMPLATE.replace("<|im_end|>", "<|im_start|>")
+    with pytest.raises(EnvError, match="does not close an assistant turn with '<|im_end|>'"):
+        ChatFormat(tokenizer).observation_ids([{"role": "user", "content": "more"}], 100)
+
+
+def test_append_only_template_gives_the_suffix_after_the_end_of_turn_token() -> None:
+    chat = ChatFormat(build_chatml_tokenizer())
+    ids, cut = chat.observation_ids([{"role": "user", "content": "more"}], 100)
+    assert not cut
+    assert (
+        chat.tokenizer.decode(ids) == "\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # Exactly at the limit fits; one token fewer cuts the content.
+    assert chat.observation_ids([{"role": "user", "content": "more"}], len(ids)) == (ids, False)
+    shorter, cut = chat.observation_ids([{"role": "user", "content": "more"}], len(ids) - 1)
+    assert cut and chat.tokenizer.decode(shorter).startswith("\n<|im_start|>user\nmor<|im_end|>")
+
+
+def test_observation_cache_is_memoised_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rlframe.envs.chat as chat_module
+
+    monkeypatch.setattr(chat_module, "CACHE_SIZE", 3)
+    chat = ChatFormat(build_chatml_tokenizer())
+    first = chat.observation_ids([{"role": "user", "content": "a"}], 100)
+    chat.observation_ids([{"role": "user", "content": "b"}], 100)
+    assert len(chat.cache) == 2
+    # A hit returns a copy: changing it leaves the cached ids alone.
+    again = chat.observation_ids([{"role": "user", "content": "a"}], 100)
+    again[0].append(-1)
+    assert chat.observation_ids([{"role": "user", "content": "a"}], 100) == first
+    for text in "cdefg":
+        chat.observation_ids([{"role": "user", "content": text}], 100)
+        assert len(chat.cache) <= 3
