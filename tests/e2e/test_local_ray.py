@@ -143,14 +143,17 @@ def test_local_ray_listens_on_loopback_only_and_dies_with_its_driver(tmp_path: P
 @pytest.mark.parametrize(
     "overrides,reason",
     [
-        (["trainer.procs_per_node=2", "trainer.cpus_per_proc=2"], "no node has that much"),
+        (
+            ["trainer.procs_per_node=2", "trainer.cpus_per_proc=2"],
+            "trainer.cpus_per_proc: trainer pool 1 node(s) x 2 proc(s) x 2 CPU(s) = 4 CPUs",
+        ),
         (
             ["trainer.nnodes=2", "trainer.cpus_per_proc=1", "actor.micro_batch_size=64"],
-            "only 1 node(s) of 1",
+            "trainer.nnodes: is 2, but the Ray this run starts is this one machine",
         ),
     ],
 )
-def test_impossible_placement_fails_fast_in_one_line(
+def test_impossible_placement_fails_before_ray_in_one_line(
     tmp_path: Path, overrides: list[str], reason: str
 ) -> None:
     start = time.monotonic()
@@ -173,10 +176,10 @@ def test_impossible_placement_fails_fast_in_one_line(
     )
     seconds = time.monotonic() - start
     print(f"{overrides}: exit {result.returncode} after {seconds:.1f} s: {result.stderr.strip()}")
-    assert result.returncode == 1
+    # A local Ray is sized by the run itself, so a pool that cannot fit it is a config error,
+    # caught before Ray starts (a joined cluster is checked at placement: tests/ray).
+    assert result.returncode == 2
     assert seconds < 20
     errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith(
-        "rlframe: resource pool 'actor_rollout' needs"
-    ), result.stderr
+    assert len(errors) == 1 and errors[0].startswith("rlframe: config error: "), result.stderr
     assert reason in errors[0] and "Traceback" not in result.stdout + result.stderr
