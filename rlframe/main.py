@@ -22,7 +22,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from rlframe.config import Config, ConfigError, build_config
-from rlframe.config.checks import RENAMED_KEYS, check_renamed_key, list_dotted_keys
+from rlframe.config.checks import RENAMED_KEYS, check_renamed_key, first_line, list_dotted_keys
 
 BUILTIN_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 RECIPE_DIRS_ENV = "RLFRAME_RECIPE_DIRS"
@@ -154,8 +154,7 @@ def check_override_types(args: list[str]) -> None:
         try:
             OmegaConf.update(schema, override.key_or_group, override.value(), merge=True)
         except OmegaConfBaseException as e:
-            reason = str(e).splitlines()[0]
-            raise ConfigError(override.key_or_group, f"{reason} (from {arg!r})") from None
+            raise ConfigError(override.key_or_group, f"{first_line(e)} (from {arg!r})") from None
 
 
 def check_schema_key(key: str) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlframe.config import Config, ConfigError, Placement
+from rlframe.config import Config, ConfigError, Placement, first_line
 from rlframe.data.prompts import PromptRecord
 
 
@@ -116,7 +116,7 @@ def check_reward_model(cfg: Config) -> str:
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=rm.trust_remote_code)
     except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise ConfigError(
             "reward.model.path",
             f"{path!r} cannot be loaded as a model (offline, or a typo?): {reason}",
@@ -303,7 +303,7 @@ def load_model_files(cfg: Config) -> tuple[str, Any]:
             path, trust_remote_code=cfg.model.trust_remote_code
         )
     except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = first_line(e)
         raise ConfigError(
             "model.path",
             f"{path!r} is not a local folder and its tokenizer cannot be loaded as a Hugging Face "

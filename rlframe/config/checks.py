@@ -48,5 +48,7 @@ def list_dotted_keys(tree: Any, prefix: str = "") -> list[str]:
 
 
 def first_line(error: BaseException) -> str:
-    """OmegaConf errors append a multi-line context block; keep the sentence."""
-    return str(error).strip().splitlines()[0]
+    """The error's first line (OmegaConf, transformers and Ray append multi-line context
+    blocks), or its type's name when it has no message."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

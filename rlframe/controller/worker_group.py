@@ -30,6 +30,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from rlframe.config.checks import first_line
 from rlframe.controller.dispatch import (
     Dispatch,
     FanOut,
@@ -275,8 +276,3 @@ def describe_task_error(error: RayTaskError) -> str:
         else first_line(error)
     )
     return f"{headline}\n--- remote traceback ---\n{str(error).rstrip()}"
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

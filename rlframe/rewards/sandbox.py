@@ -259,6 +259,13 @@ def build_command(
     return command
 
 
+def pick_nproc(isolation: Isolation, limits: SandboxLimits) -> int:
+    """RLIMIT_NPROC for the launcher to set: 0 (none) where a pids cgroup bounds the sandbox.
+    Without one, RLIMIT_NPROC counts every process of the sandbox uid (all sandboxes
+    together), so it leaves room for the others."""
+    return 0 if "pids" in isolation.controllers else limits.processes * 8
+
+
 def sandbox_env() -> dict[str, str]:
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -285,15 +292,12 @@ class Sandbox:
     ) -> None:
         self.isolation = detect_isolation()
         self.limits = limits
-        use_pids = "pids" in self.isolation.controllers
         self.cgroup: SandboxCgroup | None = (
             make_sandbox_cgroup(limits.memory_mb, limits.processes, limits.cpus)
             if self.isolation.controllers
             else None
         )
-        # Without a pids cgroup RLIMIT_NPROC bounds processes, counted over every process of
-        # the sandbox uid (all sandboxes together): allow some room for the others.
-        nproc = 0 if use_pids else limits.processes * 8
+        nproc = pick_nproc(self.isolation, limits)
         sources = [tempfile.TemporaryFile() for _ in files]
         ready, ready_w = os.pipe()
         try:
@@ -423,7 +427,7 @@ def probe_sandbox(isolation: Isolation) -> str:
     with tempfile.TemporaryFile() as source:
         source.write(b"import os\nprint(os.getuid())\n")
         source.seek(0)
-        nproc = 0 if "pids" in isolation.controllers else limits.processes * 8
+        nproc = pick_nproc(isolation, limits)
         command = build_command({"main.py": source.fileno()}, f"{WORK}/main.py", limits, (), nproc)
         try:
             done = subprocess.run(
