@@ -7,28 +7,26 @@ the composed tree into these plain dataclasses and runs the value and cross-fiel
 allowed, so a bad run stops before Ray starts. Workers receive these dataclasses, never a
 DictConfig.
 
-The schema is split by topic: :mod:`~rlframe.config.sections` (model, data, rollout, actor,
-critic, reward, trainer, val, ray), :mod:`~rlframe.config.algorithm`, :mod:`~rlframe.config.agent`
-(multi-turn episodes), and
+The schema is split by topic: :mod:`~rlframe.config.model`, :mod:`~rlframe.config.rollout`,
+:mod:`~rlframe.config.sections` (data, actor, critic, reward, trainer, val, ray),
+:mod:`~rlframe.config.algorithm`, :mod:`~rlframe.config.agent` (multi-turn episodes), and
 :mod:`~rlframe.config.schema` (the root ``Config`` and ``build_config``). Import from here.
 """
 
 from rlframe.config.agent import AgentConfig
 from rlframe.config.algorithm import AlgorithmConfig
 from rlframe.config.checks import ConfigError, first_line, require, require_choice, require_positive
+from rlframe.config.model import ModelConfig
+from rlframe.config.rollout import Placement, RolloutConfig, RolloutEngineName
 from rlframe.config.schema import Config, build_config, check_batch_sizes
 from rlframe.config.sections import (
     ActorConfig,
     CriticConfig,
     DataConfig,
     Device,
-    ModelConfig,
-    Placement,
     RayConfig,
     RewardConfig,
     RewardModelConfig,
-    RolloutConfig,
-    RolloutEngineName,
     TrainerConfig,
     ValConfig,
 )

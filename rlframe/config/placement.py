@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from rlframe.config.checks import require
-from rlframe.config.sections import ActorConfig, Placement, RolloutConfig, TrainerConfig
+from rlframe.config.rollout import Placement, RolloutConfig
+from rlframe.config.sections import ActorConfig, TrainerConfig
 
 SEPARATE_ONLY = ("nnodes", "procs_per_node", "cpus_per_proc", "worker_cls")
 """rollout.* keys that size or fill the separate rollout pool."""

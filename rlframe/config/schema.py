@@ -17,15 +17,15 @@ from rlframe.config.checks import (
     list_dotted_keys,
     require,
 )
+from rlframe.config.model import ModelConfig
 from rlframe.config.placement import check_placement
+from rlframe.config.rollout import RolloutConfig
 from rlframe.config.sections import (
     ActorConfig,
     CriticConfig,
     DataConfig,
-    ModelConfig,
     RayConfig,
     RewardConfig,
-    RolloutConfig,
     TrainerConfig,
     ValConfig,
 )

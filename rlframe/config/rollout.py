@@ -1,0 +1,96 @@
+"""The ``rollout`` section: the engines, how they sample, and where they live."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from rlframe.algorithms.registry import absolutize
+from rlframe.config.checks import require, require_positive
+
+
+class Placement(str, Enum):
+    """Where the rollout engines live. ``colocated``: inside the training ranks (hybrid
+    workers, one device set). ``separate``: in a rollout pool of their own."""
+
+    colocated = "colocated"
+    separate = "separate"
+
+
+class RolloutEngineName(str, Enum):
+    """Which rollout engine a hybrid worker builds."""
+
+    vllm = "vllm"
+    hf = "hf"
+
+
+@dataclass
+class RolloutConfig:
+    engine: RolloutEngineName = RolloutEngineName.vllm
+    """Rollout engine: vllm (default) or hf (transformers generate, for debugging)."""
+    n: int = 4
+    """Responses sampled per prompt (the group size for GRPO-style advantages)."""
+    max_tokens: int = 256
+    """Generation stops at EOS or after this many response tokens."""
+    temperature: float = 1.0
+    """Sampling temperature; 1.0 keeps rollout log-probs comparable with the trainer's."""
+    top_p: float = 1.0
+    """Nucleus sampling mass in (0, 1]."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may claim for weights and KV cache (cuda only)."""
+    cpu_kv_cache_gb: int = 1
+    """KV-cache size of each vLLM engine on CPU machines, in whole GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    sleep_level: int = 1
+    """vLLM sleep during training on cuda: 1 frees the KV cache and offloads weights to CPU RAM,
+    2 frees both; a generate that no weight sync precedes then pushes the weights again. vLLM's
+    sleep is a no-op on CPU, but level 2 still takes the reload path there."""
+    weight_sync_bucket_mb: int = 512
+    """Largest bucket of gathered full tensors held at once during the weight sync."""
+    tensor_parallel_size: int = 1
+    """vLLM tensor parallelism: this many consecutive ranks on one node hold one engine
+    sharded between them and generate the same prompts; must divide the procs_per_node of the
+    pool holding the engines (trainer.*, or rollout.* with placement=separate)."""
+    placement: Placement = Placement.colocated
+    """colocated: every training rank also holds a rollout engine and switches between the two
+    (one pool, trainer.*). separate: the engines live in a rollout pool of their own
+    (rollout.nnodes x rollout.procs_per_node bundles) and receive the weights by broadcast."""
+    nnodes: int = 1
+    """placement=separate: nodes of the rollout pool."""
+    procs_per_node: int = 1
+    """placement=separate: rollout processes per node (one GPU each on GPU nodes)."""
+    cpus_per_proc: int = 1
+    """placement=separate: CPUs of each rollout bundle (OMP threads of its engine on CPU)."""
+    worker_cls: str = "workers.rollout_worker.RolloutWorker"
+    """placement=separate: dotted path of the rollout pool's worker class."""
+    agent: str = "single_turn"
+    """How a prompt becomes a response: single_turn (one sample), multi_turn (turns against
+    ``agent.env``, observations masked out of the loss), or your own agent as
+    ``pkg.module:function`` / ``path/to/file.py:function`` (see rlframe.rollout.agents)."""
+
+    def __post_init__(self) -> None:
+        # Dataclasses built in Python (tests, user code) may pass plain strings.
+        self.engine = RolloutEngineName(self.engine)
+        self.placement = Placement(self.placement)
+        # The name is checked against the registry by rlframe.preflight.
+        self.agent = absolutize(self.agent)
+        require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
+        require_positive(self.max_tokens, "rollout.max_tokens")
+        require(
+            self.temperature >= 0, "rollout.temperature", f"must be >= 0, got {self.temperature}"
+        )
+        require(0 < self.top_p <= 1, "rollout.top_p", f"must be in (0, 1], got {self.top_p}")
+        require(
+            self.sleep_level in (1, 2),
+            "rollout.sleep_level",
+            f"must be 1 or 2, got {self.sleep_level}",
+        )
+        require_positive(self.weight_sync_bucket_mb, "rollout.weight_sync_bucket_mb")
+        require_positive(self.tensor_parallel_size, "rollout.tensor_parallel_size")
+        require_positive(self.cpu_kv_cache_gb, "rollout.cpu_kv_cache_gb")
+        for key in ("nnodes", "procs_per_node", "cpus_per_proc"):
+            require_positive(getattr(self, key), f"rollout.{key}")
+        require(
+            0 < self.gpu_memory_utilization < 1,
+            "rollout.gpu_memory_utilization",
+            f"must be in (0, 1), got {self.gpu_memory_utilization}",
+        )
