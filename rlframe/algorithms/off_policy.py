@@ -84,7 +84,7 @@ def compute_off_policy_metrics(
         return {}
     raw = compute_behaviour_weights(proximal_logprobs, behaviour_logprobs, mask, cap=0.0)
     count = mask.sum()
-    capped = (raw > cfg.behav_weight_cap) & on if cfg.behav_weight_cap > 0 else ~on
+    capped = (raw > cfg.behav_weight_cap) & on if cfg.behav_weight_cap > 0 else torch.zeros_like(on)
     return {
         "off_policy/behav_weight_mean": float(raw[on].sum() / count),
         "off_policy/behav_weight_max": float(raw[on].max()),
