@@ -129,18 +129,29 @@ class Trainer:
                     self.sync_weights()
                 metrics |= actor_metrics
         self.log_rollouts(batch)
-        metrics |= adv_metrics | compute_mismatch_metrics(
-            batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm
-        )
-        metrics |= compute_off_policy_metrics(
-            batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm
-        )
-        return metrics | collect_step_metrics(batch, timer)
+        metrics |= adv_metrics | self.collect_correction_metrics(batch)
+        return metrics | collect_step_metrics(batch, timer, self.has_trainer_logprobs)
 
     def actor_updates(self) -> bool:
         """The actor updates (and syncs) every step, except while a critic learns alone
         (``critic.actor_wait_steps``)."""
         return self.critic is None or self.step_count > self.cfg.critic.actor_wait_steps
+
+    @property
+    def has_trainer_logprobs(self) -> bool:
+        """The batch's old log-probs are the trainer's; with the rollout's as the old policy
+        there is nothing to compare the rollout with (no ``rollout/logprob_diff``, no
+        ``mismatch/*``)."""
+        return self.cfg.algorithm.off_policy_correction != "rollout"
+
+    def collect_correction_metrics(self, batch: Batch) -> dict[str, float]:
+        """``mismatch/*`` (trainer vs rollout) and ``off_policy/behav_weight_*`` (decoupled)."""
+        if not self.has_trainer_logprobs:
+            return {}
+        args = (batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"])
+        return compute_mismatch_metrics(*args, self.cfg.algorithm) | compute_off_policy_metrics(
+            *args, self.cfg.algorithm
+        )
 
     def attach_old_logprobs(self, batch: Batch, timer: StageTimer) -> Batch:
         """The old policy's log-probs (``algorithm.off_policy_correction``): the rollout's own,
