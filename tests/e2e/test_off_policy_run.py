@@ -28,6 +28,8 @@ def test_grpo_tiny_learns_with_the_correction(tmp_path: Path, mode: str) -> None
     for m in metrics:
         # rollout: the engine's log-probs are the old policy, so the pass never runs.
         assert ("timing_s/old_logprob" in m) == (mode == "decoupled"), m
+        # rollout has no trainer log-probs to compare the engine's with.
+        assert ("rollout/logprob_diff" in m) == (mode == "decoupled"), m
         if mode == "decoupled":
             # Lockstep: behaviour and proximal policy are the same weights in two engines.
             assert abs(m["off_policy/behav_weight_mean"] - 1) < 1e-3
