@@ -10,8 +10,11 @@ from rlframe.protocol import Batch
 from rlframe.tracking import StageTimer
 
 
-def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
-    """The step's metrics: rewards, lengths, rollout/trainer agreement, timings."""
+def collect_step_metrics(
+    batch: Batch, timer: StageTimer, trainer_logprobs: bool = True
+) -> dict[str, float]:
+    """The step's metrics: rewards, lengths, rollout/trainer agreement (only when the batch's
+    ``old_logprobs`` are the trainer's: ``trainer_logprobs``), timings."""
     mask = batch["loss_mask"]
     # Sampled tokens only: tool observations in a multi-turn response are not the policy's.
     lengths = mask.sum(1)
@@ -30,9 +33,10 @@ def collect_step_metrics(batch: Batch, timer: StageTimer) -> dict[str, float]:
         "response_length/clip_ratio": float(
             sum(r == "length" for r in batch["finish_reason"]) / len(batch)
         ),
-        "rollout/logprob_diff": float(diff),
         "rollout/weights_version": read_weights_version(batch),
     }
+    if trainer_logprobs:
+        metrics["rollout/logprob_diff"] = float(diff)
     metrics |= collect_reward_metrics(batch)
     metrics |= timer.metrics()
     tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())

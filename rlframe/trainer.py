@@ -17,6 +17,7 @@ import torch
 from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs, place_on_last_token
 from rlframe.algorithms.losses import KLController, apply_kl_penalty
 from rlframe.algorithms.mismatch import compute_mismatch_metrics
+from rlframe.algorithms.off_policy import compute_off_policy_metrics, needs_old_logprob_pass
 from rlframe.checkpoint import Checkpointer
 from rlframe.config import Config
 from rlframe.controller.roles import ActorGroup, CriticGroup
@@ -109,9 +110,7 @@ class Trainer:
             # gen, reward (and baseline): prompts -> rewarded responses, by the configured agent.
             self.experience.submit()
             batch, metrics = self.experience.collect()
-            if self.needs_old_logprob_pass():
-                with timer("old_logprob"):
-                    batch = batch.union(self.actor.compute_logprobs(batch))
+            batch = self.attach_old_logprobs(batch, timer)
             if self.use_ref:
                 with timer("ref"):
                     batch = batch.union(self.actor.compute_ref_logprobs(batch))
@@ -130,27 +129,46 @@ class Trainer:
                     self.sync_weights()
                 metrics |= actor_metrics
         self.log_rollouts(batch)
-        metrics |= adv_metrics | compute_mismatch_metrics(
-            batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"], self.cfg.algorithm
-        )
-        return metrics | collect_step_metrics(batch, timer)
+        metrics |= adv_metrics | self.collect_correction_metrics(batch)
+        return metrics | collect_step_metrics(batch, timer, self.has_trainer_logprobs)
 
     def actor_updates(self) -> bool:
         """The actor updates (and syncs) every step, except while a critic learns alone
         (``critic.actor_wait_steps``)."""
         return self.critic is None or self.step_count > self.cfg.critic.actor_wait_steps
 
+    @property
+    def has_trainer_logprobs(self) -> bool:
+        """The batch's old log-probs are the trainer's; with the rollout's as the old policy
+        there is nothing to compare the rollout with (no ``rollout/logprob_diff``, no
+        ``mismatch/*``)."""
+        return self.cfg.algorithm.off_policy_correction != "rollout"
+
+    def collect_correction_metrics(self, batch: Batch) -> dict[str, float]:
+        """``mismatch/*`` (trainer vs rollout) and ``off_policy/behav_weight_*`` (decoupled)."""
+        if not self.has_trainer_logprobs:
+            return {}
+        args = (batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"])
+        return compute_mismatch_metrics(*args, self.cfg.algorithm) | compute_off_policy_metrics(
+            *args, self.cfg.algorithm
+        )
+
+    def attach_old_logprobs(self, batch: Batch, timer: StageTimer) -> Batch:
+        """The old policy's log-probs (``algorithm.off_policy_correction``): the rollout's own,
+        the trainer's forward pass (timed as ``old_logprob``), or none yet when the update is
+        exactly on-policy and returns its own."""
+        if self.cfg.algorithm.off_policy_correction == "rollout":
+            return batch.with_tensors(old_logprobs=batch["rollout_logprobs"])
+        if not self.needs_old_logprob_pass():
+            return batch
+        with timer("old_logprob"):
+            return batch.union(self.actor.compute_logprobs(batch))
+
     def needs_old_logprob_pass(self) -> bool:
-        """Old log-probs need their own forward pass unless the update is exactly on-policy
-        (:meth:`~rlframe.config.ActorConfig.updates_in_one_pass`). The in-reward KL reads
-        them before the update, and without an actor update this step (the actor waits for
-        the critic) nothing would compute them."""
+        """See :func:`rlframe.algorithms.off_policy.needs_old_logprob_pass`."""
         rows = self.cfg.data.batch_size * self.cfg.rollout.n
-        return (
-            self.cfg.algorithm.recompute_old_logprobs
-            or not self.cfg.actor.updates_in_one_pass(rows)
-            or self.kl_ctrl.value > 0
-            or not self.actor_updates()
+        return needs_old_logprob_pass(
+            self.cfg, rows, kl_in_reward=self.kl_ctrl.value > 0, actor_updates=self.actor_updates()
         )
 
     def update_critic(self, batch: Batch) -> dict[str, float]:

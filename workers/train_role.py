@@ -25,6 +25,7 @@ from rlframe.algorithms.losses import (
     masked_mean,
 )
 from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
+from rlframe.algorithms.off_policy import compute_behaviour_weights
 from rlframe.config import ActorConfig, Config
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, build_layout
@@ -141,9 +142,12 @@ class TrainRole:
         A batch without ``old_logprobs`` is an exactly on-policy step (one epoch, one
         mini-batch): the old log-probs are the update's own, detached, and come back as the
         ``old_logprobs`` entry ([rows, R], this rank's rows in order) beside the metrics.
+        With ``algorithm.off_policy_correction=rollout`` the old log-probs are always the
+        batch's ``rollout_logprobs``.
         """
         own: torch.Tensor | None = None
-        if "old_logprobs" not in batch:
+        from_rollout = self.cfg.algorithm.off_policy_correction == "rollout"
+        if "old_logprobs" not in batch and not from_rollout:
             check_single_pass(len(batch), self.cfg.actor, self.world_size)
             batch = batch.with_tensors(row_index=torch.arange(len(batch)))
             own = torch.zeros(batch["response_ids"].shape)
@@ -178,7 +182,9 @@ class TrainRole:
             entropy_grad=cfg.entropy_coef > 0,
         )
         logprobs = layout.to_grid(token.logprobs)
-        if "old_logprobs" in micro:
+        if cfg.off_policy_correction == "rollout":
+            old_logprobs = micro["rollout_logprobs"].to(self.device)
+        elif "old_logprobs" in micro:
             old_logprobs = micro["old_logprobs"].to(self.device)
         else:
             old_logprobs = logprobs.detach()
@@ -194,7 +200,14 @@ class TrainRole:
             )
         )
         token_loss = out.token_loss
-        if is_mismatch_correction_on(cfg):
+        if cfg.off_policy_correction == "decoupled":
+            # old_logprobs are the proximal policy's; the rollout's are the behaviour policy's.
+            weights = compute_behaviour_weights(
+                old_logprobs, micro["rollout_logprobs"].to(self.device), mask, cfg.behav_weight_cap
+            )
+            token_loss = token_loss * weights
+            out.metrics["behav_weight"] = weights
+        elif is_mismatch_correction_on(cfg):
             weights = compute_mismatch_weights(
                 old_logprobs, micro["rollout_logprobs"].to(self.device), mask, cfg
             )

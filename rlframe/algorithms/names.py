@@ -23,6 +23,9 @@ four (no ``+``) are the ones the in-reward penalty takes (no gradient flows thro
 MISMATCH_LEVELS = ("token", "sequence")
 """Granularity of the rollout/trainer mismatch corrections (TIS, masked IS)."""
 
+OFF_POLICY_CORRECTIONS = ("recompute", "rollout", "decoupled")
+"""Which log-probs are the update's old policy (see ``rlframe.algorithms.off_policy``)."""
+
 NEEDS_CRITIC = frozenset({"gae"})
 """Advantage estimators that need critic values."""
 

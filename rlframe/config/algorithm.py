@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlframe.algorithms.names import KL_ESTIMATORS, LOSS_AGGREGATIONS, MISMATCH_LEVELS
+from rlframe.algorithms.names import (
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    MISMATCH_LEVELS,
+    OFF_POLICY_CORRECTIONS,
+)
 from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_choice, require_positive
 
@@ -86,8 +91,16 @@ class AlgorithmConfig:
     """seq-mean-token-sum-norm's constant divisor; 0 means rollout.max_tokens."""
     recompute_old_logprobs: bool = False
     """Always run the old-log-prob forward pass. Off: a step whose update is exactly on-policy
-    (actor.epochs=1, one mini-batch per step, no in-reward KL) skips it and takes the update's
-    own log-probs, detached, as the old ones (they are the same numbers)."""
+    (actor.epochs=1, one mini-batch per step, no in-reward KL, rollout.max_staleness=0) skips
+    it and takes the update's own log-probs, detached, as the old ones (the same numbers)."""
+    off_policy_correction: str = "recompute"
+    """Which log-probs are the update's old policy. recompute: the trainer's forward pass
+    (tis_cap / mismatch_mask correct the rollout gap). rollout: the rollout engine's own, with
+    no forward pass. decoupled: AReaL's decoupled PPO, the clip against the recomputed proximal
+    policy and each token's loss times pi_prox / pi_rollout (see ``behav_weight_cap``)."""
+    behav_weight_cap: float = 5.0
+    """decoupled: tokens whose behaviour weight pi_prox / pi_rollout exceeds this are dropped
+    from the loss (AReaL's behav_imp_weight_cap); 0 keeps every token. Must be 0 or > 1."""
 
     def __post_init__(self) -> None:
         # Registered names are checked by rlframe.preflight (the registries import torch);
@@ -98,6 +111,9 @@ class AlgorithmConfig:
         require_choice(self.kl_reward_estimator, KL_ESTIMATORS[:4], "algorithm.kl_reward_estimator")
         require_choice(self.kl_reward_ctrl, ("fixed", "adaptive"), "algorithm.kl_reward_ctrl")
         require_choice(self.tis_level, MISMATCH_LEVELS, "algorithm.tis_level")
+        require_choice(
+            self.off_policy_correction, OFF_POLICY_CORRECTIONS, "algorithm.off_policy_correction"
+        )
         require_choice(self.mismatch_mask, ("off", *MISMATCH_LEVELS), "algorithm.mismatch_mask")
         require(
             0 <= self.clip_low <= 1, "algorithm.clip_low", f"must be in [0, 1], got {self.clip_low}"
@@ -127,6 +143,7 @@ class AlgorithmConfig:
             "need 0 <= mismatch_low < 1 < mismatch_high, "
             f"got [{self.mismatch_low}, {self.mismatch_high}]",
         )
+        self.check_off_policy_correction()
         require(self.pass_k >= 1, "algorithm.pass_k", f"must be >= 1, got {self.pass_k}")
         require(
             self.max_sampling_rounds >= 1,
@@ -135,6 +152,36 @@ class AlgorithmConfig:
         )
         require(0 <= self.lam <= 1, "algorithm.lam", f"must be in [0, 1], got {self.lam}")
         require(0 < self.gamma <= 1, "algorithm.gamma", f"must be in (0, 1], got {self.gamma}")
+
+    def check_off_policy_correction(self) -> None:
+        """Combinations that contradict the chosen old policy fail before Ray starts."""
+        mode = self.off_policy_correction
+        require(
+            self.behav_weight_cap == 0 or self.behav_weight_cap > 1,
+            "algorithm.behav_weight_cap",
+            f"must be 0 (no cap) or > 1, got {self.behav_weight_cap}",
+        )
+        mismatch_on = self.tis_cap > 0 or self.mismatch_mask != "off"
+        # rollout: old == rollout, so the mismatch ratio is 1 and TIS / masking do nothing.
+        # decoupled: its behaviour weight is that same ratio; a second weight would square it.
+        require(
+            mode == "recompute" or not mismatch_on,
+            "algorithm.off_policy_correction",
+            f"{mode} cannot be combined with algorithm.tis_cap / algorithm.mismatch_mask: "
+            + (
+                "the old policy is the rollout's, so their ratio is always 1"
+                if mode == "rollout"
+                else "decoupled already weights each token by pi_prox / pi_rollout (its cap is "
+                "algorithm.behav_weight_cap)"
+            )
+            + "; set tis_cap=0 and mismatch_mask=off, or off_policy_correction=recompute",
+        )
+        require(
+            mode != "rollout" or not self.recompute_old_logprobs,
+            "algorithm.off_policy_correction",
+            "rollout takes the rollout's log-probs as the old ones and runs no old-log-prob "
+            "pass, but algorithm.recompute_old_logprobs=true asks for one: drop one of them",
+        )
 
     @property
     def uses_reference(self) -> bool:

@@ -18,7 +18,7 @@ FORWARD = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_m
 
 POLICY_UPDATE = (*FORWARD, "advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
 """A policy update: the forward's keys, the advantages, and the log-probs the loss, the
-mismatch correction and the KL term read (each optional)."""
+mismatch and off-policy corrections and the KL term read (each optional)."""
 
 VALUE_UPDATE = (*FORWARD, "values", "returns")
 """A critic update: the forward's keys, the old values and the returns."""

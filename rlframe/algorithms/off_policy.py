@@ -1,0 +1,92 @@
+"""Which log-probs count as the old policy, and the decoupled-PPO behaviour weight.
+
+``algorithm.off_policy_correction`` picks the old policy of the update's ratio:
+
+- ``recompute``: the trainer's forward pass over the batch with the weights before the update
+  (skipped when the update is exactly on-policy: its own detached log-probs are those
+  numbers). The rollout gap is left to ``tis_cap`` / ``mismatch_mask``.
+- ``rollout``: the rollout engine's own log-probs; no forward pass ever.
+- ``decoupled`` (AReaL's decoupled PPO): the ratio, and so the clip, is taken against the
+  recomputed *proximal* policy (as ``recompute``), and every token's loss is multiplied by the
+  behaviour weight w = pi_prox / pi_behav, pi_behav being the rollout engine's log-probs.
+  Tokens with w above ``algorithm.behav_weight_cap`` are dropped (weight 0), as AReaL does:
+  a token that stale carries more variance than signal. The loss is still normalised by all
+  loss tokens. The weight is a constant (no gradient).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlframe.algorithms.losses import MAX_LOG_RATIO
+
+if TYPE_CHECKING:
+    from rlframe.config import AlgorithmConfig, Config
+
+
+def is_exactly_on_policy(cfg: Config, rows: int) -> bool:
+    """The update's first optimizer step starts from the weights that generated every token
+    of the batch, and it is the only step: no staleness (``rollout.max_staleness``, 0 where
+    the key does not exist) and one epoch of one mini-batch over ``rows`` responses."""
+    staleness = getattr(cfg.rollout, "max_staleness", 0)
+    return staleness == 0 and cfg.actor.updates_in_one_pass(rows)
+
+
+def needs_old_logprob_pass(cfg: Config, rows: int, kl_in_reward: bool, actor_updates: bool) -> bool:
+    """The trainer's old-log-prob forward pass runs unless the rollout's log-probs are the old
+    policy, or the update is exactly on-policy and takes its own. The in-reward KL reads the
+    old log-probs before the update, and a step without an actor update (the actor waits for
+    the critic) has no update to take them from."""
+    if cfg.algorithm.off_policy_correction == "rollout":
+        return False
+    return (
+        cfg.algorithm.recompute_old_logprobs
+        or not is_exactly_on_policy(cfg, rows)
+        or kl_in_reward
+        or not actor_updates
+    )
+
+
+def compute_behaviour_weights(
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    cap: float,
+) -> torch.Tensor:
+    """[B, T] decoupled-PPO weights pi_prox / pi_behav on loss tokens, 0 where above ``cap``
+    (0: no cap) and off the mask; detached."""
+    mask = mask.to(proximal_logprobs.dtype)
+    log_weight = (proximal_logprobs.detach() - behaviour_logprobs).clamp(
+        -MAX_LOG_RATIO, MAX_LOG_RATIO
+    )
+    weights = torch.exp(log_weight) * mask
+    if cap > 0:
+        weights = torch.where(weights > cap, torch.zeros_like(weights), weights)
+    return weights
+
+
+def compute_off_policy_metrics(
+    proximal_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: AlgorithmConfig,
+) -> dict[str, float]:
+    """Whole-batch ``off_policy/behav_weight_*`` metrics of the decoupled correction (none for
+    the other modes): the weight's mean and max over loss tokens before the cap, and the share
+    of loss tokens the cap drops."""
+    if cfg.off_policy_correction != "decoupled":
+        return {}
+    mask = mask.to(proximal_logprobs.dtype)
+    on = mask.bool()
+    if not on.any():
+        return {}
+    raw = compute_behaviour_weights(proximal_logprobs, behaviour_logprobs, mask, cap=0.0)
+    count = mask.sum()
+    capped = (raw > cfg.behav_weight_cap) & on if cfg.behav_weight_cap > 0 else torch.zeros_like(on)
+    return {
+        "off_policy/behav_weight_mean": float(raw[on].sum() / count),
+        "off_policy/behav_weight_max": float(raw[on].max()),
+        "off_policy/behav_capped_frac": float(capped.to(mask.dtype).sum() / count),
+    }

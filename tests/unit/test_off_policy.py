@@ -1,0 +1,136 @@
+"""``algorithm.off_policy_correction``: the checks before Ray, the one rule that decides the
+old-log-prob pass (with ``rollout.max_staleness``), and the behaviour-weight metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rlframe.algorithms.off_policy import compute_off_policy_metrics, needs_old_logprob_pass
+from rlframe.config import (
+    ActorConfig,
+    AlgorithmConfig,
+    Config,
+    ConfigError,
+    DataConfig,
+    RolloutConfig,
+    TrainerConfig,
+)
+from tests.unit.test_config import run_cli
+
+ROWS = 16
+
+
+def make_config(mode: str = "recompute", epochs: int = 1, **algorithm: float | str) -> Config:
+    return Config(
+        data=DataConfig(batch_size=4, max_prompt_length=16),
+        rollout=RolloutConfig(n=4, max_tokens=8),
+        actor=ActorConfig(mini_batch_size=ROWS, micro_batch_size=4, epochs=epochs),
+        algorithm=AlgorithmConfig(off_policy_correction=mode, **algorithm),
+        trainer=TrainerConfig(device="cpu"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "key", "words"),
+    [
+        ({"off_policy_correction": "vtrace"}, "algorithm.off_policy_correction", "one of"),
+        ({"off_policy_correction": "decoupled", "tis_cap": 2.0}, "off_policy_correction", "tis"),
+        (
+            {"off_policy_correction": "decoupled", "mismatch_mask": "token"},
+            "algorithm.off_policy_correction",
+            "already weights",
+        ),
+        (
+            {"off_policy_correction": "rollout", "tis_cap": 2.0},
+            "off_policy_correction",
+            "is always 1",
+        ),
+        (
+            {"off_policy_correction": "rollout", "recompute_old_logprobs": True},
+            "algorithm.off_policy_correction",
+            "recompute_old_logprobs",
+        ),
+        ({"behav_weight_cap": 0.5}, "algorithm.behav_weight_cap", "0 (no cap) or > 1"),
+    ],
+)
+def test_contradictory_combinations_name_the_key(algorithm: dict, key: str, words: str) -> None:
+    with pytest.raises(ConfigError, match=key) as error:
+        AlgorithmConfig(**algorithm)
+    assert words in str(error.value)
+
+
+def test_recompute_keeps_the_mismatch_corrections() -> None:
+    AlgorithmConfig(tis_cap=2.0, mismatch_mask="sequence")
+    AlgorithmConfig(off_policy_correction="decoupled", behav_weight_cap=0)
+
+
+def test_a_contradiction_exits_2_before_ray() -> None:
+    result = run_cli(
+        "+recipe=grpo_tiny", "algorithm.off_policy_correction=decoupled", "algorithm.tis_cap=2"
+    )
+    assert result.returncode == 2, result.stderr
+    assert "algorithm.off_policy_correction" in result.stderr
+    assert "Traceback" not in result.stderr and "ray-must-not-start" not in result.stderr
+
+
+def needs_pass(cfg: Config, kl_in_reward: bool = False, actor_updates: bool = True) -> bool:
+    return needs_old_logprob_pass(cfg, ROWS, kl_in_reward, actor_updates)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "decoupled"])
+def test_pass_is_skipped_only_when_exactly_on_policy(mode: str) -> None:
+    """recompute and decoupled (its proximal policy) skip the pass only for one update step
+    from the generating weights; a stale batch (rollout.max_staleness > 0) never is one."""
+    assert not needs_pass(make_config(mode))
+    assert needs_pass(make_config(mode, epochs=2))
+    assert needs_pass(make_config(mode), kl_in_reward=True)
+    assert needs_pass(make_config(mode), actor_updates=False)
+    stale = make_config(mode)
+    # The key comes with the async work; until then the rule reads it with a default of 0.
+    stale.rollout.max_staleness = 1
+    assert needs_pass(stale)
+    stale.rollout.max_staleness = 0
+    assert not needs_pass(stale)
+
+
+def test_rollout_never_runs_the_pass() -> None:
+    cfg = make_config("rollout", epochs=2)
+    cfg.rollout.max_staleness = 2
+    assert not needs_pass(cfg, kl_in_reward=True, actor_updates=False)
+
+
+def test_trainer_asks_the_same_rule() -> None:
+    from rlframe.trainer import Trainer
+
+    stale = make_config()
+    trainer = Trainer(stale, None, None, None, lambda: 0, None)
+    trainer.step_count = 1
+    assert not trainer.needs_old_logprob_pass()
+    stale.rollout.max_staleness = 1
+    assert trainer.needs_old_logprob_pass()
+
+
+def test_behaviour_weight_metrics() -> None:
+    """Weights 0.5, 1, 3 and 6 on four loss tokens (a fifth token is padding, weight 100):
+    mean 2.625, max 6, and at a cap of 5 one token in four is dropped."""
+    behaviour = torch.zeros(1, 5)
+    proximal = torch.log(torch.tensor([[0.5, 1.0, 3.0, 6.0, 100.0]]))
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    metrics = compute_off_policy_metrics(
+        proximal, behaviour, mask, AlgorithmConfig(off_policy_correction="decoupled")
+    )
+    assert metrics["off_policy/behav_weight_mean"] == pytest.approx(2.625)
+    assert metrics["off_policy/behav_weight_max"] == pytest.approx(6.0)
+    assert metrics["off_policy/behav_capped_frac"] == pytest.approx(0.25)
+    uncapped = AlgorithmConfig(off_policy_correction="decoupled", behav_weight_cap=0)
+    assert (
+        compute_off_policy_metrics(proximal, behaviour, mask, uncapped)[
+            "off_policy/behav_capped_frac"
+        ]
+        == 0.0
+    )
+    assert compute_off_policy_metrics(proximal, behaviour, mask, AlgorithmConfig()) == {}
+    assert math.isfinite(metrics["off_policy/behav_weight_mean"])
