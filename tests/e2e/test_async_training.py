@@ -79,7 +79,8 @@ def test_resume_with_responses_in_flight_matches_straight_run(
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run(straight, "trainer.total_steps=4", *PLACEMENTS[placement])
     run(resumed, "trainer.total_steps=2", *PLACEMENTS[placement])
-    driver = json.loads((resumed / "checkpoints" / "step_00000002" / "driver_state.json").read_text())
+    saved = resumed / "checkpoints" / "step_00000002" / "driver_state.json"
+    driver = json.loads(saved.read_text())
     in_flight = driver["experience"]["groups"]
     if placement == "separate":
         # The checkpoint holds responses paused part-way (the call that ran during the
