@@ -1,10 +1,10 @@
 """Lockstep against colocated-async and separate-async on a long-tail length task.
 
 The task: ``grpo_tiny``'s arithmetic prompts with ``rollout.max_tokens`` raised (128 by
-default). The tiny model starts random, so it stops at EOS with a small, steady chance per
-token: response lengths are roughly geometric, most short and a few running to
-``max_tokens`` (the bench prints the spread it saw). Lockstep waits for the longest response
-of every step; partial rollouts pause it and train on the groups already done.
+default), on the model of ``bench/long_tail_model.py``: most prompts are answered in a few
+tokens, 12% of them run to ``max_tokens`` (the bench prints the lengths it saw). Lockstep
+waits for the longest response of every step; partial rollouts pause it and train on the
+groups already done.
 
 Modes, each a whole ``python -m rlframe.main`` run on the same 2 CPUs:
 
@@ -34,10 +34,17 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from long_tail_model import resolve_long_tail_model  # noqa: E402
 
 
-def build_modes(chunk: int) -> dict[str, list[str]]:
-    async_keys = ["rollout.max_staleness=1", f"rollout.partial_chunk_tokens={chunk}"]
+def build_modes(args: argparse.Namespace) -> dict[str, list[str]]:
+    async_keys = [
+        f"rollout.max_staleness={args.staleness}",
+        f"rollout.partial_chunk_tokens={args.chunk}",
+        f"rollout.stale_groups={args.stale_groups}",
+    ]
     return {
         "lockstep": ["trainer.cpus_per_proc=2"],
         "colocated-async": ["trainer.cpus_per_proc=2", *async_keys],
@@ -58,6 +65,7 @@ def run(overrides: list[str], args: argparse.Namespace, out: Path) -> list[dict[
         "-m",
         "rlframe.main",
         "+recipe=grpo_tiny",
+        f"model.path={args.model}",
         f"trainer.total_steps={args.steps}",
         f"trainer.output_dir={out}",
         f"rollout.max_tokens={args.max_tokens}",
@@ -103,8 +111,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8, help="responses per prompt")
     parser.add_argument("--chunk", type=int, default=16, help="rollout.partial_chunk_tokens")
     parser.add_argument("--modes", default="lockstep,colocated-async,separate-async")
+    parser.add_argument("--staleness", type=int, default=1, help="rollout.max_staleness")
+    parser.add_argument("--stale-groups", default="wait", help="rollout.stale_groups")
+    parser.add_argument("--model", default="", help="default: bench/long_tail_model.py's")
     args = parser.parse_args()
-    modes = build_modes(args.chunk)
+    args.model = args.model or resolve_long_tail_model()
+    modes = build_modes(args)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.modes.split(","):
@@ -113,7 +125,7 @@ def main() -> None:
     base = results.get("lockstep", {}).get("tokens_per_s")
     print(
         f"{args.batch_size} prompts x {args.n}, max_tokens {args.max_tokens}, chunk {args.chunk},"
-        f" steps {args.warmup + 1}-{args.steps}"
+        f" max_staleness {args.staleness} ({args.stale_groups}), steps {args.warmup + 1}-{args.steps}"
     )
     header = (
         f"{'mode':<16} {'tok/s':>7} {'x lock':>6} {'s/step':>6} {'trainer idle':>12} "
