@@ -125,7 +125,8 @@ def main() -> None:
     base = results.get("lockstep", {}).get("tokens_per_s")
     print(
         f"{args.batch_size} prompts x {args.n}, max_tokens {args.max_tokens}, chunk {args.chunk},"
-        f" max_staleness {args.staleness} ({args.stale_groups}), steps {args.warmup + 1}-{args.steps}"
+        f" max_staleness {args.staleness} ({args.stale_groups}),"
+        f" steps {args.warmup + 1}-{args.steps}"
     )
     header = (
         f"{'mode':<16} {'tok/s':>7} {'x lock':>6} {'s/step':>6} {'trainer idle':>12} "
