@@ -77,7 +77,8 @@ def test_resume_with_responses_in_flight_matches_straight_run(
     tmp_path: Path, placement: str
 ) -> None:
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run(straight, "trainer.total_steps=4", *PLACEMENTS[placement])
+    # The straight run never saves, so it never drains: its call in flight at step 2 runs on.
+    run(straight, "trainer.total_steps=4", "trainer.save_every=0", *PLACEMENTS[placement])
     run(resumed, "trainer.total_steps=2", *PLACEMENTS[placement])
     saved = resumed / "checkpoints" / "step_00000002" / "driver_state.json"
     driver = json.loads(saved.read_text())
