@@ -9,11 +9,13 @@ rollout engines, returning the new weights version, for the trainer).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_logs, write_hf_config
-from rlframe.config import Config
+from rlframe.config import Config, Placement
 from rlframe.controller.cluster import init_ray, resolve_device
 from rlframe.data.loader import PromptLoader
 from rlframe.interrupts import install_interrupt_handlers
@@ -21,10 +23,14 @@ from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
 from rlframe.preflight import RunInputs
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer
+from rlframe.rollout.async_producer import AsyncProducer
 from rlframe.run_dir import lock_run_dir
 from rlframe.tracking import Tracker
 from rlframe.trainer import Trainer
 from rlframe.validation import Validator
+
+if TYPE_CHECKING:
+    from rlframe.pools import Workers
 
 
 def prepare_output_dir(cfg: Config, resume_step: int | None) -> Path:
@@ -52,6 +58,22 @@ def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> di
     else:
         env |= {"NCCL_CUMEM_ENABLE": "0"}
     return env
+
+
+def build_producer(
+    cfg: Config, workers: Workers, tokenizer: Any, loader: PromptLoader, rewards: RewardStage
+) -> tuple[ExperienceProducer | AsyncProducer, Callable[[], int]]:
+    """The experience producer and the ``sync_weights`` the trainer calls: lockstep at
+    ``rollout.max_staleness=0`` (exactly the synchronous trainer), else the asynchronous
+    producer, which learns each new weights version from the sync."""
+    if cfg.rollout.max_staleness == 0:
+        producer = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards)
+        return producer, workers.sync_weights
+    overlap = cfg.rollout.placement is Placement.separate
+    producer = AsyncProducer(
+        cfg, workers.submit_generate, workers.generate, tokenizer, loader, rewards, overlap
+    )
+    return producer, producer.track_sync(workers.sync_weights)
 
 
 def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
@@ -109,7 +131,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             cfg.trainer.export_hf,
         )
         rewards = RewardStage(cfg, tokenizer, workers.reward_model)
-        experience = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards)
+        experience, sync_weights = build_producer(cfg, workers, tokenizer, loader, rewards)
         validator = (
             Validator(val_records, cfg, tokenizer, experience.generate, rewards)
             if val_records
@@ -120,7 +142,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             actor,
             critic,
             experience,
-            workers.sync_weights,
+            sync_weights,
             tracker,
             checkpointer,
             validator,

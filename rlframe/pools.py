@@ -24,7 +24,7 @@ from rlframe.config.placement import resolve_actor_worker_cls, rollout_pool, tra
 from rlframe.controller import roles
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.weight_group import WeightGroupSpec
-from rlframe.controller.worker_group import WorkerGroup, wait_calls
+from rlframe.controller.worker_group import CallHandle, WorkerGroup, wait_calls
 from rlframe.protocol import Batch
 
 WorkerEnv = Callable[[int], dict[str, str]]
@@ -39,6 +39,8 @@ class Workers:
     critic: roles.CriticGroup | None
     reward_model: roles.RewardModelGroup | None
     generate: Callable[[Batch], Batch]
+    submit_generate: Callable[[Batch], CallHandle]
+    """``generate`` without waiting (the asynchronous producer's)."""
     sync_weights: Callable[[], int]
     """Moves the trained weights to the rollout engines; returns the new version."""
     push_current: Callable[[], int] | None
@@ -113,6 +115,7 @@ def start_workers(launch: Launch) -> Workers:
         hybrid = roles.bind_role(group, roles.HybridGroup, cls)
         actor: roles.ActorGroup = hybrid
         generate, sync, push = hybrid.generate, build_colocated_sync(hybrid), None
+        engines: roles.Group = hybrid
     else:
         group, cls = launch.start(
             train, "actor", resolve_actor_worker_cls(cfg.rollout, cfg.actor), launch.model_path
@@ -127,9 +130,15 @@ def start_workers(launch: Launch) -> Workers:
             pick_weight_group_spec(trainer, rollout, lambda: train.find_free_port(0)),
         )
         sync, push = build_broadcast_sync(trainer, rollout)
-        actor, generate = trainer, rollout.generate
+        actor, generate, engines = trainer, rollout.generate, rollout
     return Workers(
-        actor, start_critic(launch, train), start_reward_model(launch, train), generate, sync, push
+        actor,
+        start_critic(launch, train),
+        start_reward_model(launch, train),
+        generate,
+        lambda prompts: engines.submit("generate", prompts),
+        sync,
+        push,
     )
 
 

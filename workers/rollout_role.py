@@ -8,6 +8,7 @@ which weights version they are. A worker composes it with a training role in one
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 import torch
@@ -91,6 +92,8 @@ class RolloutRole:
         token of a turn was sampled, so the loss mask equals the response mask (a multi-turn
         agent adds observations on the driver). The engine must be awake with valid weights.
 
+        Meta ``engine_s``: seconds the engine spent generating.
+
         Optional inputs: a ``max_tokens`` tensor (each row's cap, e.g. what is left of a
         multi-turn budget); meta ``greedy`` (ReMax baselines), ``temperature`` (validation).
         """
@@ -101,9 +104,14 @@ class RolloutRole:
             for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])
         ]
         seeds = [int(s) for s in prompts["seed"]]
+        start = time.perf_counter()
         samples = self.engine.generate(rows, seeds, build_sampling_spec(prompts, self.cfg))
+        busy = time.perf_counter() - start
         pad = int(prompts.meta["pad_token_id"])
-        return pad_samples(samples, self.cfg.rollout.max_tokens, pad, self.weights_version)
+        out = pad_samples(samples, self.cfg.rollout.max_tokens, pad, self.weights_version)
+        # The engine's busy time: the asynchronous producer derives rollout idle time from it.
+        out.meta["engine_s"] = busy
+        return out
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Replace the engine's weights in place and record their version."""

@@ -17,7 +17,7 @@ from rlframe.config.agent import AgentConfig
 from rlframe.config.algorithm import AlgorithmConfig
 from rlframe.config.checks import ConfigError, first_line, require, require_choice, require_positive
 from rlframe.config.model import ModelConfig
-from rlframe.config.rollout import Placement, RolloutConfig, RolloutEngineName
+from rlframe.config.rollout import Placement, RolloutConfig, RolloutEngineName, StaleGroups
 from rlframe.config.schema import Config, build_config, check_batch_sizes
 from rlframe.config.sections import (
     ActorConfig,
@@ -47,6 +47,7 @@ __all__ = [
     "RewardModelConfig",
     "RolloutConfig",
     "RolloutEngineName",
+    "StaleGroups",
     "TrainerConfig",
     "ValConfig",
     "build_config",

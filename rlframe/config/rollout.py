@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_positive
 
@@ -15,6 +16,13 @@ class Placement(str, Enum):
 
     colocated = "colocated"
     separate = "separate"
+
+
+class StaleGroups(str, Enum):
+    """What the producer does about a group that would exceed ``rollout.max_staleness``."""
+
+    drop = "drop"
+    wait = "wait"
 
 
 class RolloutEngineName(str, Enum):
@@ -66,11 +74,39 @@ class RolloutConfig:
     """How a prompt becomes a response: single_turn (one sample), multi_turn (turns against
     ``agent.env``, observations masked out of the loss), or your own agent as
     ``pkg.module:function`` / ``path/to/file.py:function`` (see rlframe.rollout.agents)."""
+    max_staleness: int = 0
+    """Asynchronous training: a sample used in an update may have been generated, wholly or
+    partly, with weights up to this many versions older than the ones the update starts from.
+    0 (default): every sample comes from the current weights (lockstep, on-policy). >= 1: the
+    producer keeps generating ahead (rlframe.rollout.async_producer); see README "Asynchronous
+    training". Needs rollout.agent=single_turn, no dynamic sampling and no greedy baseline."""
+    stale_groups: StaleGroups = StaleGroups.wait
+    """max_staleness >= 1: a group whose oldest token would exceed the bound at its update.
+    wait: the trainer waits for such groups to finish and trains on them first (no sample is
+    wasted; the step may wait for a long response). drop: the step never waits for them; a
+    group over the bound is dropped and its prompt slot refilled (counted in
+    off_policy/dropped)."""
+    partial_chunk_tokens: int = 0
+    """max_staleness >= 1: response tokens one engine call may add to a request before the
+    producer looks again (a partial rollout: an unfinished request keeps its tokens and
+    log-probs and continues in a later call, possibly on newer weights). 0: no partial
+    rollouts, every request runs to its end in one call."""
 
     def __post_init__(self) -> None:
         # Dataclasses built in Python (tests, user code) may pass plain strings.
         self.engine = RolloutEngineName(self.engine)
         self.placement = Placement(self.placement)
+        self.stale_groups = StaleGroups(self.stale_groups)
+        require(
+            self.max_staleness >= 0,
+            "rollout.max_staleness",
+            f"must be >= 0 (weights versions), got {self.max_staleness}",
+        )
+        require(
+            self.partial_chunk_tokens >= 0,
+            "rollout.partial_chunk_tokens",
+            f"must be >= 0 (0: no partial rollouts), got {self.partial_chunk_tokens}",
+        )
         # The name is checked against the registry by rlframe.preflight.
         self.agent = absolutize(self.agent)
         require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
@@ -94,3 +130,28 @@ class RolloutConfig:
             "rollout.gpu_memory_utilization",
             f"must be in (0, 1), got {self.gpu_memory_utilization}",
         )
+
+
+def check_async(r: RolloutConfig, dynamic_sampling: bool, advantage: str) -> None:
+    """Asynchronous training (``rollout.max_staleness >= 1``) produces single-turn responses
+    group by group, streamed and paused between engine calls: what needs a whole batch
+    drawn at once (DAPO's sampling rounds, ReMax's greedy baseline) or episodes of several
+    turns is not built for it yet."""
+    if r.max_staleness == 0:
+        return
+    why = "rollout.max_staleness >= 1 (asynchronous training) supports"
+    require(
+        r.agent == "single_turn",
+        "rollout.agent",
+        f"{why} rollout.agent=single_turn only, got {r.agent!r}; set rollout.max_staleness=0",
+    )
+    require(
+        not dynamic_sampling,
+        "algorithm.dynamic_sampling",
+        f"{why} no dynamic sampling yet; set it false or rollout.max_staleness=0",
+    )
+    require(
+        advantage not in NEEDS_GREEDY_BASELINE,
+        "algorithm.advantage",
+        f"{why} no greedy baseline ({advantage}) yet; set rollout.max_staleness=0",
+    )

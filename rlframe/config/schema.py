@@ -19,7 +19,7 @@ from rlframe.config.checks import (
 )
 from rlframe.config.model import ModelConfig
 from rlframe.config.placement import check_placement
-from rlframe.config.rollout import RolloutConfig
+from rlframe.config.rollout import RolloutConfig, check_async
 from rlframe.config.sections import (
     ActorConfig,
     CriticConfig,
@@ -61,6 +61,7 @@ class Config:
         check_batch_sizes(self)
         check_placement(self.rollout, self.trainer)
         check_tensor_parallel(self)
+        check_async(self.rollout, a.dynamic_sampling, a.advantage)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",

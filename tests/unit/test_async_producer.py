@@ -1,0 +1,213 @@
+"""The asynchronous producer on the driver: partial responses across syncs, the staleness
+bound in both modes, drops, and resuming from its state. A scripted engine stands in for
+the rollout group (the real one runs in tests/e2e/test_async_training.py): it answers
+"1" until prompt + response reach ``TOTAL`` tokens, then EOS, so short prompts give long
+responses (a long tail), and stamps the weights version the test says the engine holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rlframe.config import (
+    ActorConfig,
+    Config,
+    DataConfig,
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+)
+from rlframe.data.loader import PromptLoader
+from rlframe.data.prompts import PromptRecord
+from rlframe.data.tiny_model import build_tiny_tokenizer
+from rlframe.protocol import Batch
+from rlframe.rewards.stage import RewardStage
+from rlframe.rollout import ExperienceProducer
+from rlframe.rollout.async_producer import AsyncProducer
+
+TOKENIZER = build_tiny_tokenizer()
+ONE = TOKENIZER.convert_tokens_to_ids("1")
+TOTAL = 14
+MAX_TOKENS = 12
+
+
+class Engine:
+    """Scripted generation with a weights version; counts the rows it ran."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.rows = 0
+
+    def generate(self, prompts: Batch) -> Batch:
+        rows = len(prompts)
+        self.rows += rows
+        ids = torch.full((rows, MAX_TOKENS), TOKENIZER.pad_token_id)
+        mask = torch.zeros(rows, MAX_TOKENS)
+        reasons = []
+        for i in range(rows):
+            context = int(prompts["prompt_mask"][i].sum())
+            wanted = max(1, TOTAL - context)
+            cap = int(prompts["max_tokens"][i]) if "max_tokens" in prompts else MAX_TOKENS
+            n = min(wanted, cap)
+            ids[i, :n] = ONE
+            if n == wanted:
+                ids[i, n - 1] = TOKENIZER.eos_token_id
+            mask[i, :n] = 1
+            reasons.append("stop" if n == wanted else "length")
+        return Batch(
+            {
+                "response_ids": ids,
+                "response_mask": mask,
+                "loss_mask": mask.clone(),
+                "rollout_logprobs": -0.5 * mask,
+                "weights_version": torch.full((rows,), self.version),
+            },
+            {"finish_reason": reasons},
+            {"engine_s": 0.0},
+        )
+
+    def submit(self, prompts: Batch) -> FinishedCall:
+        return FinishedCall(self.generate(prompts))
+
+
+class FinishedCall:
+    """What ``group.submit`` returns, already answered (the scripted engine is synchronous)."""
+
+    def __init__(self, value: Batch) -> None:
+        self.value = value
+
+    def result(self) -> Batch:
+        return self.value
+
+
+def count_ones(response: str, ground_truth: str, sample: dict) -> float:
+    return float(len(response) > 4)
+
+
+def make_producer(engine: Engine, k: int, chunk: int, mode: str = "wait") -> AsyncProducer:
+    cfg = Config(
+        model=ModelConfig(path="tiny:0"),
+        data=DataConfig(batch_size=2, max_prompt_length=12),
+        rollout=RolloutConfig(
+            n=2,
+            max_tokens=MAX_TOKENS,
+            max_staleness=k,
+            partial_chunk_tokens=chunk,
+            stale_groups=mode,
+        ),
+        actor=ActorConfig(mini_batch_size=4, micro_batch_size=4),
+        reward=RewardConfig(fn="tests.unit.test_async_producer:count_ones", num_workers=0),
+    )
+    # Prompts of 2 to 11 tokens: responses of 12 down to 3 tokens.
+    texts = ["1" * (i % 10 + 2) for i in range(10)]
+    records = [PromptRecord(t, TOKENIZER(t)["input_ids"], "", {}) for t in texts]
+    loader = PromptLoader(records, 2, seed=0)
+    rewards = RewardStage(cfg, TOKENIZER)
+    return AsyncProducer(
+        cfg, engine.submit, engine.generate, TOKENIZER, loader, rewards, overlap=False
+    )
+
+
+def run_steps(producer: AsyncProducer, engine: Engine, steps: int) -> list[tuple[Batch, dict]]:
+    """Collect, then 'update and sync' (the engine's version goes up by one)."""
+
+    def sync() -> int:
+        engine.version += 1
+        return engine.version
+
+    synced = producer.track_sync(sync)
+    out = []
+    for _ in range(steps):
+        producer.submit()
+        out.append(producer.collect())
+        synced()
+    return out
+
+
+@pytest.mark.parametrize("mode", ["wait", "drop"])
+def test_partial_responses_cross_syncs_within_the_bound(mode: str) -> None:
+    engine = Engine()
+    producer = make_producer(engine, k=1, chunk=3, mode=mode)
+    steps = run_steps(producer, engine, 8)
+    seen_partial = False
+    for step, (batch, metrics) in enumerate(steps):
+        assert len(batch) == 4
+        assert metrics["off_policy/staleness_max"] <= 1
+        versions, mask = batch["token_version"], batch["response_mask"].bool()
+        # Tokens only ever come from the current or older weights, never newer.
+        assert int(versions[mask].max()) <= step
+        assert (versions[mask] >= step - 1).all()
+        # Every response is complete: stopped by EOS or at max_tokens.
+        ends = batch["response_ids"][torch.arange(4), mask.sum(1).long() - 1]
+        assert (ends == TOKENIZER.eos_token_id).all()
+        seen_partial |= metrics["off_policy/partial_frac"] > 0
+        if mode == "wait":
+            assert metrics["off_policy/dropped"] == 0
+    assert seen_partial
+    assert max(m["off_policy/staleness_max"] for _, m in steps) == 1
+
+
+def test_drop_mode_drops_stragglers_over_the_bound() -> None:
+    engine = Engine()
+    producer = make_producer(engine, k=1, chunk=1, mode="drop")
+    steps = run_steps(producer, engine, 8)
+    assert sum(m["off_policy/dropped"] for _, m in steps) > 0
+    assert all(m["off_policy/staleness_max"] <= 1 for _, m in steps)
+
+
+def test_staleness_zero_is_lockstep() -> None:
+    """k=0: one step's groups at a time, whole responses, all from the current weights."""
+    engine = Engine()
+    producer = make_producer(engine, k=0, chunk=0)
+    for step, (batch, metrics) in enumerate(run_steps(producer, engine, 4)):
+        assert batch["group"].tolist() == [2 * step, 2 * step, 2 * step + 1, 2 * step + 1]
+        assert metrics["off_policy/staleness_max"] == 0
+        assert metrics["off_policy/partial_frac"] == 0
+        assert (batch["weights_version"] == step).all()
+    assert engine.rows == 4 * 4  # nothing generated ahead
+
+
+def test_resume_from_state_continues_exactly() -> None:
+    engine = Engine()
+    straight = make_producer(engine, k=1, chunk=3)
+    first = run_steps(straight, engine, 3)
+    state = json.loads(json.dumps(straight.state_dict()))
+    assert state["groups"], "nothing in flight: the test would not test resuming partials"
+    rest = run_steps(straight, engine, 3)
+
+    resumed_engine = Engine()
+    resumed_engine.version = 3
+    resumed = make_producer(resumed_engine, k=1, chunk=3)
+    resumed.load_state_dict(state)
+    again = run_steps(resumed, resumed_engine, 3)
+    assert len(first) == 3
+    for (a, ma), (b, mb) in zip(rest, again):
+        for key in ("group", "response_ids", "token_version", "rollout_logprobs", "reward"):
+            assert torch.equal(a[key], b[key]), key
+        assert ma["off_policy/staleness_mean"] == mb["off_policy/staleness_mean"]
+
+
+def test_staleness_zero_gives_the_lockstep_batches() -> None:
+    """The same engine behind the lockstep producer and the asynchronous one at k=0, chunk=0:
+    the same groups, seeds, responses, log-probs and rewards, step by step."""
+    engine, lockstep_engine = Engine(), Engine()
+    producer = make_producer(engine, k=0, chunk=0)
+    lockstep = ExperienceProducer(
+        producer.cfg,
+        lockstep_engine.generate,
+        TOKENIZER,
+        PromptLoader(producer.loader.records, 2, seed=0),
+        RewardStage(producer.cfg, TOKENIZER),
+    )
+    for batch, _ in run_steps(producer, engine, 4):
+        lockstep.submit()
+        expected, _ = lockstep.collect()
+        lockstep_engine.version += 1
+        for key in ("group", "prompt_ids", "response_ids", "response_mask", "rollout_logprobs"):
+            assert torch.equal(batch[key], expected[key]), key
+        for key in ("reward", "score", "weights_version"):
+            assert torch.equal(batch[key], expected[key]), key
+        assert batch["seed"].tolist() == expected["seed"].tolist()
+        assert list(batch["finish_reason"]) == list(expected["finish_reason"])
