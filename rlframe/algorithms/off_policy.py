@@ -28,10 +28,9 @@ if TYPE_CHECKING:
 
 def is_exactly_on_policy(cfg: Config, rows: int) -> bool:
     """The update's first optimizer step starts from the weights that generated every token
-    of the batch, and it is the only step: no staleness (``rollout.max_staleness``, 0 where
-    the key does not exist) and one epoch of one mini-batch over ``rows`` responses."""
-    staleness = getattr(cfg.rollout, "max_staleness", 0)
-    return staleness == 0 and cfg.actor.updates_in_one_pass(rows)
+    of the batch, and it is the only step: no staleness (``rollout.max_staleness``) and one
+    epoch of one mini-batch over ``rows`` responses."""
+    return cfg.rollout.max_staleness == 0 and cfg.actor.updates_in_one_pass(rows)
 
 
 def needs_old_logprob_pass(cfg: Config, rows: int, kl_in_reward: bool, actor_updates: bool) -> bool:
