@@ -21,7 +21,7 @@ which registers itself; the package imports it). Your own:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rlframe.algorithms.registry import Registry
@@ -37,6 +37,9 @@ class AgentContext:
     tokenizer: Any
     """The model's tokenizer (driver side)."""
     config: Config
+    resources: dict[str, Any] = field(default_factory=dict)
+    """What an agent keeps across batches (the ``openai`` agent's server); each value with a
+    ``stop()`` is stopped when the producer closes."""
 
 
 AgentFn = Callable[[Batch, AgentContext], Batch]
