@@ -33,7 +33,7 @@ from rlframe.config.agent import compute_response_width
 from rlframe.envs import EnvError
 from rlframe.envs.runner import CallOutcome, run_env_calls
 from rlframe.protocol import Batch
-from rlframe.rollout.agents import AGENTS, AgentContext
+from rlframe.rollout.agents import AgentContext
 from rlframe.rollout.multi_turn import build_samples, left_pad
 
 SERVER = "openai_server"
@@ -56,9 +56,9 @@ def as_reward(value: Any) -> float | None:
     raise TypeError(f"the agent returned {value!r:.100}, not a number or None")
 
 
-@AGENTS.register("openai")
 def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
-    """The ``openai`` agent; see the module docstring."""
+    """The ``openai`` agent (registered in :mod:`rlframe.rollout.agents`); see the module
+    docstring."""
     server = get_server(ctx)
     server.batcher.meta = dict(prompts.meta)
     if "openai_entry" not in ctx.resources:

@@ -89,7 +89,7 @@ class AgentConfig:
             f"{self.server_port}"
         )
         require(
-            self.batch_wait_ms >= 0, "agent.batch_wait_ms", f"must be >= 0, got {self.batch_wait_ms}"
+            self.batch_wait_ms >= 0, "agent.batch_wait_ms", f"must be >= 0: {self.batch_wait_ms}"
         )
         require_positive(self.max_pending_requests, "agent.max_pending_requests")
         require_positive(self.max_request_bytes, "agent.max_request_bytes")

@@ -1,7 +1,6 @@
 """Experience production: agents (single-turn, multi-turn, users'), DAPO's sampling rounds,
 ReMax's greedy baseline. The Trainer asks :class:`ExperienceProducer` for the next Batch."""
 
-from rlframe.agent_server import agent as _openai_agent  # noqa: F401  (registers the openai agent)
 from rlframe.rollout import multi_turn  # noqa: F401  (registers the multi_turn agent)
 from rlframe.rollout.agents import AGENTS, AgentContext, run_single_turn
 from rlframe.rollout.producer import ExperienceProducer, collect_agent_metrics

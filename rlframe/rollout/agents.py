@@ -13,8 +13,9 @@ engine's log-probs of sampled tokens, 0 elsewhere) and the column ``finish_reaso
 optionally ``env_reward``/``env_failed`` and the ``agent_*`` counters of
 :func:`rlframe.rollout.producer.collect_agent_metrics`.
 
-Built-ins: ``single_turn`` (here) and ``multi_turn`` (:mod:`rlframe.rollout.multi_turn`,
-which registers itself; the package imports it). Your own:
+Built-ins: ``single_turn`` (here), ``openai`` (an OpenAI-compatible server for agents
+written against the ``openai`` client, :mod:`rlframe.agent_server`) and ``multi_turn``
+(:mod:`rlframe.rollout.multi_turn`, which registers itself; the package imports it). Your own:
 ``rollout.agent=pkg.module:my_agent`` or ``path/to/file.py:my_agent``.
 """
 
@@ -50,3 +51,12 @@ AGENTS: Registry[AgentFn] = Registry("rollout agent")
 def run_single_turn(prompts: Batch, ctx: AgentContext) -> Batch:
     """One sampled response per row: every response token is the policy's."""
     return prompts.union(ctx.generate(prompts))
+
+
+@AGENTS.register("openai")
+def run_openai_agent(prompts: Batch, ctx: AgentContext) -> Batch:
+    """Episodes of ``agent.entry`` against the run's OpenAI-compatible server."""
+    # Imported here: the server stack (aiohttp) loads only for runs that use it.
+    from rlframe.agent_server.agent import run_openai_episodes
+
+    return run_openai_episodes(prompts, ctx)
