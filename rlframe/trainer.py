@@ -109,7 +109,7 @@ class Trainer:
             # gen, reward (and baseline): prompts -> rewarded responses, by the configured agent.
             self.experience.submit()
             batch, metrics = self.experience.collect()
-            if self.needs_old_logprob_pass():
+            if self.needs_old_logprob_pass(len(batch)):
                 with timer("old_logprob"):
                     batch = batch.union(self.actor.compute_logprobs(batch))
             if self.use_ref:
@@ -140,12 +140,13 @@ class Trainer:
         (``critic.actor_wait_steps``)."""
         return self.critic is None or self.step_count > self.cfg.critic.actor_wait_steps
 
-    def needs_old_logprob_pass(self) -> bool:
+    def needs_old_logprob_pass(self, rows: int) -> bool:
         """Old log-probs need their own forward pass unless the update is exactly on-policy
         (:meth:`~rlframe.config.ActorConfig.updates_in_one_pass`). The in-reward KL reads
         them before the update, and without an actor update this step (the actor waits for
         the critic) nothing would compute them."""
-        rows = self.cfg.data.batch_size * self.cfg.rollout.n
+        # rows: the batch's own, which an agent that forks rows (rollout.agent=openai) makes
+        # more than data.batch_size * rollout.n.
         return (
             self.cfg.algorithm.recompute_old_logprobs
             or not self.cfg.actor.updates_in_one_pass(rows)

@@ -15,7 +15,11 @@ Rows: the episode's calls become one training row per chain of extending calls
 rows. Each row is a response of the prompt's group (same ``group`` id) with the episode's
 reward, so GRPO-style advantages compare it with the group's other rows: an episode of k
 rows weighs k times in its group's mean and std, and every row of it gets the same
-advantage. The batch then has more rows than ``data.batch_size * rollout.n``.
+advantage. The batch then has more rows than ``data.batch_size * rollout.n``; it is filled
+up to a whole number of mini-batches (``actor.mini_batch_size``) with copies of its last row
+whose loss mask is 0, each in a group of its own (advantage 0), and the trainer takes the
+old log-probs in a pass of their own, since the update is then more than one mini-batch.
+DAPO's dynamic sampling keeps groups of ``rollout.n`` rows, so it refuses forked rows.
 """
 
 from __future__ import annotations
@@ -77,7 +81,27 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     finally:
         for s in sessions:
             server.sessions.close(s.key)
-    return assemble(prompts, ctx, sessions, outcomes)
+    batch = assemble(prompts, ctx, sessions, outcomes)
+    if len(batch) > len(prompts) and ctx.config.algorithm.dynamic_sampling:
+        raise EnvError(
+            f"agent {agent.entry} rewrote its history ({len(batch)} rows from {len(prompts)} "
+            "episodes): algorithm.dynamic_sampling needs one row per episode"
+        )
+    return fill_mini_batches(batch, ctx.config.actor.mini_batch_size)
+
+
+def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
+    """Copies of the last row, loss mask 0 and a group each, up to whole mini-batches."""
+    missing = (-len(batch)) % mini_batch_size
+    if missing == 0:
+        return batch
+    filler = batch.rows([len(batch) - 1] * missing)
+    first_group = int(batch["group"].max()) + 1
+    filler = filler.with_tensors(
+        loss_mask=torch.zeros_like(filler["loss_mask"]),
+        group=torch.arange(first_group, first_group + missing, dtype=batch["group"].dtype),
+    )
+    return Batch.concat([batch, filler])
 
 
 def episode_result(outcome: CallOutcome, row: int, ctx: AgentContext) -> tuple[float, bool, bool]:
