@@ -24,7 +24,9 @@ DAPO's dynamic sampling keeps groups of ``rollout.n`` rows, so it refuses forked
 
 from __future__ import annotations
 
+import inspect
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -74,7 +76,7 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
         server.sessions.open(s, int(seed), Episode(ctx.tokenizer, stop_ids))
         for s, seed in zip(samples, prompts["seed"])
     ]
-    calls = [(entry, (server.base_url, s.key, s.sample)) for s in sessions]
+    calls = [(closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions]
     agent = ctx.config.agent
     try:
         outcomes = run_env_calls(calls, agent.step_timeout_s, agent.max_concurrent_envs)
@@ -102,6 +104,28 @@ def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
         group=torch.arange(first_group, first_group + missing, dtype=batch["group"].dtype),
     )
     return Batch.concat([batch, filler])
+
+
+def closing(entry: Callable[..., Any], server: AgentServer, key: str) -> Callable[..., Any]:
+    """``entry`` that ends its session when it returns or raises: the batcher then waits for
+    no more calls from it (an abandoned sync call's session ends with the batch)."""
+    if inspect.iscoroutinefunction(entry):
+
+        async def run_async(*args: Any) -> Any:
+            try:
+                return await entry(*args)
+            finally:
+                server.sessions.close(key)
+
+        return run_async
+
+    def run(*args: Any) -> Any:
+        try:
+            return entry(*args)
+        finally:
+            server.sessions.close(key)
+
+    return run
 
 
 def episode_result(outcome: CallOutcome, row: int, ctx: AgentContext) -> tuple[float, bool, bool]:

@@ -46,11 +46,12 @@ class SessionRegistry:
         with self.lock:
             return self.sessions.get(key)
 
-    def close(self, key: str) -> Session:
+    def close(self, key: str) -> None:
+        """End a session (again: nothing happens)."""
         with self.lock:
-            session = self.sessions.pop(key)
-        session.closed = True
-        return session
+            session = self.sessions.pop(key, None)
+        if session is not None:
+            session.closed = True
 
     def count(self) -> int:
         with self.lock:
