@@ -10,7 +10,7 @@ One engine in this process (the tiny model; ``--engine vllm``, the training engi
    guess-the-number agent), for growing ``S``; prints calls/s, rows per engine call and
    failures. The largest ``S`` without failures is what this machine sustains.
 
-    python bench/openai_endpoint.py [--engine vllm] [--calls 50] [--sessions 16,64,256,512]
+    python bench/openai_endpoint.py [--engine vllm] [--calls 50] [--sessions 16,64,256,1024,2048]
 """
 
 from __future__ import annotations
@@ -53,7 +53,11 @@ def build(engine: str) -> tuple[Config, Any, Any, str]:
 
     from workers.rollout_role import RolloutRole
 
-    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    # What a worker process of a pool of one has (vLLM's executor reads them).
+    for key, value in (("OMP_NUM_THREADS", "2"), ("RANK", "0"), ("LOCAL_RANK", "0"),
+                       ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
+                       ("MASTER_PORT", "29517")):  # fmt: skip
+        os.environ.setdefault(key, value)
     cfg = Config(
         model=ModelConfig(path="tiny:0"),
         data=DataConfig(task="guess", batch_size=16, max_prompt_length=64),
@@ -142,7 +146,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
     parser.add_argument("--calls", type=int, default=50)
-    parser.add_argument("--sessions", default="16,64,256,512")
+    parser.add_argument("--sessions", default="16,64,256,1024,2048")
     args = parser.parse_args()
     cfg, role, tokenizer, path = build(args.engine)
     server = AgentServer(cfg, role.generate, tokenizer, "tiny")
