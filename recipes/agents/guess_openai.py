@@ -9,11 +9,15 @@ with a user message " higher:" / " lower:" / " invalid:" and the model guesses a
 from __future__ import annotations
 
 import re
+import ssl
 from typing import Any
 
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 MAX_TURNS = 4
+# One TLS context for all clients: building one per client loads the CA bundle, ~26 ms,
+# which for 256 episodes a step is seconds of client set-up.
+TLS = ssl.create_default_context()
 LEADING_INTEGER = re.compile(r"\s*(-?\d+)")
 
 
@@ -31,7 +35,12 @@ def hint_for(guess_text: str, secret: int) -> str | None:
 async def play(base_url: str, api_key: str, sample: dict[str, Any]) -> float:
     secret = int(sample["ground_truth"])
     messages: list[dict[str, Any]] = [{"role": "user", "content": sample["prompt"]}]
-    async with AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+    async with AsyncOpenAI(
+        base_url=base_url,
+        api_key=api_key,
+        max_retries=0,
+        http_client=DefaultAsyncHttpxClient(verify=TLS),
+    ) as client:
         for _ in range(MAX_TURNS):
             reply = await client.chat.completions.create(
                 model="policy", messages=messages, max_tokens=1
