@@ -189,6 +189,10 @@ class AgentServer:
                     400, f"{key}={given} differs from the run's rollout.{key}={value}, which "
                     "the trainer's log-probs assume", "unsupported_parameter", key,
                 )  # fmt: skip
+        for key in ("max_tokens", "max_completion_tokens"):
+            value = body.get(key)
+            if value is not None and (type(value) is not int or value < 1):
+                raise APIError(400, f"{key} must be a positive integer", "invalid_request", key)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise APIError(

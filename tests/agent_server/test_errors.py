@@ -56,6 +56,9 @@ def test_bad_requests_get_400_404_413(plain: Served) -> None:
         with pytest.raises(openai.BadRequestError) as bad:
             client.chat.completions.create(model="tiny", messages=USER, **extra)
         assert bad.value.code == "unsupported_parameter" and bad.value.param == param
+    with pytest.raises(openai.BadRequestError) as bad_cap:
+        client.chat.completions.create(model="tiny", messages=USER, max_tokens=0)
+    assert bad_cap.value.param == "max_tokens"
     long = [{"role": "user", "content": "1+" * 300}]  # 600 tokens > data.max_prompt_length
     with pytest.raises(openai.BadRequestError) as over:
         client.chat.completions.create(model="tiny", messages=long)
