@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlframe.algorithms.registry import Registry
+from rlframe.algorithms.registry import Registry, load_function
 from rlframe.config import Config
 from rlframe.protocol import Batch
 
@@ -56,7 +56,7 @@ def run_single_turn(prompts: Batch, ctx: AgentContext) -> Batch:
 @AGENTS.register("openai")
 def run_openai_agent(prompts: Batch, ctx: AgentContext) -> Batch:
     """Episodes of ``agent.entry`` against the run's OpenAI-compatible server."""
-    # Imported here: the server stack (aiohttp) loads only for runs that use it.
-    from rlframe.agent_server.agent import run_openai_episodes
-
-    return run_openai_episodes(prompts, ctx)
+    # Loaded by path, as users' agents are: rlframe.agent_server is an agent built on this
+    # package (an import here would close a circle), and its server stack (aiohttp) loads
+    # only for the runs that use it.
+    return load_function("rlframe.agent_server.agent:run_openai_episodes")(prompts, ctx)
