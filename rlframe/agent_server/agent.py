@@ -199,7 +199,12 @@ def assemble(
         "prompt": [ctx.tokenizer.decode(r.prompt_ids, skip_special_tokens=False) for r in rows],
         "finish_reason": [r.finish_reason for r in rows],
     }
-    meta = dict(prompts.meta) | {"weights_version": max(versions, default=0)}
+    latest = max(versions, default=0)
+    # Per row, the oldest weights any of its turns was sampled with.
+    tensors["weights_version"] = torch.tensor(
+        [r.weights_version if r.weights_version >= 0 else latest for r in rows], dtype=torch.long
+    )
+    meta = dict(prompts.meta) | {"weights_version": latest}
     return Batch(base.tensors | tensors, base.columns | columns, meta)
 
 

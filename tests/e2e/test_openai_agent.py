@@ -51,6 +51,8 @@ def test_openai_agent_tiny_learns(tmp_path: Path) -> None:
         f"{metrics[-1]['agent/turns/mean']:.2f}, max rollout/logprob_diff {gap:.2e}"
     )
     assert len(metrics) == STEPS
+    # Every step's rows were sampled with the weights of the step before (on-policy).
+    assert [m["rollout/weights_version"] for m in metrics] == list(range(STEPS))
     assert last - first >= 0.15
     assert gap < 1e-4
     assert all(m["agent/turns/mean"] > 1.5 and m["agent/obs_tokens/mean"] > 0 for m in metrics)
