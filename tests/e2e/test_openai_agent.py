@@ -59,6 +59,4 @@ def test_openai_agent_tiny_learns(tmp_path: Path) -> None:
     assert all(m["response_length/mean"] <= 4 for m in metrics)
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     # The feedback the agent sent as user messages sits after the closed turn, token in.
-    assert any(
-        "<eos>higher:" in r["response"] or "<eos>lower:" in r["response"] for r in rollouts
-    )
+    assert any("<eos>higher:" in r["response"] or "<eos>lower:" in r["response"] for r in rollouts)
