@@ -195,6 +195,18 @@ def check_local_pools(cfg: Config) -> None:
         check_pools_fit(cfg.rollout, cfg.trainer, cpus, source)
 
 
+def check_openai_entry(cfg: Config) -> None:
+    """``rollout.agent=openai`` needs ``agent.entry``, a function that loads."""
+    from rlframe.algorithms.registry import load_function
+
+    if not cfg.agent.entry:
+        raise ConfigError("agent.entry", "rollout.agent=openai needs the agent's function")
+    try:
+        load_function(cfg.agent.entry)
+    except Exception as e:
+        raise ConfigError("agent.entry", describe_load_error(e)) from None
+
+
 def check_agent(cfg: Config, tokenizer: Any) -> None:
     """``rollout.agent`` loads; for multi_turn, ``agent.env`` loads, one env builds from
     ``agent.env_kwargs``, and the chat template can place an observation after a model turn."""
@@ -205,6 +217,8 @@ def check_agent(cfg: Config, tokenizer: Any) -> None:
         AGENTS.get(cfg.rollout.agent)
     except Exception as e:
         raise ConfigError("rollout.agent", describe_load_error(e)) from None
+    if cfg.rollout.agent == "openai":
+        check_openai_entry(cfg)
     if not cfg.agent.env:
         return
     try:

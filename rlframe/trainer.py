@@ -159,14 +159,15 @@ class Trainer:
         exactly on-policy and returns its own."""
         if self.cfg.algorithm.off_policy_correction == "rollout":
             return batch.with_tensors(old_logprobs=batch["rollout_logprobs"])
-        if not self.needs_old_logprob_pass():
+        if not self.needs_old_logprob_pass(len(batch)):
             return batch
         with timer("old_logprob"):
             return batch.union(self.actor.compute_logprobs(batch))
 
-    def needs_old_logprob_pass(self) -> bool:
+    def needs_old_logprob_pass(self, rows: int) -> bool:
         """See :func:`rlframe.algorithms.off_policy.needs_old_logprob_pass`."""
-        rows = self.cfg.data.batch_size * self.cfg.rollout.n
+        # rows: the batch's own, which an agent that forks rows (rollout.agent=openai) makes
+        # more than data.batch_size * rollout.n.
         return needs_old_logprob_pass(
             self.cfg, rows, kl_in_reward=self.kl_ctrl.value > 0, actor_updates=self.actor_updates()
         )

@@ -47,7 +47,27 @@ class AgentConfig:
     rule_reward_weight: float = 1.0
     """Weight of the rule reward (``reward.fn``) in a multi-turn score; 0 leaves the env alone."""
     max_concurrent_envs: int = 256
-    """Env steps of one turn that run at once (threads for sync envs, tasks for async ones)."""
+    """Env steps of one turn that run at once (threads for sync envs, tasks for async ones);
+    for ``rollout.agent=openai``: episodes that run at once."""
+    entry: str = ""
+    """The agent of ``rollout.agent=openai``: ``pkg.module:fn`` or ``path/to/file.py:fn``,
+    sync or async, called as ``fn(base_url, api_key, sample)`` once per episode; returns the
+    episode's reward, or None for ``reward.fn`` to score it. ``agent.step_timeout_s`` bounds
+    the whole episode."""
+    server_host: str = "127.0.0.1"
+    """Address the OpenAI-compatible server binds (``rollout.agent=openai``); the default
+    keeps it unreachable from other machines."""
+    server_port: int = 0
+    """Port of the server; 0: an ephemeral port chosen by the OS."""
+    tool_parser: str = "hermes"
+    """Tool-call parser for the server's replies (:mod:`rlframe.envs.tool_parsers`)."""
+    batch_wait_ms: float = 20.0
+    """Longest wait, after a request arrives, for other sessions' requests to share its
+    engine call (no wait once every open session has one queued)."""
+    max_pending_requests: int = 1024
+    """Requests the server holds at once; more get HTTP 429."""
+    max_request_bytes: int = 4 * 1024 * 1024
+    """Largest request body; larger ones get HTTP 413."""
 
     def __post_init__(self) -> None:
         # The name is checked against the registry by rlframe.preflight.
@@ -63,6 +83,17 @@ class AgentConfig:
         require_positive(self.step_timeout_s, "agent.step_timeout_s")
         require_choice(self.on_env_error, ENV_ERROR_POLICIES, "agent.on_env_error")
         require_positive(self.max_concurrent_envs, "agent.max_concurrent_envs")
+        self.entry = absolutize(self.entry) if self.entry else ""
+        require(
+            0 <= self.server_port < 65536,
+            "agent.server_port",
+            f"must be in [0, 65535], got {self.server_port}",
+        )
+        require(
+            self.batch_wait_ms >= 0, "agent.batch_wait_ms", f"must be >= 0: {self.batch_wait_ms}"
+        )
+        require_positive(self.max_pending_requests, "agent.max_pending_requests")
+        require_positive(self.max_request_bytes, "agent.max_request_bytes")
 
 
 def is_multi_turn(agent: str) -> bool:

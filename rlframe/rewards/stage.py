@@ -136,12 +136,28 @@ def combine_rewards(batch: Batch, cfg: AgentConfig) -> Batch:
     task = batch["score"].float()
     penalty = batch["reward"].float() - task
     score = cfg.rule_reward_weight * task + cfg.env_reward_weight * batch["env_reward"].float()
+    if "agent_reward_given" in batch:  # rollout.agent=openai: see rlframe.agent_server.agent
+        score = score_openai_episodes(batch, task, cfg)
     failed = batch["env_failed"].bool()
     zero = torch.zeros_like(score)
     return batch.with_tensors(
         score=torch.where(failed, zero, score),
         reward=torch.where(failed, zero, score + penalty),
     )
+
+
+def score_openai_episodes(batch: Batch, task: torch.Tensor, cfg: AgentConfig) -> torch.Tensor:
+    """An episode's reward is the agent's (times ``agent.env_reward_weight``) when it gave
+    one, else ``reward.fn``'s score of the episode's last row (times
+    ``agent.rule_reward_weight``); every row of the episode gets it."""
+    episode = batch["agent_episode"].long()
+    order = torch.arange(len(episode))
+    last = torch.zeros(int(episode.max()) + 1, dtype=torch.long).scatter_reduce(
+        0, episode, order, "amax"
+    )
+    rule = cfg.rule_reward_weight * task[last[episode]]
+    given = batch["agent_reward_given"].bool()
+    return torch.where(given, cfg.env_reward_weight * batch["env_reward"].float(), rule)
 
 
 def resolve_reward_name(cfg: Config) -> str:

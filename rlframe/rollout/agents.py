@@ -13,18 +13,19 @@ engine's log-probs of sampled tokens, 0 elsewhere) and the column ``finish_reaso
 optionally ``env_reward``/``env_failed`` and the ``agent_*`` counters of
 :func:`rlframe.rollout.producer.collect_agent_metrics`.
 
-Built-ins: ``single_turn`` (here) and ``multi_turn`` (:mod:`rlframe.rollout.multi_turn`,
-which registers itself; the package imports it). Your own:
+Built-ins: ``single_turn`` (here), ``openai`` (an OpenAI-compatible server for agents
+written against the ``openai`` client, :mod:`rlframe.agent_server`) and ``multi_turn``
+(:mod:`rlframe.rollout.multi_turn`, which registers itself; the package imports it). Your own:
 ``rollout.agent=pkg.module:my_agent`` or ``path/to/file.py:my_agent``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from rlframe.algorithms.registry import Registry
+from rlframe.algorithms.registry import Registry, load_function
 from rlframe.config import Config
 from rlframe.protocol import Batch
 
@@ -37,6 +38,9 @@ class AgentContext:
     tokenizer: Any
     """The model's tokenizer (driver side)."""
     config: Config
+    resources: dict[str, Any] = field(default_factory=dict)
+    """What an agent keeps across batches (the ``openai`` agent's server); each value with a
+    ``stop()`` is stopped when the producer closes."""
 
 
 AgentFn = Callable[[Batch, AgentContext], Batch]
@@ -47,3 +51,12 @@ AGENTS: Registry[AgentFn] = Registry("rollout agent")
 def run_single_turn(prompts: Batch, ctx: AgentContext) -> Batch:
     """One sampled response per row: every response token is the policy's."""
     return prompts.union(ctx.generate(prompts))
+
+
+@AGENTS.register("openai")
+def run_openai_agent(prompts: Batch, ctx: AgentContext) -> Batch:
+    """Episodes of ``agent.entry`` against the run's OpenAI-compatible server."""
+    # Loaded by path, as users' agents are: rlframe.agent_server is an agent built on this
+    # package (an import here would close a circle), and its server stack (aiohttp) loads
+    # only for the runs that use it.
+    return load_function("rlframe.agent_server.agent:run_openai_episodes")(prompts, ctx)

@@ -131,8 +131,11 @@ class ExperienceProducer:
         self.loader.load_state_dict(state["loader"])
 
     def close(self) -> None:
-        """Stop the reward stage's processes and thread."""
+        """Stop the reward stage's processes and thread, and what the agent started."""
         self.rewards.close()
+        for resource in self.context.resources.values():
+            if hasattr(resource, "stop"):
+                resource.stop()
 
     def next_prompts(self) -> Batch:
         records = self.loader.next_records()

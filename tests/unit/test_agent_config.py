@@ -23,7 +23,7 @@ TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "test_multi_turn.py"
         (
             "rollout.agent=three_turn",
             "rollout.agent: unknown rollout agent 'three_turn'; registered: ['multi_turn', "
-            "'single_turn']",
+            "'openai', 'single_turn']",
         ),
         (
             "agent.env=chess",
@@ -50,6 +50,22 @@ def test_bad_agent_inputs_fail_before_ray_with_one_line(override: str, message: 
     assert message in result.stderr, result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert "ray-must-not-start" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ([], "agent.entry: rollout.agent=openai needs the agent's function"),
+        (["agent.entry=no_such_pkg.agents:play"], "agent.entry: cannot be loaded"),
+        (["agent.server_port=70000"], "agent.server_port: must be in [0, 65535]"),
+        (["agent.max_pending_requests=0"], "agent.max_pending_requests"),
+    ],
+)
+def test_bad_openai_agent_inputs_fail_before_ray(overrides: list[str], message: str) -> None:
+    result = run_cli("+recipe=agent_tiny", "rollout.agent=openai", *overrides)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
 
 
 def test_multi_turn_needs_an_env_and_widens_responses() -> None:

@@ -129,6 +129,7 @@ GPU_RECIPES = {
     "gspo_qwen": "grpo",
     "remax_qwen": "remax",
     "drgrpo_qwen": "grpo",
+    "openai_agent_qwen": "grpo",
 }
 
 
@@ -156,6 +157,9 @@ def test_recipe_specifics() -> None:
     )
     assert drgrpo.algorithm.loss_agg_norm == drgrpo.rollout.max_tokens == 1024
     assert compose("ppo_tiny").critic.enable and compose("grpo_tiny").critic.enable is False
+    agent = compose("openai_agent_qwen")
+    assert agent.rollout.agent == "openai"
+    assert agent.agent.entry.endswith("calculator_openai.py:solve")
 
 
 def test_gae_without_critic_is_refused() -> None:

@@ -108,9 +108,9 @@ def test_trainer_asks_the_same_rule() -> None:
     stale = make_config()
     trainer = Trainer(stale, None, None, None, lambda: 0, None)
     trainer.step_count = 1
-    assert not trainer.needs_old_logprob_pass()
+    assert not trainer.needs_old_logprob_pass(ROWS)
     stale.rollout.max_staleness = 1
-    assert trainer.needs_old_logprob_pass()
+    assert trainer.needs_old_logprob_pass(ROWS)
 
 
 def test_behaviour_weight_metrics() -> None:

@@ -135,7 +135,7 @@ def test_config_keys() -> None:
     )
 
 
-def needs_pass(cfg: Config, critic: bool = False, step: int = 1) -> bool:
+def needs_pass(cfg: Config, critic: bool = False, step: int = 1, extra_rows: int = 0) -> bool:
     from rlframe.trainer import Trainer
 
     # This check reads neither the workers, the experience nor the weight sync.
@@ -148,11 +148,13 @@ def needs_pass(cfg: Config, critic: bool = False, step: int = 1) -> bool:
         tracker=None,
     )
     trainer.step_count = step
-    return trainer.needs_old_logprob_pass()
+    return trainer.needs_old_logprob_pass(cfg.data.batch_size * cfg.rollout.n + extra_rows)
 
 
 def test_old_logprob_pass_only_when_needed() -> None:
     assert not needs_pass(make_config())
+    # Rows forked by the openai agent make more than one mini-batch.
+    assert needs_pass(make_config(), extra_rows=16)
     assert needs_pass(make_config(algorithm=AlgorithmConfig(recompute_old_logprobs=True)))
     assert needs_pass(make_config(actor=ActorConfig(mini_batch_size=8, micro_batch_size=4)))
     assert needs_pass(

@@ -1,0 +1,214 @@
+"""``rollout.agent=openai``: train an agent written against the OpenAI client, unchanged.
+
+Per prompt row, one episode: a session (its own API key) is opened on the run's server
+(:mod:`rlframe.agent_server.app`, started on first use, kept for the run) and the user's
+function ``agent.entry`` is called as ``entry(base_url, api_key, sample)`` (sync: on a
+thread; async: a task), at most ``agent.max_concurrent_envs`` at once, each within
+``agent.step_timeout_s`` (for this agent: the whole episode), with ``agent.on_env_error``
+deciding what a raise or a timeout does. ``sample`` is the prompt row as ``env.reset`` of
+the multi-turn agent gets it (``prompt``, ``messages``, ``ground_truth`` and the row's
+columns). The function returns the episode's reward, or None for ``reward.fn`` to score
+the episode's text.
+
+Rows: the episode's calls become one training row per chain of extending calls
+(:mod:`rlframe.agent_server.trajectory`); an episode that rewrote its history gives several
+rows. Each row is a response of the prompt's group (same ``group`` id) with the episode's
+reward, so GRPO-style advantages compare it with the group's other rows: an episode of k
+rows weighs k times in its group's mean and std, and every row of it gets the same
+advantage. The batch then has more rows than ``data.batch_size * rollout.n``; it is filled
+up to a whole number of mini-batches (``actor.mini_batch_size``) with copies of its last row
+whose loss mask is 0, each in a group of its own (advantage 0), and the trainer takes the
+old log-probs in a pass of their own, since the update is then more than one mini-batch.
+DAPO's dynamic sampling keeps groups of ``rollout.n`` rows, so it refuses forked rows.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rlframe.agent_server.app import AgentServer
+from rlframe.agent_server.sessions import Session
+from rlframe.agent_server.trajectory import Episode, Row
+from rlframe.algorithms.registry import load_function
+from rlframe.config.agent import compute_response_width
+from rlframe.envs import EnvError
+from rlframe.envs.runner import CallOutcome, run_env_calls
+from rlframe.protocol import Batch
+from rlframe.rollout.agents import AgentContext
+from rlframe.rollout.multi_turn import build_samples, left_pad
+
+SERVER = "openai_server"
+
+
+def get_server(ctx: AgentContext) -> AgentServer:
+    """The run's server, started on the first batch."""
+    if SERVER not in ctx.resources:
+        server = AgentServer(ctx.config, ctx.generate, ctx.tokenizer, ctx.config.model.path)
+        server.start()
+        ctx.resources[SERVER] = server
+    return ctx.resources[SERVER]
+
+
+def as_reward(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool | int | float) and math.isfinite(float(value)):
+        return float(value)
+    raise TypeError(f"the agent returned {value!r:.100}, not a number or None")
+
+
+def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
+    """The ``openai`` agent (registered in :mod:`rlframe.rollout.agents`); see the module
+    docstring."""
+    server = get_server(ctx)
+    server.batcher.meta = dict(prompts.meta)
+    if "openai_entry" not in ctx.resources:
+        ctx.resources["openai_entry"] = load_function(ctx.config.agent.entry)
+    entry = ctx.resources["openai_entry"]
+    stop_ids = {int(t) for t in prompts.meta["stop_token_ids"]}
+    samples = build_samples(prompts)
+    sessions = [
+        server.sessions.open(s, int(seed), Episode(ctx.tokenizer, stop_ids))
+        for s, seed in zip(samples, prompts["seed"])
+    ]
+    calls = [(closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions]
+    agent = ctx.config.agent
+    try:
+        outcomes = run_env_calls(calls, agent.step_timeout_s, agent.max_concurrent_envs)
+    finally:
+        for s in sessions:
+            server.sessions.close(s.key)
+    batch = assemble(prompts, ctx, sessions, outcomes)
+    if len(batch) > len(prompts) and ctx.config.algorithm.dynamic_sampling:
+        raise EnvError(
+            f"agent {agent.entry} rewrote its history ({len(batch)} rows from {len(prompts)} "
+            "episodes): algorithm.dynamic_sampling needs one row per episode"
+        )
+    return fill_mini_batches(batch, ctx.config.actor.mini_batch_size)
+
+
+def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
+    """Copies of the last row, loss mask 0 and a group each, up to whole mini-batches."""
+    missing = (-len(batch)) % mini_batch_size
+    if missing == 0:
+        return batch
+    filler = batch.rows([len(batch) - 1] * missing)
+    first_group = int(batch["group"].max()) + 1
+    filler = filler.with_tensors(
+        loss_mask=torch.zeros_like(filler["loss_mask"]),
+        group=torch.arange(first_group, first_group + missing, dtype=batch["group"].dtype),
+    )
+    return Batch.concat([batch, filler])
+
+
+def closing(entry: Callable[..., Any], server: AgentServer, key: str) -> Callable[..., Any]:
+    """``entry`` that ends its session when it returns or raises: the batcher then waits for
+    no more calls from it (an abandoned sync call's session ends with the batch)."""
+    if inspect.iscoroutinefunction(entry):
+
+        async def run_async(*args: Any) -> Any:
+            try:
+                return await entry(*args)
+            finally:
+                server.sessions.close(key)
+
+        return run_async
+
+    def run(*args: Any) -> Any:
+        try:
+            return entry(*args)
+        finally:
+            server.sessions.close(key)
+
+    return run
+
+
+def episode_result(outcome: CallOutcome, row: int, ctx: AgentContext) -> tuple[float, bool, bool]:
+    """(reward, whether the agent gave it, whether the episode failed)."""
+    error = outcome.error
+    reward = None
+    if error is None:
+        try:
+            reward = as_reward(outcome.value)
+        except TypeError as e:
+            error = str(e)
+    if error is not None:
+        if ctx.config.agent.on_env_error == "raise":
+            raise EnvError(
+                f"agent {ctx.config.agent.entry} failed on sample {row}: {error}. Set "
+                "agent.on_env_error=fail_episode to score such episodes 0 and go on."
+            )
+        return 0.0, True, True
+    return (reward or 0.0), reward is not None, False
+
+
+def assemble(
+    prompts: Batch, ctx: AgentContext, sessions: list[Session], outcomes: list[CallOutcome]
+) -> Batch:
+    """One row per chain of calls (at least one per episode), with the padded columns the
+    multi-turn agent makes."""
+    cfg = ctx.config
+    pad = int(prompts.meta["pad_token_id"])
+    width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
+    index: list[int] = []
+    rows: list[Row] = []
+    stats: list[tuple[float, bool, bool, Episode]] = []
+    for i, (session, outcome) in enumerate(zip(sessions, outcomes)):
+        result = episode_result(outcome, i, ctx)
+        episode_rows = session.episode.rows or [empty_row(prompts, i)]
+        for row in episode_rows:
+            index.append(i)
+            rows.append(row)
+            stats.append((*result, session.episode))
+    n = len(rows)
+    ids = torch.full((n, width), pad, dtype=torch.long)
+    response_mask, loss_mask, logprobs = (torch.zeros(n, width) for _ in range(3))
+    for i, r in enumerate(rows):
+        k = len(r.response)
+        ids[i, :k] = torch.tensor(r.response, dtype=torch.long)
+        response_mask[i, :k] = 1
+        loss_mask[i, :k] = torch.tensor(r.loss_mask, dtype=torch.float32)
+        logprobs[i, :k] = torch.tensor(r.logprobs)
+    prompt_ids, prompt_mask = left_pad([r.prompt_ids for r in rows], pad)
+    failed = torch.tensor([float(s[2]) for s in stats])
+    versions = [r.weights_version for r in rows if r.weights_version >= 0]
+    base = prompts.rows(index)
+    tensors = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "response_ids": ids,
+        "response_mask": response_mask,
+        "loss_mask": loss_mask,
+        "rollout_logprobs": logprobs,
+        "env_reward": torch.tensor([s[0] for s in stats]) * (1 - failed),
+        "env_failed": failed,
+        "agent_reward_given": torch.tensor([float(s[1]) for s in stats]),
+        "agent_episode": torch.tensor(index, dtype=torch.long),
+        "agent_turns": torch.tensor([float(r.calls) for r in rows]),
+        "agent_tool_calls": torch.tensor([float(s[3].tool_calls) for s in stats]),
+        "agent_tool_errors": torch.tensor([float(s[3].tool_errors) for s in stats]),
+        "agent_obs_tokens": torch.tensor([float(r.obs_tokens) for r in rows]),
+        "agent_obs_cut": torch.zeros(n),
+    }
+    columns = {
+        "prompt": [ctx.tokenizer.decode(r.prompt_ids, skip_special_tokens=False) for r in rows],
+        "finish_reason": [r.finish_reason for r in rows],
+    }
+    latest = max(versions, default=0)
+    # Per row, the oldest weights any of its turns was sampled with.
+    tensors["weights_version"] = torch.tensor(
+        [r.weights_version if r.weights_version >= 0 else latest for r in rows], dtype=torch.long
+    )
+    meta = dict(prompts.meta) | {"weights_version": latest}
+    return Batch(base.tensors | tensors, base.columns | columns, meta)
+
+
+def empty_row(prompts: Batch, i: int) -> Row:
+    """An episode that made no call: the loader's prompt and an empty response."""
+    ids = prompts["prompt_ids"][i][prompts["prompt_mask"][i].bool()].tolist()
+    return Row(ids, "", finish_reason="env_error")

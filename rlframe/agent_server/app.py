@@ -1,0 +1,267 @@
+"""The OpenAI-compatible HTTP server in front of the rollout engine (``rollout.agent=openai``).
+
+aiohttp on its own event loop, on a daemon thread of the driver, bound to
+``agent.server_host`` (127.0.0.1 by default: nothing outside this machine can reach it) and
+``agent.server_port`` (0: an ephemeral port). Routes: ``POST /v1/chat/completions``
+(non-streaming, n=1) and ``GET /v1/models``. Every failure is an OpenAI-shaped error
+(``{"error": {"message", "type", "param", "code"}}``) with its HTTP status; nothing a
+client sends stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from rlframe.agent_server.batching import GenerateBatcher
+from rlframe.agent_server.replies import ReplyBuilder
+from rlframe.agent_server.sessions import Session, SessionRegistry
+from rlframe.agent_server.trajectory import normalize_message
+from rlframe.config import Config
+from rlframe.config.agent import compute_response_width
+from rlframe.protocol import Batch
+from rlframe.rollout.multi_turn import mix_seed
+
+ACCEPTED = {
+    "model", "messages", "tools", "tool_choice", "temperature", "max_tokens",
+    "max_completion_tokens", "stop", "n", "stream", "seed", "user", "top_p",
+    "parallel_tool_calls", "metadata", "store",
+}  # fmt: skip
+ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
+               413: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
+def error_response(status: int, message: str, code: str, param: str | None = None) -> web.Response:
+    body = {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def openai_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except APIError as e:
+        return error_response(e.status, e.message, e.code, e.param)
+    except web.HTTPException as e:  # 404 route, 405 method, 413 body too large
+        codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        return error_response(e.status, e.reason or str(e), codes.get(e.status, "http_error"))
+    except Exception as e:  # the engine failed: the client hears of it, the server goes on
+        return error_response(500, f"{type(e).__name__}: {e}", "server_error")
+
+
+class AgentServer:
+    """Args: the run's config, the engine's generate, the tokenizer, the model's name."""
+
+    def __init__(
+        self, cfg: Config, generate: Callable[[Batch], Batch], tokenizer: Any, model_name: str
+    ) -> None:
+        self.cfg, self.tokenizer, self.model_name = cfg, tokenizer, model_name
+        self.agent = cfg.agent
+        self.sessions = SessionRegistry()
+        self.batcher = GenerateBatcher(
+            generate, self.sessions.count, self.agent.batch_wait_ms / 1000
+        )
+        self.replies = ReplyBuilder(tokenizer, self.agent.tool_parser)
+        self.width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, self.agent)
+        self.in_flight = 0
+        self.loop = asyncio.new_event_loop()
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.agent.server_host}:{self.port}/v1"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        ready, failure = threading.Event(), []
+
+        def serve() -> None:
+            asyncio.set_event_loop(self.loop)
+            try:
+                self.loop.run_until_complete(self.listen())
+            except BaseException as e:
+                failure.append(e)
+                ready.set()
+                return
+            ready.set()
+            self.loop.run_forever()
+
+        threading.Thread(target=serve, daemon=True, name="agent-server").start()
+        ready.wait(60)
+        if failure:
+            raise failure[0]
+
+    async def listen(self) -> None:
+        app = web.Application(
+            middlewares=[openai_errors], client_max_size=self.agent.max_request_bytes
+        )
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, self.agent.server_host, self.agent.server_port)
+        await site.start()
+        self.port = int(self.runner.addresses[0][1])
+
+    def stop(self) -> None:
+        if self.runner is not None and self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self.batcher.close()
+
+    # -- routes ------------------------------------------------------------------------
+
+    def session_of(self, request: web.Request) -> Session:
+        header = request.headers.get("Authorization", "")
+        key = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
+        session = self.sessions.get(key)
+        if session is None or session.closed:
+            raise APIError(
+                401, "unknown or finished session key: each episode has its own key, "
+                "valid until the episode ends", "invalid_api_key",
+            )  # fmt: skip
+        return session
+
+    async def models(self, request: web.Request) -> web.Response:
+        self.session_of(request)
+        model = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "rlframe"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        session = self.session_of(request)
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the body is not valid JSON: {e}", "invalid_json") from None
+        self.check_params(body)
+        if self.in_flight >= self.agent.max_pending_requests:
+            raise APIError(
+                429, f"{self.in_flight} requests are in progress, the most "
+                f"agent.max_pending_requests={self.agent.max_pending_requests} allows",
+                "rate_limit_exceeded",
+            )  # fmt: skip
+        self.in_flight += 1
+        try:
+            return web.json_response(await self.complete(session, body))
+        finally:
+            self.in_flight -= 1
+
+    def check_params(self, body: Any) -> None:
+        if not isinstance(body, dict):
+            raise APIError(400, "the body must be a JSON object", "invalid_request")
+        for key in body:
+            if key not in ACCEPTED:
+                raise APIError(400, f"unsupported parameter {key!r}", "unsupported_parameter", key)
+        if body.get("n", 1) not in (1, None):
+            raise APIError(400, "only n=1 is supported", "unsupported_parameter", "n")
+        if body.get("stream"):
+            raise APIError(400, "streaming is not supported", "unsupported_parameter", "stream")
+        for key, value in (("temperature", self.cfg.rollout.temperature),
+                           ("top_p", self.cfg.rollout.top_p)):  # fmt: skip
+            given = body.get(key)
+            if given is not None and abs(float(given) - value) > 1e-6:
+                raise APIError(
+                    400, f"{key}={given} differs from the run's rollout.{key}={value}, which "
+                    "the trainer's log-probs assume", "unsupported_parameter", key,
+                )  # fmt: skip
+        for key in ("max_tokens", "max_completion_tokens"):
+            value = body.get(key)
+            if value is not None and (type(value) is not int or value < 1):
+                raise APIError(400, f"{key} must be a positive integer", "invalid_request", key)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise APIError(
+                400, "'messages' must be a non-empty list", "invalid_request", "messages"
+            )
+        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+            raise APIError(400, "every message needs a 'role'", "invalid_request", "messages")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise APIError(400, "'tools' must be a list", "invalid_request", "tools")
+
+    async def complete(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
+        episode = session.episode
+        messages = [normalize_message(m) for m in body["messages"]]
+        tools = body.get("tools") or None
+        try:
+            plan = episode.plan(messages, tools)
+        except Exception as e:  # the template cannot render these messages
+            raise APIError(400, f"cannot render the messages: {e}", "invalid_request") from None
+        max_tokens = self.allowed_tokens(plan, body)
+        seed = mix_seed(session.seed, session.calls)
+        session.calls += 1
+        plan.row.busy = True
+        try:
+            turn = await self.batcher.sample(plan.context, max_tokens, seed)
+        finally:
+            plan.row.busy = False
+        if session.closed:
+            raise APIError(401, "the episode ended while this call ran", "invalid_api_key")
+        kept, reply, finish_reason = self.replies.build(turn, body, tools)
+        episode.commit(plan, messages, reply, kept)
+        episode.tool_calls += len(reply.get("tool_calls") or [])
+        prompt_tokens = len(plan.context)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": str(body.get("model") or self.model_name),
+            "choices": [
+                {"index": 0, "message": reply, "finish_reason": finish_reason, "logprobs": None}
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(kept[0]),
+                "total_tokens": prompt_tokens + len(kept[0]),
+            },
+        }
+
+    def allowed_tokens(self, plan: Any, body: dict[str, Any]) -> int:
+        """The call's cap: what it asks, the per-call cap, and what is left of the row's
+        budgets (sampled tokens, response width, prompt length)."""
+        budget = self.cfg.rollout.max_tokens
+        if plan.new_row and len(plan.row.prompt_ids) > self.cfg.data.max_prompt_length:
+            raise APIError(
+                400, f"the conversation is {len(plan.row.prompt_ids)} tokens, more than "
+                f"data.max_prompt_length={self.cfg.data.max_prompt_length} for a new row",
+                "context_length_exceeded", "messages",
+            )  # fmt: skip
+        response = 0 if plan.new_row else len(plan.row.response) + len(plan.added)
+        sampled = 0 if plan.new_row else plan.row.sampled
+        asked = body.get("max_completion_tokens") or body.get("max_tokens") or budget
+        allowed = min(
+            int(asked), self.agent.max_tokens_per_turn or budget, budget - sampled,
+            self.width - response,
+        )  # fmt: skip
+        if allowed <= 0:
+            raise APIError(
+                400, f"the episode's row is full: {sampled} of rollout.max_tokens={budget} "
+                f"sampled tokens, {response} of {self.width} response tokens used",
+                "context_length_exceeded", "messages",
+            )  # fmt: skip
+        return allowed

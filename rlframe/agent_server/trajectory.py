@@ -1,0 +1,204 @@
+"""Training rows of an OpenAI-API episode, token in, token out.
+
+A row is what the trainer sees: ``prompt_ids`` and a response of sampled turns (loss mask 1)
+and what came between them (closing end-of-turn tokens the policy did not sample, tool
+results, user feedback: loss mask 0). A call *extends* a row when its messages start with
+the row's last call's messages plus the reply the server gave, and nothing else changed
+(same tools). The ids of that prefix are the ones held already; only the new messages are
+rendered, as the chat template's text after the end-of-turn token of the reply (see
+:class:`rlframe.envs.chat.ChatFormat` for why and for the append-only check). What the
+model sampled is never decoded and encoded again, so a template that renders a reply (or
+its tool calls) differently from how the model wrote it changes nothing the trainer sees.
+
+A call that extends no row (history rewritten, summarised, a sub-agent's own conversation)
+starts a new row whose prompt is the whole rendered conversation.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlframe.envs.chat import ChatFormat
+
+Message = dict[str, Any]
+
+
+def normalize_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as an object where they are JSON text (templates want objects)."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def content_text(content: Any) -> str:
+    """A message's content as text: None is empty, a list of parts is their texts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def normalize_message(message: Message) -> Message:
+    """The fields the chat template reads, in the form it reads them; other fields (the
+    client's ``refusal``, ``annotations``...) are dropped so that a reply sent back as the
+    client returned it compares equal to the reply the server made."""
+    out: Message = {
+        "role": str(message.get("role", "")),
+        "content": content_text(message.get("content")),
+    }
+    calls = message.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": str(c.get("id", "")),
+                "type": "function",
+                "function": {
+                    "name": str(c.get("function", {}).get("name", "")),
+                    "arguments": normalize_arguments(c.get("function", {}).get("arguments", {})),
+                },
+            }
+            for c in calls
+        ]
+    for key in ("tool_call_id", "name"):
+        if message.get(key) is not None:
+            out[key] = str(message[key])
+    return out
+
+
+def key_of(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+@dataclass
+class Row:
+    """One training row of an episode."""
+
+    prompt_ids: list[int]
+    tools_key: str
+    response: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    """The last call's messages plus the reply given: what an extending call starts with."""
+    sampled: int = 0
+    calls: int = 0
+    obs_tokens: int = 0
+    weights_version: int = -1
+    """Oldest weights version any of the row's turns was sampled with (-1: none yet)."""
+    finish_reason: str = "stop"
+    busy: bool = False
+    """A call on this row is in the engine: a concurrent call cannot extend it."""
+
+    @property
+    def context(self) -> list[int]:
+        return self.prompt_ids + self.response
+
+    def add_observation(self, ids: list[int]) -> None:
+        self.response += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.obs_tokens += len(ids)
+
+    def add_turn(
+        self, ids: list[int], logprobs: list[float], finish_reason: str, version: int
+    ) -> None:
+        self.response += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.sampled += len(ids)
+        self.calls += 1
+        self.finish_reason = finish_reason
+        self.weights_version = (
+            version if self.weights_version < 0 else min(self.weights_version, version)
+        )
+
+
+@dataclass
+class Plan:
+    """Where a call goes: the row it extends (``new_row`` False) or starts, and the ids that
+    come before the sampled turn; nothing is changed until :meth:`Episode.commit`."""
+
+    row: Row
+    new_row: bool
+    added: list[int]
+    """Ids appended to an extended row before the turn (loss mask 0)."""
+
+    @property
+    def context(self) -> list[int]:
+        return self.row.context + self.added if not self.new_row else self.row.prompt_ids
+
+
+class Episode:
+    """The rows of one episode (one session) and the chat formats of its tool sets."""
+
+    def __init__(self, tokenizer: Any, stop_ids: set[int]) -> None:
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_ids
+        self.rows: list[Row] = []
+        self.formats: dict[str, ChatFormat] = {}
+        self.tool_calls = 0
+        self.tool_errors = 0
+
+    def chat(self, tools: list[dict[str, Any]] | None) -> ChatFormat:
+        key = key_of(tools)
+        if key not in self.formats:
+            self.formats[key] = ChatFormat(self.tokenizer, tools=tools or None)
+        return self.formats[key]
+
+    def plan(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Plan:
+        """The row this call extends, newest first, or a new row."""
+        chat, tools_key = self.chat(tools), key_of(tools)
+        for row in reversed(self.rows):
+            if row.busy or row.tools_key != tools_key or len(messages) <= len(row.messages):
+                continue
+            if key_of(messages[: len(row.messages)]) != key_of(row.messages):
+                continue
+            added = self.extension_ids(chat, row, messages)
+            if added is not None:
+                return Plan(row, False, added)
+        ids = chat.prompt_ids(messages)
+        return Plan(Row(ids, tools_key), True, [])
+
+    def extension_ids(
+        self, chat: ChatFormat, row: Row, messages: list[Message]
+    ) -> list[int] | None:
+        """Ids after the row's held ones: the end-of-turn token when the reply stopped without
+        it, then the template's text for the new messages. None: the template rewrites the
+        text before the reply's end-of-turn token, so the call cannot extend the row."""
+        before = chat.render(row.messages, add_generation_prompt=False)
+        end = before.rfind(chat.end_of_turn)
+        if end < 0:
+            return None
+        prefix = before[: end + len(chat.end_of_turn)]
+        after = chat.render(messages, add_generation_prompt=True)
+        if not after.startswith(prefix):
+            return None
+        close = (
+            []
+            if row.response and row.response[-1] in self.stop_ids
+            else [int(self.tokenizer.convert_tokens_to_ids(chat.end_of_turn))]
+        )
+        return close + chat.encode(after[len(prefix) :])
+
+    def commit(
+        self,
+        plan: Plan,
+        messages: list[Message],
+        reply: Message,
+        turn: tuple[list[int], list[float], str, int],
+    ) -> None:
+        """Record a finished call: the ids before it, its sampled ids, and the conversation
+        an extending call will start with."""
+        row = plan.row
+        if plan.new_row:
+            self.rows.append(row)
+        row.add_observation(plan.added)
+        ids, logprobs, finish_reason, version = turn
+        row.add_turn(ids, logprobs, finish_reason, version)
+        row.messages = [*messages, normalize_message(reply)]

@@ -1,0 +1,62 @@
+"""The CLI trains an agent written only against the openai client (openai_agent_tiny):
+it learns, and the ids and log-probs the endpoint recorded are the ones the trainer sees."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 40
+
+
+def test_the_example_agent_imports_only_the_openai_client() -> None:
+    tree = ast.parse((REPO / "recipes" / "agents" / "guess_openai.py").read_text())
+    modules = {
+        alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert "rlframe" not in modules and "openai" in modules
+
+
+def test_openai_agent_tiny_learns(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "rlframe.main", "+recipe=openai_agent_tiny",
+            f"trainer.output_dir={out}", f"trainer.total_steps={STEPS}",
+        ],
+        capture_output=True, text=True, check=False, timeout=1200, env=env, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-5000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rewards = [m["reward/mean"] for m in metrics]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    gap = max(m["rollout/logprob_diff"] for m in metrics)
+    print(
+        f"openai_agent_tiny: {len(metrics)} steps, "
+        f"{sum(m['timing_s/step'] for m in metrics):.0f} s of steps, reward first 5 "
+        f"{first:.3f} -> last 5 {last:.3f}, turns/mean {metrics[0]['agent/turns/mean']:.2f} -> "
+        f"{metrics[-1]['agent/turns/mean']:.2f}, max rollout/logprob_diff {gap:.2e}"
+    )
+    assert len(metrics) == STEPS
+    # Every step's rows were sampled with the weights of the step before (on-policy).
+    assert [m["rollout/weights_version"] for m in metrics] == list(range(STEPS))
+    assert last - first >= 0.15
+    assert gap < 1e-4
+    assert all(m["agent/turns/mean"] > 1.5 and m["agent/obs_tokens/mean"] > 0 for m in metrics)
+    assert all(m["response_length/mean"] <= 4 for m in metrics)
+    rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    # The feedback the agent sent as user messages sits after the closed turn, token in.
+    assert any("<eos>higher:" in r["response"] or "<eos>lower:" in r["response"] for r in rollouts)
