@@ -23,6 +23,7 @@ from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
 from rlframe.preflight import RunInputs
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer
+from rlframe.rollout.async_episodes import AsyncEpisodeProducer
 from rlframe.rollout.async_producer import AsyncProducer
 from rlframe.run_dir import lock_run_dir
 from rlframe.tracking import Tracker
@@ -70,7 +71,9 @@ def build_producer(
         producer = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards)
         return producer, workers.sync_weights
     overlap = cfg.rollout.placement is Placement.separate
-    producer = AsyncProducer(
+    # single_turn responses continue across engine calls; other agents' episodes run whole.
+    kind = AsyncProducer if cfg.rollout.agent == "single_turn" else AsyncEpisodeProducer
+    producer = kind(
         cfg, workers.submit_generate, workers.generate, tokenizer, loader, rewards, overlap
     )
     return producer, producer.track_sync(workers.sync_weights)

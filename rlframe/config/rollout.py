@@ -79,7 +79,8 @@ class RolloutConfig:
     partly, with weights up to this many versions older than the ones the update starts from.
     0 (default): every sample comes from the current weights (lockstep, on-policy). >= 1: the
     producer keeps generating ahead (rlframe.rollout.async_producer); see README "Asynchronous
-    training". Needs rollout.agent=single_turn, no dynamic sampling and no greedy baseline."""
+    training". Not with rollout.agent=openai, dynamic sampling or a greedy baseline; an agent
+    other than single_turn runs each episode whole (rlframe.rollout.async_episodes)."""
     stale_groups: StaleGroups = StaleGroups.wait
     """max_staleness >= 1: a group whose oldest token would exceed the bound at its update.
     wait: the trainer waits for such groups to finish and trains on them first (no sample is
@@ -90,7 +91,8 @@ class RolloutConfig:
     """max_staleness >= 1: response tokens one engine call may add to a request before the
     producer looks again (a partial rollout: an unfinished request keeps its tokens and
     log-probs and continues in a later call, possibly on newer weights). 0: no partial
-    rollouts, every request runs to its end in one call."""
+    rollouts, every request runs to its end in one call. single_turn only (an episode of
+    another agent is never cut)."""
 
     def __post_init__(self) -> None:
         # Dataclasses built in Python (tests, user code) may pass plain strings.
@@ -133,17 +135,23 @@ class RolloutConfig:
 
 
 def check_async(r: RolloutConfig, dynamic_sampling: bool, advantage: str) -> None:
-    """Asynchronous training (``rollout.max_staleness >= 1``) produces single-turn responses
-    group by group, streamed and paused between engine calls: what needs a whole batch
-    drawn at once (DAPO's sampling rounds, ReMax's greedy baseline) or episodes of several
-    turns is not built for it yet."""
+    """Asynchronous training (``rollout.max_staleness >= 1``) produces experience group by
+    group: single-turn responses continue across engine calls, other agents' episodes run
+    whole in a driver thread. What needs a whole batch drawn at once (DAPO's sampling rounds,
+    ReMax's greedy baseline) is not built for it yet, nor the ``openai`` agent's server."""
     if r.max_staleness == 0:
         return
     why = "rollout.max_staleness >= 1 (asynchronous training) supports"
     require(
-        r.agent == "single_turn",
+        r.agent != "openai",
         "rollout.agent",
-        f"{why} rollout.agent=single_turn only, got {r.agent!r}; set rollout.max_staleness=0",
+        f"{why} no rollout.agent=openai yet; set rollout.max_staleness=0",
+    )
+    require(
+        r.agent == "single_turn" or r.partial_chunk_tokens == 0,
+        "rollout.partial_chunk_tokens",
+        f"applies to rollout.agent=single_turn (an episode of {r.agent!r} runs whole), got "
+        f"{r.partial_chunk_tokens}; set it 0",
     )
     require(
         not dynamic_sampling,

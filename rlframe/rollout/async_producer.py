@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlframe.config import Config, StaleGroups
 from rlframe.data.loader import PromptLoader, build_prompt_batch
@@ -51,6 +51,12 @@ from rlframe.rollout.staleness import (
 
 if TYPE_CHECKING:
     from rlframe.controller.worker_group import CallHandle
+
+
+class PendingCall(Protocol):
+    """A call started and not yet waited for: a worker group's call, or a driver thread's."""
+
+    def result(self) -> Any: ...
 
 
 class AsyncProducer:
@@ -94,7 +100,7 @@ class AsyncProducer:
         self.steps_done = 0
         self.version = 0
         """The weights version the rollout engines hold (the next update starts from it)."""
-        self.call: tuple[CallHandle, list[tuple[Group, int]], float] | None = None
+        self.call: tuple[PendingCall, list[Any], float] | None = None
         """The engine call in flight: its handle, the responses it runs, when it started."""
         self.engine_busy_s = 0.0
         self.last_collect = time.perf_counter()
@@ -178,17 +184,21 @@ class AsyncProducer:
         self.call = None
         timings["gen"] += time.perf_counter() - started
         self.engine_busy_s += float(out.meta.get("engine_s", 0.0))
-        finished = merge_call(todo, out, self.cfg.rollout.max_tokens)
+        finished = self.merge(todo, out)
         if finished:
             started = time.perf_counter()
             self.score(finished)
             timings["reward"] += time.perf_counter() - started
 
     def launch_call(self) -> None:
-        """Admit what the bound allows, then start one call over every response in flight."""
+        """Admit what the bound allows, then start one call over the work in flight."""
         room = count_admissible(self.admitted, self.steps_done, self.wanted, self.k)
         for _ in range(room):
             self.groups.append(self.admit())
+        self.call = self.start_call()
+
+    def start_call(self) -> tuple[PendingCall, list[Any], float] | None:
+        """One engine call over every response in flight, each continued up to the chunk."""
         todo = [
             (g, i)
             for g in self.groups
@@ -196,12 +206,16 @@ class AsyncProducer:
             if r.finish_reason is None
         ]
         if not todo:
-            return
+            return None
         r = self.cfg.rollout
         batch = build_continuation(
             todo, r.max_tokens, r.partial_chunk_tokens, self.tokenizer.pad_token_id, self.meta
         )
-        self.call = (self.submit_generate(batch), todo, time.perf_counter())
+        return (self.submit_generate(batch), todo, time.perf_counter())
+
+    def merge(self, todo: list[Any], out: Batch) -> list[Group]:
+        """Keep a call's tokens; the groups it finished."""
+        return merge_call(todo, out, self.cfg.rollout.max_tokens)
 
     def admit(self) -> Group:
         if not self.records:
@@ -224,9 +238,13 @@ class AsyncProducer:
     def score(self, groups: list[Group]) -> None:
         """Rewards for newly finished groups, in one reward-stage call."""
         width, pad = self.cfg.rollout.max_tokens, self.tokenizer.pad_token_id
-        batch = concat_groups([assemble_group(g, width, pad) for g in groups])
+        batch = concat_groups([self.assemble(g, width, pad) for g in groups])
         for g, scored in zip(groups, self.rewards.compute_rewards(batch).split(self.n)):
             g.scored = scored
+
+    def assemble(self, group: Group, width: int, pad: int) -> Batch:
+        """A finished group's rows, before rewards."""
+        return assemble_group(group, width, pad)
 
     def take(self, chosen: list[int]) -> Batch:
         """The chosen groups' rows, in the order chosen; they leave the producer."""
@@ -265,14 +283,18 @@ class AsyncProducer:
         self.version = int(state.get("version", 0))
         self.groups = []
         for saved in state.get("groups", []):
-            group = self.build_group(
-                PromptRecord(**saved["record"]), saved["group_id"], saved["start_version"]
-            )
-            group.responses = [Response(**r) for r in saved["responses"]]
-            self.groups.append(group)
+            self.groups.append(self.restore_group(saved))
         done = [g for g in self.groups if g.finished]
         if done:
             self.score(done)
+
+    def restore_group(self, saved: dict[str, Any]) -> Group:
+        """A group of :meth:`state_dict`, as far as it got."""
+        group = self.build_group(
+            PromptRecord(**saved["record"]), saved["group_id"], saved["start_version"]
+        )
+        group.responses = [Response(**r) for r in saved["responses"]]
+        return group
 
     def close(self) -> None:
         """Stop the reward stage's processes and thread."""

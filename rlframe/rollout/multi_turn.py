@@ -42,6 +42,10 @@ class Trajectory:
     response: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    """Weights version of each response token: a turn's tokens that of the engine that sampled
+    them (weights may change between turns under ``rollout.max_staleness >= 1``), an
+    observation's that of the turn before it."""
     sampled: int = 0
     turns: int = 0
     tool_calls: int = 0
@@ -57,10 +61,13 @@ class Trajectory:
     def context(self) -> list[int]:
         return self.prompt_ids + self.response
 
-    def add_turn(self, ids: list[int], logprobs: list[float], finish_reason: str) -> None:
+    def add_turn(
+        self, ids: list[int], logprobs: list[float], finish_reason: str, version: int
+    ) -> None:
         self.response += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs
+        self.versions += [version] * len(ids)
         self.sampled += len(ids)
         self.turns += 1
         self.finish_reason = finish_reason
@@ -69,6 +76,7 @@ class Trajectory:
         self.response += ids
         self.loss_mask += [0] * len(ids)
         self.logprobs += [0.0] * len(ids)
+        self.versions += self.versions[-1:] * len(ids)
         self.obs_tokens += len(ids)
 
 
@@ -163,14 +171,19 @@ class EpisodeRunner:
             meta,
         )
         out = self.ctx.generate(batch)
-        self.weights_version = out.meta.get("weights_version", self.weights_version)
+        self.weights_version = int(out.meta.get("weights_version", self.weights_version))
+        versions = (
+            out["weights_version"].tolist()
+            if "weights_version" in out
+            else [self.weights_version] * len(live)
+        )
         for i, t in enumerate(live):
             n = int(out["response_mask"][i].sum())
             ids, logprobs = (
                 out["response_ids"][i, :n].tolist(),
                 out["rollout_logprobs"][i, :n].tolist(),
             )
-            t.add_turn(ids, logprobs, str(out["finish_reason"][i]))
+            t.add_turn(ids, logprobs, str(out["finish_reason"][i]), int(versions[i]))
 
     def step_envs(self, live: list[Trajectory], turn: int) -> None:
         """Every live env sees its turn's text; the episodes that go on get the observation."""
@@ -249,6 +262,8 @@ class EpisodeRunner:
         rows = len(trajectories)
         ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
         response_mask, loss_mask, logprobs = (torch.zeros(rows, width) for _ in range(3))
+        # Padding (and an episode with no turn) carries the row's first version.
+        token_version = torch.full((rows, width), self.weights_version, dtype=torch.long)
         for i, t in enumerate(trajectories):
             n = len(t.response)
             if n > width:
@@ -259,6 +274,9 @@ class EpisodeRunner:
             response_mask[i, :n] = 1
             loss_mask[i, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
             logprobs[i, :n] = torch.tensor(t.logprobs)
+            if t.versions:
+                token_version[i] = t.versions[0]
+                token_version[i, :n] = torch.tensor(t.versions, dtype=torch.long)
         prompt_ids, prompt_mask = left_pad([t.prompt_ids for t in trajectories], self.pad_id)
 
         def column(name: str) -> torch.Tensor:
@@ -271,6 +289,8 @@ class EpisodeRunner:
             "response_mask": response_mask,
             "loss_mask": loss_mask,
             "rollout_logprobs": logprobs,
+            "token_version": token_version,
+            "weights_version": token_version.min(1).values,
             "env_reward": column("env_reward") * (1 - column("failed")),
             "env_failed": column("failed"),
             "agent_turns": column("turns"),

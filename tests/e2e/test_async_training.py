@@ -28,24 +28,30 @@ PLACEMENTS = {
 }
 
 
+@pytest.mark.parametrize("correction", ["recompute", "decoupled", "rollout"])
 @pytest.mark.parametrize("placement", sorted(PLACEMENTS))
-def test_grpo_tiny_learns_at_staleness_one(tmp_path: Path, placement: str) -> None:
+def test_grpo_tiny_learns_at_staleness_one(tmp_path: Path, placement: str, correction: str) -> None:
     metrics = run_cli(
         f"trainer.output_dir={tmp_path / 'run'}",
         "rollout.max_staleness=1",
         "rollout.partial_chunk_tokens=1",
+        f"algorithm.off_policy_correction={correction}",
         *PLACEMENTS[placement],
     )
     rewards = [m["reward/mean"] for m in metrics]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     stale = [m["off_policy/staleness_max"] for m in metrics]
-    print(f"{placement}: reward first 5 {first:.3f} -> last 5 {last:.3f}")
+    print(f"{placement}, {correction}: reward first 5 {first:.3f} -> last 5 {last:.3f}")
     assert last - first >= 0.2
     assert max(stale) >= 1  # it did train on samples of older weights...
     assert all(s <= 1 for s in stale)  # ...never older than the bound
     for m in metrics:
         for key in ("timing_s/trainer_idle", "timing_s/rollout_idle", "off_policy/dropped"):
             assert key in m, (m["step"], key)
+        # each correction took effect: decoupled weighs by pi_prox / pi_rollout, rollout
+        # leaves nothing of the trainer's to compare the rollout with
+        assert ("off_policy/behav_weight_mean" in m) == (correction == "decoupled")
+        assert ("rollout/logprob_diff" in m) == (correction != "rollout")
 
 
 def run(out: Path, *overrides: str) -> str:

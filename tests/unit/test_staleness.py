@@ -86,10 +86,14 @@ def test_async_keys_are_checked_before_ray() -> None:
     with pytest.raises(ConfigError, match="rollout.partial_chunk_tokens"):
         build_config(base | {"rollout": {"partial_chunk_tokens": -2}})
     with pytest.raises(ConfigError, match="rollout.agent"):
+        build_config(base | {"rollout": {"max_staleness": 1, "agent": "openai"}})
+    episodes = {"agent": "multi_turn", "max_staleness": 1}
+    with pytest.raises(ConfigError, match="rollout.partial_chunk_tokens"):
         build_config(
-            base
-            | {"rollout": {"max_staleness": 1, "agent": "multi_turn"}, "agent": {"env": "guess"}}
+            base | {"rollout": episodes | {"partial_chunk_tokens": 8}, "agent": {"env": "guess"}}
         )
+    cfg = build_config(base | {"rollout": episodes, "agent": {"env": "guess"}})
+    assert cfg.rollout.max_staleness == 1
     with pytest.raises(ConfigError, match="algorithm.dynamic_sampling"):
         build_config(
             base | {"rollout": {"max_staleness": 1}, "algorithm": {"dynamic_sampling": True}}
