@@ -16,6 +16,7 @@ from rlframe.config import (
     Config,
     DataConfig,
     ModelConfig,
+    Placement,
     RewardConfig,
     RolloutConfig,
 )
@@ -211,3 +212,37 @@ def test_staleness_zero_gives_the_lockstep_batches() -> None:
             assert torch.equal(batch[key], expected[key]), key
         assert batch["seed"].tolist() == expected["seed"].tolist()
         assert list(batch["finish_reason"]) == list(expected["finish_reason"])
+
+
+@pytest.mark.parametrize("placement", ["colocated", "separate"])
+@pytest.mark.parametrize("agent", ["single_turn", "multi_turn"])
+def test_launcher_picks_the_producer_by_staleness(placement: str, agent: str) -> None:
+    """k=0 is the lockstep producer and the plain weight sync, in either placement, so its
+    per-step metrics are the synchronous trainer's by construction; k>=1 is an asynchronous
+    producer (whole episodes for agents other than single_turn) that learns each version."""
+    from rlframe.launch import build_producer
+    from rlframe.rollout.async_episodes import AsyncEpisodeProducer
+
+    engine = Engine()
+    base = make_producer(engine, k=0, chunk=0)
+    cfg = base.cfg
+    cfg.rollout.placement = Placement(placement)
+    cfg.rollout.agent = agent
+
+    class Workers:
+        generate, submit_generate = engine.generate, engine.submit
+
+        @staticmethod
+        def sync_weights() -> int:
+            engine.version += 1
+            return engine.version
+
+    producer, sync = build_producer(cfg, Workers, TOKENIZER, base.loader, base.rewards)
+    assert type(producer) is ExperienceProducer and sync is Workers.sync_weights
+    cfg.rollout.max_staleness = 1
+    producer, sync = build_producer(cfg, Workers, TOKENIZER, base.loader, base.rewards)
+    expected = AsyncProducer if agent == "single_turn" else AsyncEpisodeProducer
+    assert type(producer) is expected
+    assert producer.overlap == (placement == "separate")
+    assert sync() == 1 and producer.version == 1
+    producer.close()
