@@ -42,6 +42,7 @@ def test_agent_tiny_learns_at_staleness_one(tmp_path: Path) -> None:
 
 def run(out: Path, *overrides: str) -> str:
     small = ["+recipe=agent_tiny", "data.batch_size=8", "rollout.n=8", "trainer.save_every=2"]
+    small += ["actor.mini_batch_size=64", "actor.micro_batch_size=64"]
     result = subprocess.run(
         [sys.executable, "-m", "rlframe.main", *small, *ASYNC, f"trainer.output_dir={out}"]
         + [*overrides, *PLACEMENTS["separate"]],
