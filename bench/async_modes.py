@@ -20,6 +20,13 @@ generation and rewards, the engine for everything else; async: ``timing_s/traine
 and ``timing_s/rollout_idle``), the reward, and tokens/s against lockstep.
 
     python bench/async_modes.py [--steps 10] [--max-tokens 128] [--chunk 16]
+
+``--recipe agent_tiny`` runs the multi-turn guessing game instead (the tiny model, its own
+``max_tokens``; episodes run whole, so no chunk): lockstep waits for every turn's engine call
+and every env step, a separate pool plays the next episodes while the trainer trains.
+
+    python bench/async_modes.py --recipe agent_tiny --batch-size 16 --n 16 --steps 20 \
+        --correction decoupled
 """
 
 from __future__ import annotations
@@ -42,9 +49,11 @@ from long_tail_model import resolve_long_tail_model  # noqa: E402
 def build_modes(args: argparse.Namespace) -> dict[str, list[str]]:
     async_keys = [
         f"rollout.max_staleness={args.staleness}",
-        f"rollout.partial_chunk_tokens={args.chunk}",
         f"rollout.stale_groups={args.stale_groups}",
+        f"algorithm.off_policy_correction={args.correction}",
     ]
+    if args.recipe == "grpo_tiny":  # episodes of other agents are never cut
+        async_keys.append(f"rollout.partial_chunk_tokens={args.chunk}")
     return {
         "lockstep": ["trainer.cpus_per_proc=2"],
         "colocated-async": ["trainer.cpus_per_proc=2", *async_keys],
@@ -64,17 +73,17 @@ def run(overrides: list[str], args: argparse.Namespace, out: Path) -> list[dict[
         sys.executable,
         "-m",
         "rlframe.main",
-        "+recipe=grpo_tiny",
-        f"model.path={args.model}",
+        f"+recipe={args.recipe}",
         f"trainer.total_steps={args.steps}",
         f"trainer.output_dir={out}",
-        f"rollout.max_tokens={args.max_tokens}",
         f"data.batch_size={args.batch_size}",
         f"rollout.n={args.n}",
         f"actor.mini_batch_size={args.batch_size * args.n}",
         f"actor.micro_batch_size={args.batch_size * args.n}",
         *overrides,
     ]
+    if args.recipe == "grpo_tiny":
+        cmd += [f"model.path={args.model}", f"rollout.max_tokens={args.max_tokens}"]
     subprocess.run(cmd, check=True, env=env, cwd=REPO, stdout=subprocess.DEVNULL)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -114,8 +123,11 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, default=1, help="rollout.max_staleness")
     parser.add_argument("--stale-groups", default="wait", help="rollout.stale_groups")
     parser.add_argument("--model", default="", help="default: bench/long_tail_model.py's")
+    parser.add_argument("--recipe", default="grpo_tiny", choices=["grpo_tiny", "agent_tiny"])
+    parser.add_argument("--correction", default="recompute", help="off_policy_correction")
     args = parser.parse_args()
-    args.model = args.model or resolve_long_tail_model()
+    if args.recipe == "grpo_tiny":
+        args.model = args.model or resolve_long_tail_model()
     modes = build_modes(args)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,8 +136,10 @@ def main() -> None:
             results[name] = summarise(metrics[args.warmup :], args.batch_size * args.n)
     base = results.get("lockstep", {}).get("tokens_per_s")
     print(
-        f"{args.batch_size} prompts x {args.n}, max_tokens {args.max_tokens}, chunk {args.chunk},"
-        f" max_staleness {args.staleness} ({args.stale_groups}),"
+        f"{args.recipe}: {args.batch_size} prompts x {args.n}, "
+        + (f"max_tokens {args.max_tokens}, chunk {args.chunk}, " if args.model else "")
+        + f"max_staleness {args.staleness} ({args.stale_groups}),"
+        f" correction {args.correction},"
         f" steps {args.warmup + 1}-{args.steps}"
     )
     header = (
