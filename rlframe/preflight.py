@@ -40,6 +40,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     """Resolve and check plug-ins, worker classes, the run directory, model and data; raise
     ConfigError."""
     from rlframe.checkpoint import resolve_resume
+    from rlframe.lora_targets import check_lora_targets
     from rlframe.validation import split_validation_records
 
     check_local_pools(cfg)
@@ -50,6 +51,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     model_path, tokenizer = load_model_files(cfg)
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
+    check_lora_targets(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:
         records, val_records = split_validation_records(records, cfg, tokenizer)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
 from rlframe.config.checks import require
+from rlframe.config.lora import LoraConfig
 
 
 @dataclass
@@ -19,6 +20,9 @@ class ModelConfig:
     """Passed to transformers when loading the model and tokenizer."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters on the policy (``lora.rank > 0``); the reference is then the same
+    model with its adapters off."""
 
     def __post_init__(self) -> None:
         allowed = ("auto", "float32", "bfloat16")

@@ -17,6 +17,7 @@ from rlframe.config.checks import (
     list_dotted_keys,
     require,
 )
+from rlframe.config.lora import check_adapter_sync, check_lora
 from rlframe.config.model import ModelConfig
 from rlframe.config.placement import check_placement
 from rlframe.config.rollout import RolloutConfig, check_async
@@ -61,6 +62,9 @@ class Config:
         check_batch_sizes(self)
         check_placement(self.rollout, self.trainer)
         check_tensor_parallel(self)
+        check_lora(self.model.lora, "model.lora")
+        check_lora(self.critic.lora, "critic.lora")
+        check_adapter_sync(self.model.lora, self.rollout.engine.value, self.rollout.sleep_level)
         check_async(self.rollout, a.dynamic_sampling, a.advantage)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),

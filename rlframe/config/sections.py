@@ -7,6 +7,7 @@ from enum import Enum
 
 from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_choice, require_positive
+from rlframe.config.lora import LoraConfig
 from rlframe.data.tasks import TASK_NAMES
 
 
@@ -139,6 +140,9 @@ class CriticConfig:
     cliprange_value: float = 0.5
     """Clipped value loss: new values may move this far from the old ones before the loss
     stops rewarding it."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Adapters on the critic's backbone (its value head always trains in full). Off by
+    default: ``model.lora`` applies to the policy only, the critic trains in full."""
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "critic.lr")

@@ -1,0 +1,86 @@
+"""``model.lora`` / ``critic.lora``: low-rank adapters (peft) instead of full fine-tuning.
+
+The base weights stay frozen; only the adapters (and their optimizer state) train, are
+checkpointed and, with ``sync=adapter``, travel to the rollout engine. Value checks run in
+the schema (:func:`check_lora`); whether the target modules exist in the model is checked
+against the model's architecture before Ray starts (:func:`rlframe.preflight.check_lora_targets`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from rlframe.config.checks import require
+
+# vLLM serves adapters of these ranks only (its ``max_lora_rank`` choices).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class LoraSync(str, Enum):
+    merged = "merged"
+    """Merge the adapters into the base weights and stream full tensors (any engine)."""
+    adapter = "adapter"
+    """Stream only the adapter tensors; the engine serves them as a LoRA (vLLM only)."""
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0
+    """Rank r of every adapter; 0 turns LoRA off (full fine-tuning)."""
+    alpha: float = 32.0
+    """Adapter scale numerator: the update is ``(alpha / rank) * B @ A``."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input during training (0: the update sees what sampling saw)."""
+    target_modules: list[str] = field(default_factory=list)
+    """Names (last path segment) of the linear layers that get adapters, e.g. ``[q_proj,
+    v_proj]``. Empty: every linear layer of the decoder (peft's ``all-linear``, no LM head)."""
+    sync: LoraSync = LoraSync.merged
+    """How the rollout engine gets the trained weights: ``merged`` (full tensors, base plus
+    adapter) or ``adapter`` (the adapter tensors only, served by vLLM's LoRA support)."""
+    verify_sync: bool = True
+    """After each weight sync, compare the engine's log-probs of a fixed probe with the
+    trainer's and stop the run when the engine still serves the previous adapter."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+def check_lora(lora: LoraConfig, key: str) -> None:
+    """Value checks of one LoRA section; ``key`` is its dotted name (``model.lora``)."""
+    lora.sync = LoraSync(lora.sync)
+    require(lora.rank >= 0, f"{key}.rank", f"must be >= 0 (0 turns LoRA off), got {lora.rank}")
+    require(lora.alpha > 0, f"{key}.alpha", f"must be > 0, got {lora.alpha}")
+    require(0 <= lora.dropout < 1, f"{key}.dropout", f"must be in [0, 1), got {lora.dropout}")
+    names = lora.target_modules
+    require(
+        all(isinstance(n, str) and n and "." not in n for n in names),
+        f"{key}.target_modules",
+        f"must be module names without dots (q_proj, down_proj...), got {names}",
+    )
+
+
+def check_adapter_sync(lora: LoraConfig, engine: str, sleep_level: int) -> None:
+    """``model.lora.sync=adapter`` needs an engine that serves adapters (vLLM), at a rank
+    vLLM accepts, and an engine that keeps its base weights across a sleep (level 1): only
+    the adapters are pushed, so a level-2 sleep would leave the base weights lost."""
+    if not lora.enabled or lora.sync is not LoraSync.adapter:
+        return
+    require(
+        engine == "vllm",
+        "model.lora.sync",
+        f"adapter needs rollout.engine=vllm (the {engine} engine cannot serve adapters); "
+        "use model.lora.sync=merged",
+    )
+    require(
+        lora.rank in VLLM_LORA_RANKS,
+        "model.lora.rank",
+        f"{lora.rank}: with sync=adapter vLLM serves ranks {list(VLLM_LORA_RANKS)} only",
+    )
+    require(
+        sleep_level == 1,
+        "rollout.sleep_level",
+        "must be 1 with model.lora.sync=adapter: level 2 discards the engine's base weights, "
+        "and an adapter sync does not push them",
+    )

@@ -1,0 +1,86 @@
+"""``model.lora``: defaults, value checks, the adapter-sync engine check, and unknown target
+modules, each a config error that names its key and exits (status 2) before Ray starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlframe.config import ConfigError, build_config
+from rlframe.config.lora import LoraSync
+from tests.unit.test_config import run_cli
+
+
+def build(**sections: dict) -> object:
+    tree = {
+        "model": {"path": "tiny:0"},
+        "data": {"batch_size": 8},
+        "rollout": {"n": 4},
+        "actor": {"mini_batch_size": 32, "micro_batch_size": 4},
+    }
+    for name, values in sections.items():
+        tree[name] = tree.get(name, {}) | values
+    return build_config(tree)
+
+
+def test_lora_is_off_by_default_and_parsed_when_set() -> None:
+    cfg = build()
+    assert not cfg.model.lora.enabled and cfg.model.lora.rank == 0
+    assert not cfg.critic.lora.enabled
+    cfg = build(model={"path": "tiny:0", "lora": {"rank": 16, "alpha": 32, "sync": "adapter"}})
+    assert cfg.model.lora.enabled and cfg.model.lora.sync is LoraSync.adapter
+    assert cfg.model.lora.target_modules == []
+
+
+@pytest.mark.parametrize(
+    "lora,match",
+    [
+        ({"rank": -1}, "model.lora.rank: must be >= 0"),
+        ({"rank": 8, "alpha": 0}, "model.lora.alpha: must be > 0"),
+        ({"rank": 8, "dropout": 1.0}, r"model.lora.dropout: must be in \[0, 1\)"),
+        ({"rank": 8, "target_modules": ["model.q_proj"]}, "model.lora.target_modules"),
+        ({"rank": 8, "sync": "delta"}, "model.lora.sync"),
+    ],
+)
+def test_bad_lora_values_name_the_key(lora: dict, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        build(model={"path": "tiny:0", "lora": lora})
+
+
+def test_critic_lora_is_checked_under_its_own_key() -> None:
+    with pytest.raises(ConfigError, match="critic.lora.rank"):
+        build(critic={"lora": {"rank": -2}})
+
+
+def test_adapter_sync_needs_an_engine_that_serves_adapters() -> None:
+    lora = {"rank": 16, "sync": "adapter"}
+    with pytest.raises(ConfigError, match="model.lora.sync: adapter needs rollout.engine=vllm"):
+        build(model={"path": "tiny:0", "lora": lora}, rollout={"n": 4, "engine": "hf"})
+    with pytest.raises(ConfigError, match="model.lora.rank: 12: with sync=adapter"):
+        build(model={"path": "tiny:0", "lora": {**lora, "rank": 12}})
+    with pytest.raises(ConfigError, match="rollout.sleep_level: must be 1"):
+        build(model={"path": "tiny:0", "lora": lora}, rollout={"n": 4, "sleep_level": 2})
+    # Merged sync streams full tensors: any engine, any rank, any sleep level.
+    build(model={"path": "tiny:0", "lora": {"rank": 12}}, rollout={"n": 4, "engine": "hf"})
+
+
+@pytest.mark.parametrize(
+    "override,key,message",
+    [
+        ("model.lora.rank=-1", "model.lora.rank", "must be >= 0"),
+        (
+            "model.lora.target_modules=[q_proj,qkv]",
+            "model.lora.target_modules",
+            "no linear layer named ['qkv']",
+        ),
+        ("rollout.engine=hf", "model.lora.sync", "cannot serve adapters"),
+    ],
+)
+def test_lora_errors_exit_2_before_ray(override: str, key: str, message: str) -> None:
+    args = ["+recipe=grpo_tiny", "model.lora.rank=16", override]
+    if override.startswith("rollout.engine"):
+        args.append("model.lora.sync=adapter")
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert key in result.stderr and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "ray-must-not-start" not in result.stderr
