@@ -59,7 +59,9 @@ class CriticWorker(Worker):
             "constant",
             count_optimizer_steps(cfg),
         )
-        self.engine = FSDPEngine(model_path, cfg.model, spec, device, head="value")
+        self.engine = FSDPEngine(
+            model_path, cfg.model, spec, device, head="value", lora=cfg.critic.lora
+        )
         self.packed = resolve_packing(cfg.actor.pack_sequences, device)
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)

@@ -11,10 +11,11 @@ shared with the critic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import torch
+from torch import nn
 
 from rlframe.algorithms.losses import (
     POLICY_LOSSES,
@@ -27,6 +28,7 @@ from rlframe.algorithms.losses import (
 from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
 from rlframe.algorithms.off_policy import compute_behaviour_weights
 from rlframe.config import ActorConfig, Config
+from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, build_layout
 from workers.engines.checkpointing import load_engine, save_engine
@@ -38,7 +40,8 @@ from workers.engines.fsdp import (
     run_minibatch_updates,
     split_micro_batches,
 )
-from workers.weight_sync import WeightSource
+from workers.engines.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
+from workers.weight_sync import WeightSource, iter_full_tensors
 
 
 def count_optimizer_steps(cfg: Config) -> int:
@@ -94,6 +97,16 @@ def backward_summed_over_ranks(loss: torch.Tensor, world_size: int) -> None:
     (loss * world_size).backward()
 
 
+def pick_sync_tensors(
+    lora: LoraConfig,
+) -> Callable[[nn.Module], Iterator[tuple[str, torch.Tensor]]]:
+    """What a weight sync streams: every tensor, or under LoRA the merged weights
+    (``sync=merged``) or the adapters alone (``sync=adapter``)."""
+    if not lora.enabled:
+        return iter_full_tensors
+    return iter_adapter_tensors if lora.sync is LoraSync.adapter else iter_merged_tensors
+
+
 class TrainRole:
     """Args: the run's config, the model directory, ``cuda`` or ``cpu``, and the size of
     the training group (the default process group, already joined)."""
@@ -101,10 +114,12 @@ class TrainRole:
     def __init__(self, cfg: Config, model_path: str, device: str, world_size: int) -> None:
         self.cfg, self.device, self.world_size = cfg, device, world_size
         spec = build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg))
-        self.actor = FSDPEngine(model_path, cfg.model, spec, device)
+        self.lora = cfg.model.lora
+        self.actor = FSDPEngine(model_path, cfg.model, spec, device, lora=self.lora)
+        # Under LoRA the reference is the policy with its adapters off: no second copy.
         self.ref = (
             FSDPEngine(model_path, cfg.model, None, device)
-            if cfg.algorithm.uses_reference
+            if cfg.algorithm.uses_reference and not self.lora.enabled
             else None
         )
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
@@ -118,6 +133,9 @@ class TrainRole:
 
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, R] log-probs of the frozen reference policy."""
+        if self.lora.enabled:
+            with adapters_disabled(self.actor.model):
+                return self.score_logprobs(self.actor, batch)
         if self.ref is None:
             raise RuntimeError(
                 "compute_ref_logprobs needs a reference model: set algorithm.kl_coef or "
@@ -236,7 +254,10 @@ class TrainRole:
         """The policy's weights in sync buckets, cast to the rollout engine's dtype."""
         bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
         return WeightSource(
-            self.actor.model, bucket_bytes, pick_dtype(self.cfg.model.dtype, self.device)
+            self.actor.model,
+            bucket_bytes,
+            pick_dtype(self.cfg.model.dtype, self.device),
+            pick_sync_tensors(self.lora),
         )
 
     def publish_weights(self) -> int:

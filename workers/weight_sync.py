@@ -15,7 +15,7 @@ it generates afterwards.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -37,10 +37,26 @@ WeightBucket = list[tuple[str, torch.Tensor]]
 WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_checkpoint_wrapped_module"})
 
 
+# What peft puts around the HF model (``base_model.model.``) and around an adapted layer's
+# original weights (``q_proj.base_layer.weight``).
+PEFT_PREFIX = "base_model.model."
+PEFT_BASE_SEGMENT = "base_layer"
+
+
 def to_engine_name(train_name: str) -> str:
     """The name the rollout engine's loader expects (the HF checkpoint name) for a training
     ``state_dict`` name. This is the one place that maps the two."""
-    return ".".join(part for part in train_name.split(".") if part not in WRAPPER_SEGMENTS)
+    name = train_name.removeprefix(PEFT_PREFIX)
+    skip = WRAPPER_SEGMENTS | {PEFT_BASE_SEGMENT}
+    return ".".join(part for part in name.split(".") if part not in skip)
+
+
+def to_adapter_name(train_name: str, adapter: str = "default") -> str:
+    """The name of an adapter tensor in a saved peft adapter (and to vLLM's LoRA loader) for
+    a training ``state_dict`` name: ``...q_proj.lora_A.default.weight`` ->
+    ``...q_proj.lora_A.weight``, wrapper segments dropped, peft's prefix kept."""
+    parts = [p for p in train_name.split(".") if p not in WRAPPER_SEGMENTS and p != adapter]
+    return ".".join(parts)
 
 
 class WeightSource:
@@ -53,17 +69,24 @@ class WeightSource:
     collective: every training rank must consume the whole stream, in the same order.
     """
 
-    def __init__(self, model: nn.Module, bucket_bytes: int, dtype: torch.dtype | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        bucket_bytes: int,
+        dtype: torch.dtype | None = None,
+        tensors: Callable[[nn.Module], Iterator[tuple[str, torch.Tensor]]] | None = None,
+    ):
         self.model, self.bucket_bytes, self.dtype = model, bucket_bytes, dtype
+        self.tensors = tensors or iter_full_tensors
+        """What travels: every full tensor (default), LoRA-merged ones, or adapters only."""
 
     def iter_buckets(self) -> Iterator[WeightBucket]:
         bucket: WeightBucket = []
         size = 0
-        for name, value in self.model.state_dict().items():
-            tensor = full_tensor(value).detach()
+        for name, tensor in self.tensors(self.model):
             if self.dtype is not None:
                 tensor = tensor.to(self.dtype)
-            bucket.append((to_engine_name(name), tensor))
+            bucket.append((name, tensor))
             size += tensor.numel() * tensor.element_size()
             if size >= self.bucket_bytes:
                 yield bucket
@@ -74,6 +97,12 @@ class WeightSource:
     def iter_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         for bucket in self.iter_buckets():
             yield from bucket
+
+
+def iter_full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every ``state_dict`` entry as ``(engine name, full tensor)``."""
+    for name, value in model.state_dict().items():
+        yield to_engine_name(name), full_tensor(value).detach()
 
 
 class InProcessSink:

@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from rlframe.algorithms.losses import LossScale
 from rlframe.config import ActorConfig, ModelConfig
+from rlframe.config.lora import LoraConfig
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
@@ -104,13 +105,22 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> 
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def build_train_model(path: str, cfg: ModelConfig, device: str, head: str = "lm") -> nn.Module:
-    """Load, then (1) gradient checkpointing, (2) FSDP2 sharding, (3) move to the device.
+def build_train_model(
+    path: str, cfg: ModelConfig, device: str, head: str = "lm", lora: LoraConfig | None = None
+) -> nn.Module:
+    """Load, then (1) LoRA adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) move
+    to the device.
 
-    Checkpointing wraps the layers before sharding so that FSDP's hooks see the wrapped
-    modules; sharding happens on CPU and ``to(device)`` then moves only the local shards.
+    Adapters come first so that checkpointing and sharding see the adapted layers (each
+    layer's shard holds its adapters); checkpointing wraps the layers before sharding so
+    that FSDP's hooks see the wrapped modules; sharding happens on CPU and ``to(device)``
+    then moves only the local shards.
     """
     model = load_hf_model(path, cfg, device, head)
+    if lora is not None and lora.enabled:
+        from workers.engines.lora import apply_lora
+
+        model = apply_lora(model, lora, head)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh(device, (dist.get_world_size(),))
@@ -216,13 +226,16 @@ class FSDPEngine:
         optim: OptimizerSpec | None,
         device: str,
         head: str = "lm",
+        lora: LoraConfig | None = None,
     ):
         self.device = device
-        self.model = build_train_model(path, model_cfg, device, head)
+        self.model = build_train_model(path, model_cfg, device, head, lora)
         self.optimizer: torch.optim.Optimizer | None = None
+        # Under LoRA only the adapters require grad: the optimizer holds only them.
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         if optim is not None:
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(),
+                self.trainable,
                 lr=optim.lr,
                 weight_decay=optim.weight_decay,
                 betas=(0.9, 0.999),
@@ -268,7 +281,7 @@ class FSDPEngine:
         """Clip, step and zero the gradients. A non-finite gradient norm skips the step."""
         assert self.optimizer is not None, "a reference engine does not train"
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)
         norm_value = float(full_tensor(norm))
         stepped = math.isfinite(norm_value)
         if stepped:

@@ -1,0 +1,126 @@
+"""LoRA on the training engine (peft): the adapters, what trains, the reference as the same
+model with its adapters off, and the weights the rollout engine gets from them.
+
+The wrapped model is a ``peft.PeftModel`` whose training names carry peft's segments
+(``base_model.model.`` in front, ``base_layer`` / ``lora_A.default`` inside an adapted
+layer); :func:`workers.weight_sync.to_engine_name` maps them back to the HF names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from rlframe.config.lora import LoraConfig
+from workers.weight_sync import to_adapter_name, to_engine_name
+
+# The task types peft wraps a causal LM and a token classifier (the critic) with.
+PEFT_TASK_TYPES = {"lm": "CAUSAL_LM", "value": "TOKEN_CLS"}
+
+
+def build_peft_config(cfg: LoraConfig, head: str = "lm"):  # -> peft.LoraConfig
+    """The peft config of ``cfg``: empty ``target_modules`` is every linear layer of the
+    decoder (``all-linear`` leaves the LM head out). A critic's fresh value head trains in
+    full beside the adapters (peft's TOKEN_CLS task saves its ``score`` module)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return PeftLoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules) or "all-linear",
+        bias="none",
+        task_type=PEFT_TASK_TYPES[head],
+    )
+
+
+def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module:
+    """The model with adapters on its target layers; only the adapters require grad.
+
+    A step of building the training model, before gradient checkpointing and FSDP2 sharding
+    (see :func:`workers.engines.fsdp.build_train_model`): the adapters must exist when the
+    layers are sharded, so that each layer's shard holds its adapters too.
+    """
+    from peft import get_peft_model
+
+    return get_peft_model(model, build_peft_config(cfg, head))
+
+
+def is_lora_model(model: nn.Module) -> bool:
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """The base model: the reference policy is the policy with its adapters off, not a
+    second copy of the weights."""
+    with model.disable_adapter():
+        yield
+
+
+def list_lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Module name -> peft LoRA layer (the ``nn.Linear`` wrappers that hold base and adapter)."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+
+
+def is_adapter_entry(name: str) -> bool:
+    """A ``state_dict`` entry of an adapter (``lora_A``, ``lora_B``...), not of the base."""
+    return any(part.startswith("lora_") for part in name.split("."))
+
+
+def iter_merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every base weight with its adapter merged in, as ``(HF name, full tensor)``.
+
+    ``W + scaling * B @ A`` is computed on the gathered tensors, on the side: the training
+    weights are never merged and unmerged in place, so the frozen base stays bit-exact.
+    Gathering is a collective: every rank must walk the whole stream in the same order.
+    """
+    from workers.engines.fsdp import full_tensor
+
+    layers = list_lora_layers(model)
+    state = model.state_dict()
+    for name, value in state.items():
+        if is_adapter_entry(name):
+            continue
+        tensor = full_tensor(value).detach()
+        owner = name.removesuffix(".base_layer.weight")
+        if owner != name and owner in layers:
+            layer = layers[owner]
+            for adapter in layer.active_adapters:
+                a = full_tensor(state[f"{owner}.lora_A.{adapter}.weight"]).detach()
+                b = full_tensor(state[f"{owner}.lora_B.{adapter}.weight"]).detach()
+                tensor = tensor + (b.float() @ a.float()).to(tensor.dtype) * layer.scaling[adapter]
+        yield to_engine_name(name), tensor
+
+
+def iter_adapter_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The adapter tensors alone, under the names of a saved peft adapter
+    (``base_model.model.<layer>.lora_A.weight``), which vLLM's LoRA loader reads."""
+    from workers.engines.fsdp import full_tensor
+
+    for name, value in model.state_dict().items():
+        if is_adapter_entry(name):
+            yield to_adapter_name(name), full_tensor(value).detach()
+
+
+def build_adapter_config(model: nn.Module) -> dict:
+    """The ``adapter_config.json`` content of the model's active adapter (what
+    ``PeftModel.from_pretrained`` and vLLM read next to the tensors)."""
+    config = model.peft_config[model.active_adapter]
+    out = config.to_dict()
+    # Sets do not serialise; peft stores target_modules as a set once resolved.
+    if isinstance(out.get("target_modules"), set):
+        out["target_modules"] = sorted(out["target_modules"])
+    for key, value in list(out.items()):
+        if isinstance(value, set):
+            out[key] = sorted(value)
+        elif hasattr(value, "value"):  # enums (task_type, peft_type)
+            out[key] = value.value
+    return out
