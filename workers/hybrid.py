@@ -31,6 +31,9 @@ class HybridWorker(Worker):
         self.train_role = TrainRole(cfg, model_path, device, self.world_size)
         self.rollout_role = RolloutRole(cfg, model_path, device, self.rank)
         self.sink = InProcessSink(self.rollout_role)
+        # LoRA syncs are where engines silently keep old weights: check each one arrived.
+        lora = cfg.model.lora
+        self.verifies_sync = lora.enabled and lora.verify_sync
         # The engine starts awake with the checkpoint's weights: the first stage is rollout.
         self.train_role.offload()
 
@@ -108,7 +111,10 @@ class HybridWorker(Worker):
         """Stream the trained weights into the rollout engine; returns the new version."""
         self.enter_train_mode()
         version = self.train_role.publish_weights()
+        probe = self.train_role.compute_sync_probe() if self.verifies_sync else None
         self.push_weights(version)
+        if probe is not None:
+            self.rollout_role.verify_weights(probe)
         return version
 
     @dispatch(Dispatch.ONE_TO_ALL)

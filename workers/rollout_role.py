@@ -18,6 +18,7 @@ from rlframe.config.agent import compute_response_width
 from rlframe.protocol import Batch
 from workers.engines.base import RolloutEngine, RolloutSample, SamplingSpec
 from workers.engines.fsdp import pick_dtype
+from workers.sync_probe import ProbeReading, SyncProbe, check_probe, pick_probe_tolerance
 
 
 def build_rollout_engine(cfg: Config, model_path: str, device: str, rank: int) -> RolloutEngine:
@@ -85,6 +86,9 @@ class RolloutRole:
         self.weights_valid = True
         """False after a sleep that discarded the weights (level 2) until they are loaded."""
         self.weights_version = 0
+        self.dtype = pick_dtype(cfg.model.dtype, device)
+        self.last_probe: ProbeReading | None = None
+        """The engine's probe reading after the last verified sync."""
 
     def generate(self, prompts: Batch) -> Batch:
         """One sampled turn per row, in one engine call: ``response_ids``, ``response_mask``,
@@ -112,6 +116,21 @@ class RolloutRole:
         # The engine's busy time: the asynchronous producer derives rollout idle time from it.
         out.meta["engine_s"] = busy
         return out
+
+    def verify_weights(self, probe: SyncProbe) -> None:
+        """The receiver check after a sync: the engine's log-probs of the probe match the
+        trainer's (raises :class:`~workers.sync_probe.StaleWeightsError`, naming what the
+        engine serves, when it still serves the previous version)."""
+        engine = torch.tensor(self.engine.compute_prompt_logprobs(probe.ids))
+        check_probe(
+            engine,
+            probe.logprobs,
+            self.weights_version,
+            self.last_probe,
+            pick_probe_tolerance(self.dtype),
+            self.engine.describe_weights(),
+        )
+        self.last_probe = ProbeReading(self.weights_version, engine)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Replace the engine's weights in place and record their version."""

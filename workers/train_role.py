@@ -41,6 +41,7 @@ from workers.engines.fsdp import (
     split_micro_batches,
 )
 from workers.engines.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
+from workers.sync_probe import SyncProbe, build_probe_ids, compute_trainer_probe
 from workers.weight_sync import WeightSource, iter_full_tensors
 
 
@@ -259,6 +260,11 @@ class TrainRole:
             pick_dtype(self.cfg.model.dtype, self.device),
             pick_sync_tensors(self.lora),
         )
+
+    def compute_sync_probe(self) -> SyncProbe:
+        """The trainer's log-probs of the fixed probe, for the receiver check of a sync."""
+        ids = build_probe_ids(int(self.actor.model.config.vocab_size))
+        return SyncProbe(ids, compute_trainer_probe(self.actor.model, ids, self.device))
 
     def publish_weights(self) -> int:
         """A new weights version for the weights as they are now (after an update)."""

@@ -47,6 +47,14 @@ class RolloutEngine(Protocol):
         """One response per prompt; ``seeds[i]`` fixes prompt i's sampling."""
         ...
 
+    def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """Log-probs of ``ids[1:]`` given their prefixes at temperature 1 (the sync probe)."""
+        ...
+
+    def describe_weights(self) -> str:
+        """What the engine serves now, for errors (``adapter rlframe-v3 (id 3)``)."""
+        ...
+
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Replace the weights in place from (HF name, full tensor) pairs."""
         ...

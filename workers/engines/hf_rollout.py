@@ -64,6 +64,16 @@ class HFRollout:
                 return RolloutSample(response, logprobs, "stop")
         return RolloutSample(response, logprobs, "length")
 
+    @torch.no_grad()
+    def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """Log-probs of ``ids[1:]`` given their prefixes (temperature 1): the sync probe."""
+        tokens = torch.tensor([ids], device=self.device)
+        logp = torch.log_softmax(self.model(input_ids=tokens).logits[0, :-1].float(), -1)
+        return logp.gather(1, tokens[0, 1:, None])[:, 0].tolist()
+
+    def describe_weights(self) -> str:
+        return "the weights loaded last"
+
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         params = self.model.state_dict()
         with torch.no_grad():

@@ -92,7 +92,10 @@ class VLLMRollout:
             for i, seed in enumerate(seeds)
         ]
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            params,
+            use_tqdm=False,
+            **self.lora_kwargs(),
         )
         samples = []
         for out in outputs:
@@ -101,6 +104,24 @@ class VLLMRollout:
             logprobs = [c.logprobs[i][t].logprob for i, t in enumerate(ids)]
             samples.append(RolloutSample(ids, logprobs, c.finish_reason or "length"))
         return samples
+
+    def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """Log-probs of ``ids[1:]`` given their prefixes (temperature 1): the sync probe."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        (out,) = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, **self.lora_kwargs()
+        )
+        return [out.prompt_logprobs[i][t].logprob for i, t in enumerate(ids) if i > 0]
+
+    def lora_kwargs(self) -> dict:
+        """What names the adapter a request samples from (none: the loaded weights)."""
+        return {}
+
+    def describe_weights(self) -> str:
+        return "the weights loaded last"
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Layerwise in-place reload (re-runs vLLM's post-load processing), then drop the

@@ -1,0 +1,84 @@
+"""The LoRA weight sync into a real in-process vLLM engine (one gloo rank, as a hybrid worker
+holds them) and its receiver check: the engine's probe log-probs match the trainer's after a
+sync, and a deliberately stale sync is caught and named."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from rlframe.config import Config, RolloutConfig
+from rlframe.config.lora import LoraSync
+from tests.workers.test_lora import build_role, make_config
+from tests.workers.test_update import make_batch
+
+
+def make_vllm_config(sync: LoraSync) -> Config:
+    cfg = make_config(rank=8)
+    cfg.model.lora = replace(cfg.model.lora, sync=sync)
+    cfg.rollout = RolloutConfig(engine="vllm", n=4, max_tokens=5, cpu_kv_cache_gb=1)
+    cfg.data.max_prompt_length = 32
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def roles(model_path: str, one_rank_group: None):
+    from workers.rollout_role import RolloutRole
+
+    cfg = make_vllm_config(LoraSync.merged)
+    train = build_role(model_path, cfg)
+    rollout = RolloutRole(cfg, model_path, "cpu", 0)
+    return train, rollout
+
+
+def sync(train, rollout) -> int:
+    from workers.weight_sync import InProcessSink
+
+    version = train.publish_weights()
+    probe = train.compute_sync_probe()
+    InProcessSink(rollout).push(train.weight_source(), version)
+    rollout.verify_weights(probe)
+    return version
+
+
+def test_merged_sync_matches_the_trainer_and_a_stale_one_is_caught(roles) -> None:
+    from workers.sync_probe import StaleWeightsError
+
+    train, rollout = roles
+    rollout.verify_weights(train.compute_sync_probe())  # version 0: the base on both sides
+    first = rollout.last_probe.logprobs
+    for _ in range(3):
+        train.update(make_batch())
+    sync(train, rollout)
+    after = rollout.last_probe
+    probe = train.compute_sync_probe()
+    # The engine now serves the trained adapter, merged: fp32 agreement with the trainer.
+    assert float((after.logprobs - probe.logprobs).abs().max()) < 1e-4
+    assert float((after.logprobs - first).abs().max()) > 1e-2
+    stale = list(train.weight_source().iter_tensors())  # version 1's merged weights
+    for _ in range(3):
+        train.update(make_batch(seed=1))
+    version = train.publish_weights()
+    # A sink that delivers the previous version's tensors under the new version.
+    rollout.load_weights(iter(stale), version)
+    with pytest.raises(StaleWeightsError, match=f"version {version}.*equal version 1's"):
+        rollout.verify_weights(train.compute_sync_probe())
+    # The real sync of the same version passes.
+    push_version(train, rollout, version)
+    rollout.verify_weights(train.compute_sync_probe())
+
+
+def push_version(train, rollout, version: int) -> None:
+    from workers.weight_sync import InProcessSink
+
+    InProcessSink(rollout).push(train.weight_source(), version)
+
+
+def test_merged_sync_streams_plain_hf_names(roles) -> None:
+    train, _ = roles
+    names = [name for name, _ in train.weight_source().iter_tensors()]
+    assert names and not [n for n in names if "lora" in n or "base_layer" in n]
+    assert all(not n.startswith("base_model") for n in names)
+    assert torch.is_tensor(train.compute_sync_probe().logprobs)

@@ -1,0 +1,88 @@
+"""The receiver check of a weight sync: after a sync the rollout engine's log-probs of a
+fixed probe sequence must match the trainer's, and must have moved when the trainer's did.
+
+A sync that silently leaves the engine on the previous weights (an adapter never
+registered, a request still naming the old adapter, a name the loader skipped) shows up
+here as the engine still giving the previous version's log-probs, and the run stops with
+an error that says so, instead of training on a policy that never changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+PROBE_LENGTH = 24
+PROBE_SEED = 20260519
+
+
+def build_probe_ids(vocab_size: int) -> list[int]:
+    """The fixed probe: token ids drawn once from a seeded generator (the same on every rank
+    and in every process), never from a tokenizer, so any model can be probed."""
+    g = torch.Generator().manual_seed(PROBE_SEED)
+    return torch.randint(0, vocab_size, (PROBE_LENGTH,), generator=g).tolist()
+
+
+def pick_probe_tolerance(dtype: torch.dtype) -> float:
+    """Largest trainer-engine gap of one probe token's log-prob that still counts as the same
+    weights: fp32 kernels agree to about 1e-5 (sdpa vs vLLM's attention), bf16 to about 1e-2."""
+    return 1e-3 if dtype == torch.float32 else 0.1
+
+
+@torch.no_grad()
+def compute_trainer_probe(model: nn.Module, ids: list[int], device: str) -> torch.Tensor:
+    """[len(ids) - 1] log-probs of ``ids[1:]`` under the training model (temperature 1, eval
+    mode: no adapter dropout). A forward of the FSDP root: a collective on every rank."""
+    model.eval()
+    tokens = torch.tensor([ids], device=device)
+    logits = model(input_ids=tokens, use_cache=False).logits[0, :-1].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return logprobs.gather(1, tokens[0, 1:, None])[:, 0].cpu()
+
+
+@dataclass
+class ProbeReading:
+    version: int
+    logprobs: torch.Tensor
+
+
+@dataclass
+class SyncProbe:
+    """What the trainer hands the receiver with a sync: the probe and its log-probs."""
+
+    ids: list[int]
+    logprobs: torch.Tensor
+
+
+class StaleWeightsError(RuntimeError):
+    """The rollout engine does not serve the weights the trainer just synced."""
+
+
+def check_probe(
+    engine: torch.Tensor,
+    trainer: torch.Tensor,
+    version: int,
+    previous: ProbeReading | None,
+    tolerance: float,
+    served: str,
+) -> None:
+    """Raise StaleWeightsError unless the engine's probe log-probs match the trainer's.
+
+    ``served`` names what the engine serves (``adapter rlframe-v3 (id 3)``, ``merged
+    weights``), so that the error names the stale adapter. When the engine's reading equals
+    the previous version's while the trainer's moved, the sync did not arrive."""
+    gap = float((engine - trainer).abs().max())
+    if gap <= tolerance:
+        return
+    if previous is not None and float((engine - previous.logprobs).abs().max()) <= tolerance:
+        raise StaleWeightsError(
+            f"stale weights after the sync of version {version}: the rollout engine serves "
+            f"{served}, whose probe log-probs equal version {previous.version}'s, while the "
+            f"trainer's moved (max gap {gap:.3g} > {tolerance:g})"
+        )
+    raise StaleWeightsError(
+        f"weight sync of version {version} is broken: the rollout engine ({served}) and the "
+        f"trainer disagree on the probe log-probs by up to {gap:.3g} (> {tolerance:g})"
+    )
