@@ -24,12 +24,14 @@ from rlframe.checkpoint_layout import (
     HF_CONFIG,
     HF_EXPORT,
     LATEST,
+    LORA_BASE,
     RUN_FILES,
     checkpoint_name,
     find_latest_checkpoint,
     list_checkpoints,
 )
 from rlframe.config import Config, ConfigError
+from rlframe.config.lora import LoraConfig
 from rlframe.run_dir import check_resume_changes, never_finished_a_step
 from rlframe.save_failures import describe_failed_save
 
@@ -135,9 +137,21 @@ def write_atomically(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def write_hf_config(model_path: str, tokenizer: Any, dest: Path, trust_remote_code: bool) -> None:
-    """The model's config (and generation config) and the tokenizer, for a later export."""
+def write_hf_config(
+    model_path: str,
+    tokenizer: Any,
+    dest: Path,
+    trust_remote_code: bool,
+    lora: LoraConfig | None = None,
+) -> None:
+    """The model's config (and generation config) and the tokenizer, for a later export;
+    under LoRA also the adapters' settings and the base model's path, since the checkpoint
+    holds the adapters alone."""
     from transformers import AutoConfig, GenerationConfig
+
+    if lora is not None and lora.enabled:
+        dest.mkdir(parents=True, exist_ok=True)
+        (dest / LORA_BASE).write_text(json.dumps({"base_model": model_path, **lora.describe()}))
 
     AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).save_pretrained(
         dest

@@ -8,6 +8,7 @@ Layout of ``<trainer.output_dir>/checkpoints/``::
         critic/             the critic's, when there is one
         driver_state.json   step, experience (prompt loader), KL controller, tracker, seeds
         hf_config/          model config and tokenizer, so an export needs nothing else
+                            (under LoRA: lora_base.json, the base model and adapter settings)
         hf/                 a Hugging Face model, with trainer.export_hf=true
     latest                  the name of the newest complete checkpoint
 """
@@ -20,6 +21,8 @@ CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 DRIVER_STATE = "driver_state.json"
 HF_CONFIG = "hf_config"
+LORA_BASE = "lora_base.json"
+"""In ``hf_config/`` of a LoRA run: the base model's path and the adapters' settings."""
 HF_EXPORT = "hf"
 RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "config.json", CHECKPOINTS)
 

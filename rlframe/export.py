@@ -1,23 +1,26 @@
 """Export a checkpoint's policy as a Hugging Face model: safetensors, config and tokenizer.
 
-    python -m rlframe.export CHECKPOINT OUT_DIR [--dtype bfloat16]
+    python -m rlframe.export CHECKPOINT OUT_DIR [--dtype bfloat16] [--merge]
 
 CHECKPOINT is a checkpoint folder (``<run>/checkpoints/step_N``) or a run directory (its
 latest checkpoint). The sharded actor state is read on this one process, whatever the world
 size it was saved with, so this runs on a machine without GPUs or Ray. ``OUT_DIR`` then loads
-with ``AutoModelForCausalLM.from_pretrained`` and with vLLM.
+with ``AutoModelForCausalLM.from_pretrained`` and with vLLM. A LoRA run's checkpoint holds the
+adapters alone: it exports as a peft adapter folder over the base model it was trained on
+(``PeftModel.from_pretrained``), or with ``--merge`` as the merged plain model.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import warnings
 from pathlib import Path
 
 import torch
 
-from rlframe.checkpoint_layout import DRIVER_STATE, HF_CONFIG, find_latest_checkpoint
+from rlframe.checkpoint_layout import DRIVER_STATE, HF_CONFIG, LORA_BASE, find_latest_checkpoint
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -30,13 +33,18 @@ def resolve_checkpoint(path: Path) -> Path:
     return latest
 
 
-def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: torch.dtype = torch.float32) -> Path:
-    """Write the actor of ``checkpoint`` to ``out_dir`` as a Hugging Face model."""
+def export_checkpoint(
+    checkpoint: Path, out_dir: Path, dtype: torch.dtype = torch.float32, merge: bool = False
+) -> Path:
+    """Write the actor of ``checkpoint`` to ``out_dir`` as a Hugging Face model; a LoRA
+    checkpoint as a peft adapter folder, or with ``merge`` as the merged model."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     shards, meta_dir = checkpoint / "actor", checkpoint / HF_CONFIG
+    if (meta_dir / LORA_BASE).is_file():
+        return export_lora_checkpoint(checkpoint, out_dir, dtype, merge)
     config = AutoConfig.from_pretrained(meta_dir)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     saved = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
@@ -63,6 +71,46 @@ def export_checkpoint(checkpoint: Path, out_dir: Path, dtype: torch.dtype = torc
     return out_dir
 
 
+def export_lora_checkpoint(
+    checkpoint: Path, out_dir: Path, dtype: torch.dtype, merge: bool
+) -> Path:
+    """The base model (from the path saved beside the checkpoint) with the checkpoint's
+    adapters: saved as a peft adapter folder (``PeftModel.from_pretrained(base, out_dir)``),
+    or merged into the base weights as a plain Hugging Face model."""
+    import torch.distributed.checkpoint as dcp
+    from peft import get_peft_model
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from rlframe.config.lora import LoraConfig
+
+    shards, meta_dir = checkpoint / "actor", checkpoint / HF_CONFIG
+    info = json.loads((meta_dir / LORA_BASE).read_text())
+    base_path = info.pop("base_model")
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(**info).to_peft())
+    saved = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+    state = model.state_dict()
+    adapters = {k: v for k, v in state.items() if "lora_" in k}
+    missing = sorted(k for k in adapters if f"model.{k}" not in saved)
+    if missing:
+        raise KeyError(f"{shards} lacks {len(missing)} adapter tensors, e.g. {missing[:3]}")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": adapters}, checkpoint_id=str(shards))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if merge:
+        model.merge_and_unload().to(dtype).save_pretrained(out_dir, safe_serialization=True)
+        try:
+            GenerationConfig.from_pretrained(meta_dir).save_pretrained(out_dir)
+        except OSError:
+            pass
+    else:
+        model.to(dtype).save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(meta_dir).save_pretrained(out_dir)
+    return out_dir
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m rlframe.export", description=__doc__.split("\n\n")[0]
@@ -72,10 +120,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("out_dir", type=Path, help="where the Hugging Face model is written")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="LoRA runs: merge the adapters into the base weights (a plain HF model) instead "
+        "of writing a peft adapter folder",
+    )
     args = parser.parse_args(argv)
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)
-        export_checkpoint(checkpoint, args.out_dir, getattr(torch, args.dtype))
+        export_checkpoint(checkpoint, args.out_dir, getattr(torch, args.dtype), args.merge)
     except (FileNotFoundError, KeyError) as e:
         print(f"rlframe.export: {e}", file=sys.stderr)
         sys.exit(1)

@@ -130,7 +130,9 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             out,
             cfg.trainer.keep_last,
             {"actor": actor} | ({"critic": critic} if critic is not None else {}),
-            lambda dest: write_hf_config(model_path, tokenizer, dest, cfg.model.trust_remote_code),
+            lambda dest: write_hf_config(
+                model_path, tokenizer, dest, cfg.model.trust_remote_code, cfg.model.lora
+            ),
             cfg.trainer.export_hf,
         )
         rewards = RewardStage(cfg, tokenizer, workers.reward_model)

@@ -33,7 +33,7 @@ def build_rollout_engine(cfg: Config, model_path: str, device: str, rank: int) -
     max_len = cfg.data.max_prompt_length + compute_response_width(r.max_tokens, r.agent, cfg.agent)
     # Equal inside a tensor-parallel group (its ranks run one engine), different across them.
     seed = cfg.trainer.seed + rank // r.tensor_parallel_size
-    return VLLMRollout(model_path, r, device, max_len, seed, dtype)
+    return VLLMRollout(model_path, r, device, max_len, seed, dtype, cfg.model.lora)
 
 
 def build_sampling_spec(prompts: Batch, cfg: Config) -> SamplingSpec:

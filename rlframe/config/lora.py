@@ -13,7 +13,7 @@ from enum import Enum
 
 from rlframe.config.checks import require
 
-# vLLM serves adapters of these ranks only (its ``max_lora_rank`` choices).
+# vLLM's ``max_lora_rank`` choices: it serves adapters of any rank up to the one it is given.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
@@ -46,6 +46,30 @@ class LoraConfig:
     def enabled(self) -> bool:
         return self.rank > 0
 
+    def to_peft(self, head: str = "lm"):  # -> peft.LoraConfig
+        """The peft config: empty ``target_modules`` is every linear layer of the decoder
+        (``all-linear`` leaves the LM head out). ``head="value"`` (a critic): peft's
+        TOKEN_CLS task, whose fresh ``score`` head trains in full beside the adapters."""
+        from peft import LoraConfig as PeftLoraConfig
+
+        return PeftLoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=list(self.target_modules) or "all-linear",
+            bias="none",
+            task_type={"lm": "CAUSAL_LM", "value": "TOKEN_CLS"}[head],
+        )
+
+    def describe(self) -> dict[str, object]:
+        """What an export needs to rebuild the adapters (saved beside a checkpoint)."""
+        return {
+            "rank": self.rank,
+            "alpha": self.alpha,
+            "dropout": self.dropout,
+            "target_modules": list(self.target_modules),
+        }
+
 
 def check_lora(lora: LoraConfig, key: str) -> None:
     """Value checks of one LoRA section; ``key`` is its dotted name (``model.lora``)."""
@@ -74,9 +98,9 @@ def check_adapter_sync(lora: LoraConfig, engine: str, sleep_level: int) -> None:
         "use model.lora.sync=merged",
     )
     require(
-        lora.rank in VLLM_LORA_RANKS,
+        lora.rank <= max(VLLM_LORA_RANKS),
         "model.lora.rank",
-        f"{lora.rank}: with sync=adapter vLLM serves ranks {list(VLLM_LORA_RANKS)} only",
+        f"{lora.rank}: with sync=adapter vLLM serves ranks up to {max(VLLM_LORA_RANKS)}",
     )
     require(
         sleep_level == 1,

@@ -18,6 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 TINY_PREFIX = "tiny:"
+TINY_LORA_PREFIX = "tiny-lora:"
+LORA_HEAD_SCALE = 4.0
+"""The final norm's scale of ``tiny-lora:<seed>`` (see :func:`build_tiny_lora_model`)."""
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 # Everything the synthetic tasks print, one token per character.
 CHARACTERS = "0123456789abcdefghijklmnopqrstuvwxyz +-*=?:,.()'\n"
@@ -42,7 +45,7 @@ class TinyModelSpec:
 
 
 def is_tiny_model(path: str) -> bool:
-    return path.startswith(TINY_PREFIX)
+    return path.startswith((TINY_PREFIX, TINY_LORA_PREFIX))
 
 
 def default_cache_dir() -> Path:
@@ -50,7 +53,17 @@ def default_cache_dir() -> Path:
 
 
 def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
-    """A loadable model directory: ``tiny:<seed>`` is built on first use, anything else is kept."""
+    """A loadable model directory: ``tiny:<seed>`` and ``tiny-lora:<seed>`` are built on
+    first use, anything else is kept."""
+    if path.startswith(TINY_LORA_PREFIX):
+        return resolve_tiny_build(
+            path,
+            TINY_LORA_PREFIX,
+            "tiny-qwen2-lora",
+            [CHARACTERS, LORA_HEAD_SCALE],
+            build_tiny_lora_model,
+            cache_dir,
+        )
     if not is_tiny_model(path):
         return path
     return resolve_tiny_build(path, TINY_PREFIX, "tiny-qwen2", [CHARACTERS], build_tiny_model, cache_dir)
@@ -123,6 +136,29 @@ def build_tiny_model(spec: TinyModelSpec, target: Path) -> None:
     config = build_tiny_config(spec, tokenizer, tie_word_embeddings=True)
     torch.manual_seed(spec.seed)
     model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    save_model_atomically(model, tokenizer, target)
+
+
+def build_tiny_lora_model(spec: TinyModelSpec, target: Path) -> None:
+    """``tiny:<seed>`` with its final norm scaled by LORA_HEAD_SCALE: a base for LoRA.
+
+    LoRA trains neither the tied embedding/LM head nor the norms. At the random init (std
+    0.02) the head's rows are so short that no hidden state gives any token more than about
+    0.18 probability, so a policy that only trains adapters cannot become confident, whatever
+    it learns; full fine-tuning grows the head. A pretrained model's head has no such cap,
+    and this scale removes it here (a token can then reach probability near 1)."""
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = build_tiny_config(spec, tokenizer, tie_word_embeddings=True)
+    torch.manual_seed(spec.seed)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(LORA_HEAD_SCALE)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )

@@ -3,6 +3,7 @@
     python tests/e2e/export_logprobs.py vllm   EXPORT_DIR OUT.json   samples responses with vLLM
     python tests/e2e/export_logprobs.py hf     EXPORT_DIR IN.json OUT.json
     python tests/e2e/export_logprobs.py fsdp   CHECKPOINT IN.json OUT.json
+    python tests/e2e/export_logprobs.py peft   ADAPTER_DIR IN.json OUT.json
 
 ``vllm`` loads the exported folder as any vLLM user would and samples responses with their
 log-probs; ``hf`` scores them with ``AutoModelForCausalLM.from_pretrained`` of the export;
@@ -93,6 +94,18 @@ def score_with_hf(export: str, samples: list[dict]) -> list[list[float]]:
     return score(model.eval(), samples)
 
 
+def score_with_peft(adapter: str, samples: list[dict]) -> list[list[float]]:
+    """A peft adapter folder over the base model its adapter_config.json names."""
+    from peft import PeftConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_path = PeftConfig.from_pretrained(adapter).base_model_name_or_path
+    base = AutoModelForCausalLM.from_pretrained(
+        base_path, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    return score(PeftModel.from_pretrained(base, adapter).eval(), samples)
+
+
 def score_with_fsdp(checkpoint: str, samples: list[dict]) -> list[list[float]]:
     import torch.distributed as dist
 
@@ -106,8 +119,20 @@ def score_with_fsdp(checkpoint: str, samples: list[dict]) -> list[list[float]]:
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     # The run's initial weights, then the checkpoint's state on top (what a resumed worker does).
     path = resolve_model_path("tiny:0")
+    lora_file = Path(checkpoint) / "hf_config" / "lora_base.json"
+    lora = None
+    if lora_file.is_file():  # a LoRA run: the adapters over the base model
+        from rlframe.config.lora import LoraConfig
+
+        info = json.loads(lora_file.read_text())
+        path = info.pop("base_model")
+        lora = LoraConfig(**info)
     engine = FSDPEngine(
-        path, ModelConfig(path=path), OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 1), "cpu"
+        path,
+        ModelConfig(path=path),
+        OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 1),
+        "cpu",
+        lora=lora,
     )
     load_engine(engine, Path(checkpoint) / "actor", {"weights_version": 0})
     try:
@@ -122,7 +147,8 @@ def main() -> None:
         sample_with_vllm(source, sys.argv[3])
         return
     samples = json.loads(Path(sys.argv[3]).read_text())
-    scored = score_with_hf(source, samples) if mode == "hf" else score_with_fsdp(source, samples)
+    scorers = {"hf": score_with_hf, "peft": score_with_peft, "fsdp": score_with_fsdp}
+    scored = scorers[mode](source, samples)
     Path(sys.argv[4]).write_text(json.dumps(scored))
 
 

@@ -55,8 +55,8 @@ def test_adapter_sync_needs_an_engine_that_serves_adapters() -> None:
     lora = {"rank": 16, "sync": "adapter"}
     with pytest.raises(ConfigError, match="model.lora.sync: adapter needs rollout.engine=vllm"):
         build(model={"path": "tiny:0", "lora": lora}, rollout={"n": 4, "engine": "hf"})
-    with pytest.raises(ConfigError, match="model.lora.rank: 12: with sync=adapter"):
-        build(model={"path": "tiny:0", "lora": {**lora, "rank": 12}})
+    with pytest.raises(ConfigError, match="model.lora.rank: 1024: with sync=adapter"):
+        build(model={"path": "tiny:0", "lora": {**lora, "rank": 1024}})
     with pytest.raises(ConfigError, match="rollout.sleep_level: must be 1"):
         build(model={"path": "tiny:0", "lora": lora}, rollout={"n": 4, "sleep_level": 2})
     # Merged sync streams full tensors: any engine, any rank, any sleep level.

@@ -144,3 +144,27 @@ def test_checkpointing_and_chunked_logprobs_change_nothing(
             torch.testing.assert_close(after[k], v, atol=0.05 * LR, rtol=0)
             moved += 1
     assert moved
+
+
+def test_checkpoint_holds_the_adapters_and_resumes_exactly(
+    trained, model_path: str, one_rank_group: None, tmp_path
+) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
+
+    role, _, _, _ = trained
+    role.save(str(tmp_path / "actor"))
+    saved = FileSystemReader(str(tmp_path / "actor")).read_metadata().state_dict_metadata
+    model_keys = [k for k in saved if k.startswith("model.")]
+    assert model_keys and all("lora_" in k for k in model_keys), "the frozen base was saved"
+    optim_keys = [k for k in saved if k.startswith("optim.state.")]
+    assert optim_keys and all("lora_" in k for k in optim_keys)
+    resumed = build_role(model_path, make_config())
+    resumed.load(str(tmp_path / "actor"))
+    assert resumed.weights_version == role.weights_version
+    batch = make_batch(seed=5)
+    role.update(batch)
+    resumed.update(batch)
+    a, b = full_state(role.actor.model), full_state(resumed.actor.model)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert resumed.actor.lr == role.actor.lr

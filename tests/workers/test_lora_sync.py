@@ -57,7 +57,7 @@ def test_merged_sync_matches_the_trainer_and_a_stale_one_is_caught(roles) -> Non
     # The engine now serves the trained adapter, merged: fp32 agreement with the trainer.
     assert float((after.logprobs - probe.logprobs).abs().max()) < 1e-4
     assert float((after.logprobs - first).abs().max()) > 1e-2
-    stale = list(train.weight_source().iter_tensors())  # version 1's merged weights
+    stale = [(n, t.clone()) for n, t in train.weight_source().iter_tensors()]  # version 1
     for _ in range(3):
         train.update(make_batch(seed=1))
     version = train.publish_weights()

@@ -18,10 +18,22 @@ if TYPE_CHECKING:
     from workers.engines.fsdp import FSDPEngine
 
 
+def pick_state_options(engine: FSDPEngine, strict: bool = False) -> StateDictOptions:
+    """Under LoRA the frozen base is left out: a checkpoint holds what trains (the adapters,
+    a critic's value head) and its optimizer state; the base is the model folder's."""
+    frozen = any(not p.requires_grad for p in engine.model.parameters())
+    return StateDictOptions(ignore_frozen_params=frozen, strict=strict and not frozen)
+
+
 def collect_engine_state(engine: FSDPEngine) -> dict[str, Any]:
     """Model and optimizer state as DCP wants it (sharded DTensors, FQN keys)."""
     assert engine.optimizer is not None, "only an engine that trains has state to save"
-    model_state, optim_state = get_state_dict(engine.model, engine.optimizer)
+    options = pick_state_options(engine)
+    model_state, optim_state = get_state_dict(engine.model, engine.optimizer, options=options)
+    if options.ignore_frozen_params:
+        # A weight tied to a frozen one (lm_head to the embeddings) is still a state entry.
+        trains = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+        model_state = {k: v for k, v in model_state.items() if k in trains}
     return {"model": model_state, "optim": optim_state, "scheduler": engine.scheduler.state_dict()}
 
 
@@ -47,7 +59,7 @@ def load_engine(
         engine.optimizer,
         model_state_dict=state["model"],
         optim_state_dict=state["optim"],
-        options=StateDictOptions(strict=True),
+        options=pick_state_options(engine, strict=True),
     )
     engine.scheduler.load_state_dict(state["scheduler"])
     return state["extra"]

@@ -17,25 +17,6 @@ from torch import nn
 from rlframe.config.lora import LoraConfig
 from workers.weight_sync import to_adapter_name, to_engine_name
 
-# The task types peft wraps a causal LM and a token classifier (the critic) with.
-PEFT_TASK_TYPES = {"lm": "CAUSAL_LM", "value": "TOKEN_CLS"}
-
-
-def build_peft_config(cfg: LoraConfig, head: str = "lm"):  # -> peft.LoraConfig
-    """The peft config of ``cfg``: empty ``target_modules`` is every linear layer of the
-    decoder (``all-linear`` leaves the LM head out). A critic's fresh value head trains in
-    full beside the adapters (peft's TOKEN_CLS task saves its ``score`` module)."""
-    from peft import LoraConfig as PeftLoraConfig
-
-    return PeftLoraConfig(
-        r=cfg.rank,
-        lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
-        target_modules=list(cfg.target_modules) or "all-linear",
-        bias="none",
-        task_type=PEFT_TASK_TYPES[head],
-    )
-
 
 def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module:
     """The model with adapters on its target layers; only the adapters require grad.
@@ -46,7 +27,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module
     """
     from peft import get_peft_model
 
-    return get_peft_model(model, build_peft_config(cfg, head))
+    return get_peft_model(model, cfg.to_peft(head))
 
 
 def is_lora_model(model: nn.Module) -> bool:

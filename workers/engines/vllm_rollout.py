@@ -17,7 +17,9 @@ from pathlib import Path
 import torch
 
 from rlframe.config import RolloutConfig
+from rlframe.config.lora import LoraConfig, LoraSync
 from workers.engines.base import RolloutSample, SamplingSpec
+from workers.engines.vllm_lora import AdapterSlot, build_lora_engine_args
 
 CPU_MAX_NUM_SEQS = 256
 
@@ -31,6 +33,7 @@ class VLLMRollout:
         max_model_len: int,
         seed: int,
         dtype: torch.dtype,
+        lora: LoraConfig | None = None,
     ):
         # This engine owns vLLM's variables (the launcher sets none). They must be set before
         # vLLM reads its environment: the engine lives in this process.
@@ -52,6 +55,10 @@ class VLLMRollout:
             # Generator does not use offset"). Long multi-turn contexts hit the 4096 default.
             extra["max_num_batched_tokens"] = CPU_MAX_NUM_SEQS * max_model_len
             extra["max_num_seqs"] = CPU_MAX_NUM_SEQS
+        # model.lora.sync=adapter: serve pushed adapters over the base loaded here.
+        serves_adapters = lora is not None and lora.enabled and lora.sync is LoraSync.adapter
+        if serves_adapters:
+            extra |= build_lora_engine_args(lora)
         self.sleep_level = cfg.sleep_level
         # Level 2 is treated as discarding on every device, also where vLLM's sleep is a
         # no-op (CPU), so CPU runs take the same weight-reload path as GPU runs.
@@ -71,6 +78,7 @@ class VLLMRollout:
             enable_prefix_caching=True,
             **extra,
         )
+        self.adapter = AdapterSlot(self.llm, lora, path) if serves_adapters else None
 
     def generate(
         self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
@@ -117,15 +125,22 @@ class VLLMRollout:
         return [out.prompt_logprobs[i][t].logprob for i, t in enumerate(ids) if i > 0]
 
     def lora_kwargs(self) -> dict:
-        """What names the adapter a request samples from (none: the loaded weights)."""
-        return {}
+        """The adapter version requests sample from (none: the loaded weights alone)."""
+        if self.adapter is None or self.adapter.request is None:
+            return {}
+        return {"lora_request": self.adapter.request}
 
     def describe_weights(self) -> str:
-        return "the weights loaded last"
+        return self.adapter.describe() if self.adapter is not None else "merged weights"
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
         """Layerwise in-place reload (re-runs vLLM's post-load processing), then drop the
-        prefix cache, whose KV entries were computed with the old weights."""
+        prefix cache, whose KV entries were computed with the old weights. Serving adapters,
+        the stream holds the adapter tensors alone: a new adapter version is registered."""
+        if self.adapter is not None:
+            self.adapter.load(weights)
+            self.llm.reset_prefix_cache()
+            return
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )
