@@ -45,7 +45,10 @@ class TrainWorker(Worker):
         version = (
             self.train_role.publish_weights() if bump_version else self.train_role.weights_version
         )
-        self.sender.push(self.train_role.weight_source(), version)
+        lora = self.train_role.lora
+        # LoRA syncs are where engines silently keep old weights: the receiver checks each.
+        probe = self.train_role.compute_sync_probe() if lora.enabled and lora.verify_sync else None
+        self.sender.push(self.train_role.weight_source(), version, probe)
         return version
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)

@@ -26,6 +26,7 @@ from torch import nn
 
 from rlframe.controller.weight_group import WeightGroupSpec
 from workers.engines.fsdp import full_tensor
+from workers.sync_probe import SyncProbe
 
 if TYPE_CHECKING:
     from workers.rollout_role import RolloutRole
@@ -160,6 +161,9 @@ class BucketHeader:
     names: list[str]
     dtypes: list[str]
     shapes: list[list[int]]
+    probe: list | None = None
+    """On the end marker, when the sync is verified: ``[ids, trainer log-probs]`` of the probe
+    (JSON floats hold fp32 values exactly)."""
 
     @property
     def is_end(self) -> bool:
@@ -167,13 +171,17 @@ class BucketHeader:
         return not self.names
 
     def encode(self) -> torch.Tensor:
-        text = json.dumps([self.version, self.names, self.dtypes, self.shapes])
+        text = json.dumps([self.version, self.names, self.dtypes, self.shapes, self.probe])
         return torch.frombuffer(bytearray(text.encode()), dtype=torch.uint8)
 
     @staticmethod
     def decode(data: torch.Tensor) -> BucketHeader:
-        version, names, dtypes, shapes = json.loads(bytes(data.cpu().numpy()).decode())
-        return BucketHeader(version, names, dtypes, shapes)
+        return BucketHeader(*json.loads(bytes(data.cpu().numpy()).decode()))
+
+    def read_probe(self) -> SyncProbe | None:
+        if self.probe is None:
+            return None
+        return SyncProbe(self.probe[0], torch.tensor(self.probe[1], dtype=torch.float32))
 
     def tensor_bytes(self) -> list[int]:
         return [
@@ -196,8 +204,9 @@ class BroadcastSender:
     def __init__(self, group: WeightGroup) -> None:
         self.group = group
 
-    def push(self, source: WeightSource, version: int) -> int:
-        """Broadcast every bucket, then an end marker; returns the payload bytes sent."""
+    def push(self, source: WeightSource, version: int, probe: SyncProbe | None = None) -> int:
+        """Broadcast every bucket, then an end marker (carrying ``probe`` for the receiver
+        check, when given); returns the payload bytes sent."""
         sent = 0
         for bucket in source.iter_buckets():
             header = BucketHeader(
@@ -210,7 +219,8 @@ class BroadcastSender:
             payload = pack_bucket(bucket, self.group.device)
             self.group.broadcast(payload)
             sent += payload.numel()
-        self.send_header(BucketHeader(version, [], [], []))
+        end = None if probe is None else [probe.ids, probe.logprobs.tolist()]
+        self.send_header(BucketHeader(version, [], [], [], end))
         return sent
 
     def send_header(self, header: BucketHeader) -> None:
@@ -227,9 +237,14 @@ class BroadcastReceiver:
         self.group = group
 
     def pull(self, rollout: RolloutRole) -> int:
-        """Load one whole push into ``rollout``; returns the version it carried."""
+        """Load one whole push into ``rollout``, then run the receiver check when the push
+        carried a probe; returns the version it carried."""
         first = self.receive_header()
+        self.end: BucketHeader | None = first if first.is_end else None
         rollout.load_weights(self.iter_tensors(first), first.version)
+        probe = self.end.read_probe() if self.end is not None else None
+        if probe is not None:
+            rollout.verify_weights(probe)
         return first.version
 
     def receive_header(self) -> BucketHeader:
@@ -256,6 +271,7 @@ class BroadcastReceiver:
                     part = part.clone()
                 yield name, part.view(kind).reshape(shape)
             header = self.receive_header()
+            self.end = header if header.is_end else None
             if header.version != version:
                 raise RuntimeError(
                     f"weight push of version {version} interrupted by a bucket of version "

@@ -19,7 +19,7 @@ from typing import Any
 
 TINY_PREFIX = "tiny:"
 TINY_LORA_PREFIX = "tiny-lora:"
-LORA_HEAD_SCALE = 4.0
+LORA_HEAD_SCALE = 2.0
 """The final norm's scale of ``tiny-lora:<seed>`` (see :func:`build_tiny_lora_model`)."""
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
 # Everything the synthetic tasks print, one token per character.
