@@ -59,6 +59,8 @@ class LoraConfig:
             target_modules=list(self.target_modules) or "all-linear",
             bias="none",
             task_type={"lm": "CAUSAL_LM", "value": "TOKEN_CLS"}[head],
+            # The value head trains in full (modules_to_save): no adapter on it.
+            exclude_modules=["score"] if head == "value" else None,
         )
 
     def describe(self) -> dict[str, object]:

@@ -168,3 +168,22 @@ def test_checkpoint_holds_the_adapters_and_resumes_exactly(
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert resumed.actor.lr == role.actor.lr
+
+
+def test_critic_lora_trains_adapters_and_its_value_head(
+    model_path: str, one_rank_group: None
+) -> None:
+    from rlframe.config import CriticConfig
+    from tests.workers.test_update import with_critic_targets
+    from workers.critic import CriticWorker
+
+    cfg = make_config()
+    cfg.critic = CriticConfig(enable=True, lr=LR, lora=LoraConfig(rank=4, alpha=8))
+    critic = CriticWorker(cfg, model_path, "cpu")
+    before = full_state(critic.engine.model)
+    critic.update(with_critic_targets(make_batch()))
+    critic.update(with_critic_targets(make_batch()))
+    after = full_state(critic.engine.model)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all("lora_" in k or "score" in k for k in changed), changed
+    assert any("score" in k for k in changed) and any("lora_A" in k for k in changed)
