@@ -30,12 +30,6 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module
     return get_peft_model(model, cfg.to_peft(head))
 
 
-def is_lora_model(model: nn.Module) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
 @contextlib.contextmanager
 def adapters_disabled(model: nn.Module) -> Iterator[None]:
     """The base model: the reference policy is the policy with its adapters off, not a
@@ -89,19 +83,3 @@ def iter_adapter_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     for name, value in model.state_dict().items():
         if is_adapter_entry(name):
             yield to_adapter_name(name), full_tensor(value).detach()
-
-
-def build_adapter_config(model: nn.Module) -> dict:
-    """The ``adapter_config.json`` content of the model's active adapter (what
-    ``PeftModel.from_pretrained`` and vLLM read next to the tensors)."""
-    config = model.peft_config[model.active_adapter]
-    out = config.to_dict()
-    # Sets do not serialise; peft stores target_modules as a set once resolved.
-    if isinstance(out.get("target_modules"), set):
-        out["target_modules"] = sorted(out["target_modules"])
-    for key, value in list(out.items()):
-        if isinstance(value, set):
-            out[key] = sorted(value)
-        elif hasattr(value, "value"):  # enums (task_type, peft_type)
-            out[key] = value.value
-    return out
