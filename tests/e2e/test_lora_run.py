@@ -146,3 +146,33 @@ def test_lora_separate_placement_syncs_and_verifies(tmp_path: Path, sync: str) -
     assert [m["rollout/weights_version"] for m in metrics] == [0, 1, 2]
     assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics)
     assert metrics[0]["actor/grad_norm"] > 0
+
+
+def test_lora_adapters_serve_multi_turn_agents_validation_and_the_kl_reference(
+    tmp_path: Path,
+) -> None:
+    """agent_tiny (multi-turn episodes) with adapter sync, a KL term (the reference is the
+    policy with its adapters off) and validation: every turn and every validation prompt
+    samples from the adapter just synced."""
+    out = tmp_path / "run"
+    run_cli(
+        out,
+        "+recipe=agent_tiny",
+        "model.path=tiny-lora:0",
+        "model.lora.rank=16",
+        "model.lora.sync=adapter",
+        "trainer.total_steps=3",
+        "data.batch_size=8",
+        "rollout.n=8",
+        "actor.mini_batch_size=64",
+        "actor.micro_batch_size=64",
+        "algorithm.kl_coef=0.05",
+        "trainer.val_every=3",
+        "data.val_size=16",
+        "val.n=2",
+    )
+    metrics = read_metrics(out)
+    assert [m["rollout/weights_version"] for m in metrics] == [0, 1, 2]
+    assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics)
+    assert metrics[-1]["actor/kl"] > 0  # the adapters moved away from the reference
+    assert "val/reward/mean" in metrics[-1]
