@@ -176,3 +176,24 @@ def test_lora_adapters_serve_multi_turn_agents_validation_and_the_kl_reference(
     assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics)
     assert metrics[-1]["actor/kl"] > 0  # the adapters moved away from the reference
     assert "val/reward/mean" in metrics[-1]
+
+
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_lora_with_rollout_tensor_parallelism(tmp_path: Path, sync: str) -> None:
+    """Two hybrid ranks holding one vLLM engine sharded in two: each rank streams the same
+    tensors (merged) or registers the same adapter (adapter), and keeps its shard."""
+    out = tmp_path / "run"
+    run_cli(
+        out,
+        *LORA_SMALL,
+        "trainer.total_steps=2",
+        "trainer.save_every=0",
+        "actor.micro_batch_size=16",
+        f"model.lora.sync={sync}",
+        "trainer.procs_per_node=2",
+        "trainer.cpus_per_proc=1",
+        "rollout.tensor_parallel_size=2",
+    )
+    metrics = read_metrics(out)
+    assert [m["rollout/weights_version"] for m in metrics] == [0, 1]
+    assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics)
