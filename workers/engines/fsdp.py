@@ -17,13 +17,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
 
 from rlframe.algorithms.losses import LossScale
 from rlframe.config import ActorConfig, ModelConfig
 from rlframe.config.lora import LoraConfig
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
+from workers.engines.dtensor_gather import full_tensor
 from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
 
 T = TypeVar("T")
@@ -209,11 +209,6 @@ def compute_layout_logprobs(
 
     logprobs, entropy = run_as_root_forward(model, forward)
     return TokenLogprobs(logprobs, entropy)
-
-
-def full_tensor(value: torch.Tensor) -> torch.Tensor:
-    """The whole parameter. FSDP2 root parameters can be plain tensors after a no_grad forward."""
-    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 class FSDPEngine:

@@ -3,7 +3,7 @@ model with its adapters off, and the weights the rollout engine gets from them.
 
 The wrapped model is a ``peft.PeftModel`` whose training names carry peft's segments
 (``base_model.model.`` in front, ``base_layer`` / ``lora_A.default`` inside an adapted
-layer); :func:`workers.weight_sync.to_engine_name` maps them back to the HF names.
+layer); :func:`workers.engines.weight_names.to_engine_name` maps them back to the HF names.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from rlframe.config.lora import LoraConfig
-from workers.weight_sync import to_adapter_name, to_engine_name
+from workers.engines.dtensor_gather import full_tensor
+from workers.engines.weight_names import to_adapter_name, to_engine_name
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module:
@@ -57,8 +58,6 @@ def iter_merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     weights are never merged and unmerged in place, so the frozen base stays bit-exact.
     Gathering is a collective: every rank must walk the whole stream in the same order.
     """
-    from workers.engines.fsdp import full_tensor
-
     layers = list_lora_layers(model)
     state = model.state_dict()
     for name, value in state.items():
@@ -78,8 +77,6 @@ def iter_merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 def iter_adapter_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """The adapter tensors alone, under the names of a saved peft adapter
     (``base_model.model.<layer>.lora_A.weight``), which vLLM's LoRA loader reads."""
-    from workers.engines.fsdp import full_tensor
-
     for name, value in model.state_dict().items():
         if is_adapter_entry(name):
             yield to_adapter_name(name), full_tensor(value).detach()
