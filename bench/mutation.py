@@ -56,7 +56,11 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "multi_turn": (
         ["rlframe/rollout/multi_turn.py"],
-        ["tests/unit/test_multi_turn.py", "tests/unit/test_multi_turn_budget.py"],
+        [
+            "tests/unit/test_multi_turn.py",
+            "tests/unit/test_multi_turn_budget.py",
+            "tests/unit/test_multi_turn_rows.py",
+        ],
     ),
     "tools": (
         ["rlframe/envs/tools.py", "rlframe/envs/tool_parsers.py"],
@@ -119,6 +123,11 @@ EQUIVALENT: dict[str, str] = {
     "rlframe/envs/chat.py:100:< -> <=": "the end-of-turn token never starts the rendered "
     "turns (a user turn comes first), so rfind never returns 0",
     "rlframe/envs/chat.py:100:0 -> 1": "as above: rfind returns -1 or a position past 0",
+    "rlframe/sequence_layout.py:109:drop unary -": "fill value of packed_at for padding "
+    "slots, never read: selected tokens are response tokens, so always real",
+    "rlframe/sequence_layout.py:109:1 -> 2": "as above: the fill value is never read",
+    "rlframe/sequence_layout.py:196:0 -> 1": "the same starting load on every rank: the "
+    "lightest rank is the same whatever the offset",
     "rlframe/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
     "tells it apart, which no test here can cause",
     "rlframe/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "

@@ -1,0 +1,133 @@
+"""What each row of a multi-turn batch carries besides its ids: the weights version of every
+token, the seeds each turn samples with, the prompt columns the env sees, the prompt mask,
+and the prompt-length limit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rlframe.envs import EnvError, StepResult
+from rlframe.protocol import Batch
+from tests.unit.test_multi_turn import (
+    EOS,
+    GUESS,
+    HINTS,
+    ScriptedPolicy,
+    encode,
+    make_config,
+    make_prompts,
+    run,
+)
+
+
+class VersionedPolicy(ScriptedPolicy):
+    """The scripted policy behind an engine whose weights move on by one each turn (version
+    k + 1 samples turn k), and which records the seeds it is asked to sample with."""
+
+    def __init__(self, *args: Any, report_version: bool = True, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.report_version = report_version
+        self.seeds: list[list[int]] = []
+
+    def __call__(self, batch: Batch) -> Batch:
+        self.seeds.append([int(s) for s in batch["seed"]])
+        out = super().__call__(batch)
+        meta = {"weights_version": len(self.calls)} if self.report_version else {}
+        return Batch(out.tensors, out.columns, meta)
+
+
+def test_each_token_carries_the_version_that_sampled_it() -> None:
+    policy = VersionedPolicy(["a:"], [["5<eos>", "8<eos>", "9<eos>"]], width=12)
+    batch = run(
+        make_config(GUESS, 1, env_kwargs=HINTS, max_turns=3), policy, make_prompts(["a:"], ["9"])
+    )
+    turn, obs = len(encode("5") + [EOS]), len(encode(" higher:"))
+    n = 3 * turn + 2 * obs
+    # An observation carries the version of the turn before it; padding the first turn's.
+    expected = [1] * (turn + obs) + [2] * (turn + obs) + [3] * turn
+    assert batch["token_version"][0, :n].tolist() == expected
+    assert batch["token_version"][0, n:].eq(1).all()
+    assert batch["weights_version"].tolist() == [1]
+    assert batch.meta["weights_version"] == 3
+
+
+def test_an_engine_that_reports_no_version_gives_version_0() -> None:
+    policy = VersionedPolicy(["a:"], [["5<eos>", "9<eos>"]], width=12, report_version=False)
+    batch = run(make_config(GUESS, 1, env_kwargs=HINTS), policy, make_prompts(["a:"], ["9"]))
+    assert batch["token_version"].eq(0).all() and batch.meta["weights_version"] == 0
+
+
+def test_first_turn_samples_with_the_row_seed_later_turns_with_their_own() -> None:
+    prompts = ["a:", "b:", "c:"]
+    policy = VersionedPolicy(prompts, [["1<eos>", "2<eos>", "3<eos>"]] * 3, width=12)
+    rows = make_prompts(prompts, ["9"] * 3)
+    run(make_config(GUESS, 3, env_kwargs=HINTS, max_turns=3), policy, rows)
+    # Turn 1 samples what a single-turn rollout of the row would.
+    assert policy.seeds[0] == [int(s) for s in rows["seed"]]
+    later = policy.seeds[1] + policy.seeds[2]
+    # Later turns: 31-bit seeds (what the engine takes), none repeating an earlier stream.
+    assert all(0 <= s < 2**31 for s in later)
+    assert len(set(policy.seeds[0] + later)) == 9
+    # The same prompts sample the same seeds again: runs are reproducible.
+    again = VersionedPolicy(prompts, [["1<eos>", "2<eos>", "3<eos>"]] * 3, width=12)
+    run(make_config(GUESS, 3, env_kwargs=HINTS, max_turns=3), again, rows)
+    assert again.seeds == policy.seeds
+
+
+class RecordingEnv:
+    samples: list[dict[str, Any]] = []
+
+    def reset(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        RecordingEnv.samples.append(sample)
+        return [{"role": "user", "content": sample["prompt"]}]
+
+    def step(self, action: str) -> StepResult:
+        return StepResult([], 1.0, True, {})
+
+
+def test_prompts_without_chat_turns_reach_every_env() -> None:
+    RecordingEnv.samples = []
+    prompts = ["a:", "b:", "c:"]
+    rows = make_prompts(prompts, ["1", "2", "3"])
+    rows = Batch(
+        rows.tensors, {k: v for k, v in rows.columns.items() if k != "messages"}, rows.meta
+    )
+    policy = ScriptedPolicy(prompts, [["1<eos>"]] * 3, width=4)
+    batch = run(
+        make_config("tests.unit.test_multi_turn_rows:RecordingEnv", 3, max_tokens=4), policy, rows
+    )
+    assert [(s["prompt"], s["ground_truth"], s["messages"]) for s in RecordingEnv.samples] == [
+        ("a:", "1", None),
+        ("b:", "2", None),
+        ("c:", "3", None),
+    ]
+    assert batch["env_reward"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_prompt_mask_is_one_on_prompt_tokens_only() -> None:
+    prompts = ["a:", "bbb:"]
+    policy = ScriptedPolicy(prompts, [["1<eos>"]] * 2, width=4)
+    batch = run(
+        make_config("tests.unit.test_multi_turn_rows:RecordingEnv", 2, max_tokens=4),
+        policy,
+        make_prompts(prompts, ["0", "0"]),
+    )
+    short, long = len(encode("a:")), len(encode("bbb:"))
+    assert batch["prompt_mask"].tolist() == [[0] * (long - short) + [1] * short, [1] * long]
+    assert batch["response_mask"][:, :2].tolist() == [[1, 1], [1, 1]]
+
+
+@pytest.mark.parametrize("length", [16, 17])
+def test_prompt_may_fill_max_prompt_length_exactly(length: int) -> None:
+    prompt = "a" * length
+    assert len(encode(prompt)) == length
+    policy = ScriptedPolicy([prompt], [["1<eos>"]], width=4)
+    cfg = make_config("tests.unit.test_multi_turn_rows:RecordingEnv", 1, max_tokens=4)
+    assert cfg.data.max_prompt_length == 16
+    if length == 16:
+        assert run(cfg, policy, make_prompts([prompt], ["0"]))["env_reward"].item() == 1.0
+    else:
+        with pytest.raises(EnvError, match="17 tokens .* more than data.max_prompt_length=16"):
+            run(cfg, policy, make_prompts([prompt], ["0"]))
