@@ -128,6 +128,8 @@ EQUIVALENT: dict[str, str] = {
     "rlframe/sequence_layout.py:109:1 -> 2": "as above: the fill value is never read",
     "rlframe/sequence_layout.py:196:0 -> 1": "the same starting load on every rank: the "
     "lightest rank is the same whatever the offset",
+    "rlframe/rollout/multi_turn.py:235:1 -> 2": "call_envs' default turn -1 only means no "
+    "turn (a reset): -2 means the same",
     "rlframe/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
     "tells it apart, which no test here can cause",
     "rlframe/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "

@@ -131,3 +131,86 @@ def test_prompt_may_fill_max_prompt_length_exactly(length: int) -> None:
     else:
         with pytest.raises(EnvError, match="17 tokens .* more than data.max_prompt_length=16"):
             run(cfg, policy, make_prompts([prompt], ["0"]))
+
+
+class ActionEnv:
+    """Opens with a one-shot exchange (so contexts start "ab"); records every action; answers
+    ' ok:' and goes on. Odd turns report tool use, even turns nothing (counts default to 0)."""
+
+    actions: list[str] = []
+
+    def reset(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        ActionEnv.actions = []
+        opening = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+        return [*opening, {"role": "user", "content": sample["prompt"]}]
+
+    def step(self, action: str) -> StepResult:
+        ActionEnv.actions.append(action)
+        info = {"tool_calls": 2, "tool_errors": 1} if len(ActionEnv.actions) % 2 else {}
+        return StepResult([{"role": "user", "content": " ok:"}], 0.25, False, info)
+
+
+ACTION_ENV = "tests.unit.test_multi_turn_rows:ActionEnv"
+
+
+def test_env_sees_each_turn_without_its_end_of_turn_token() -> None:
+    policy = ScriptedPolicy(["ab"], [["5<eos>", "<unk>7<eos>", "86"]], width=12)
+    batch = run(make_config(ACTION_ENV, 1, max_turns=3), policy, make_prompts(["c:"], ["0"]))
+    # Special tokens other than the end of the turn stay visible; a cut turn has no <eos>.
+    assert ActionEnv.actions == ["5", "<unk>7", "86"]
+    # Tools counted per episode: turns 1 and 3 report 2 calls and 1 error, turn 2 nothing.
+    assert batch["agent_tool_calls"].tolist() == [4.0] and batch["agent_tool_errors"].tolist() == [
+        2.0
+    ]
+    assert batch["env_reward"].tolist() == [0.75]
+
+
+def test_prompt_column_is_the_rendered_opening_with_its_special_tokens() -> None:
+    policy = ScriptedPolicy(["ab"], [["5<eos>"]], width=12)
+    batch = run(make_config(ACTION_ENV, 1, max_turns=1), policy, make_prompts(["c:"], ["0"]))
+    # The env opens with a one-shot exchange: the template closes its assistant turn.
+    assert list(batch["prompt"]) == ["ab<eos>c:"]
+    assert batch["prompt_ids"][0].tolist() == encode("ab") + [EOS] + encode("c:")
+
+
+def test_last_turn_at_max_turns_gets_no_observation() -> None:
+    policy = ScriptedPolicy(["ab"], [["5<eos>", "6<eos>"]], width=12)
+    batch = run(make_config(ACTION_ENV, 1, max_turns=2), policy, make_prompts(["c:"], ["0"]))
+    expected = encode("5") + [EOS] + encode(" ok:") + encode("6") + [EOS]
+    assert int(batch["response_mask"][0].sum()) == len(expected)
+    assert batch["response_ids"][0, : len(expected)].tolist() == expected
+    assert ActionEnv.actions == ["5", "6"]
+
+
+def test_a_response_that_fills_its_width_exactly_is_kept() -> None:
+    # Width 4 + (2 - 1) * 8 = 12: two turns of 2 tokens and the 8-token hint ' higher:'.
+    policy = ScriptedPolicy(["a:"], [["1<eos>", "2<eos>"]], width=4)
+    cfg = make_config(GUESS, 1, max_tokens=4, max_turns=2, max_obs_tokens=8, env_kwargs=HINTS)
+    batch = run(cfg, policy, make_prompts(["a:"], ["9"]))
+    assert batch["response_ids"].shape[1] == 12 and batch["response_mask"].sum() == 12
+
+
+def test_a_one_token_episode_pads_with_its_version() -> None:
+    policy = VersionedPolicy(["a:"], [["9"]], width=1)
+    batch = run(
+        make_config(GUESS, 1, max_tokens=1, env_kwargs=HINTS), policy, make_prompts(["a:"], ["9"])
+    )
+    assert batch["response_mask"].sum() == 1 and batch["token_version"].eq(1).all()
+
+
+class FailingEnv:
+    def reset(self, sample: dict[str, Any]) -> list[dict[str, Any]]:
+        raise RuntimeError("no container left")
+
+    def step(self, action: str) -> StepResult:
+        raise AssertionError("never reached")
+
+
+def test_env_error_quotes_only_the_end_of_a_long_prompt() -> None:
+    prompt = "y" + "x" * 119 + "z" * 10
+    policy = ScriptedPolicy([prompt], [["1<eos>"]], width=4)
+    cfg = make_config("tests.unit.test_multi_turn_rows:FailingEnv", 1, max_tokens=4)
+    with pytest.raises(EnvError) as failure:
+        run(cfg, policy, make_prompts([prompt], ["0"]))
+    # The last 120 characters: the 'y' before them is left out.
+    assert f"prompt {prompt[-120:]!r}, ground truth '0'" in str(failure.value)
