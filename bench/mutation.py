@@ -86,7 +86,11 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "sandbox": (
         ["rlframe/rewards/sandbox.py"],
-        ["tests/unit/test_sandbox.py", "tests/unit/test_sandbox_limits.py"],
+        [
+            "tests/unit/test_sandbox.py",
+            "tests/unit/test_sandbox_limits.py",
+            "tests/unit/test_sandbox_hygiene.py",
+        ],
     ),
     "code_tests": (
         ["rlframe/rewards/code_tests.py"],
@@ -128,6 +132,12 @@ EQUIVALENT: dict[str, str] = {
     "answers in milliseconds",
     "rlframe/rewards/sandbox.py:53:30.0 -> 60.0": "limit on building a sandbox (about 50 ms "
     "here): a test would need a build that hangs for 30 s",
+    "rlframe/rewards/sandbox.py:340:drop call statement": "the ready byte is read only to be "
+    "dropped: the pipe is closed right after, read or not",
+    "rlframe/rewards/sandbox.py:344:- -> +": "the time given to a sandbox that took "
+    "STARTUP_LIMIT_S (30 s) to build: a test would need a build that hangs that long",
+    "rlframe/rewards/sandbox.py:357:False -> True": "the OOM flag of a sandbox without a "
+    "memory cgroup: this machine always has one, which overwrites the flag",
     "rlframe/rewards/pool.py:29:120.0 -> 240.0": "limit on a worker's start-up: a test would "
     "wait 120 s for a worker that never starts",
     "rlframe/rewards/pool.py:41:0 -> 1": "bufsize of the worker's pipes: frames are read and "
