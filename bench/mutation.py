@@ -24,6 +24,7 @@ import ast
 import copy
 import os
 import random
+import resource
 import shutil
 import signal
 import sys
@@ -178,6 +179,9 @@ EQUIVALENT: dict[str, str] = {
 }
 """``file:line:change`` of mutants that no test can kill on this machine, and why. Filled
 from the survivors' review; they are excluded from the kill rate."""
+
+SANDBOX_PROCESSES = 512
+"""RLIMIT_NPROC of the test child: bounds what sandboxed programs can fork under a mutant."""
 
 SWAP_COMPARE = {
     ast.Lt: ast.LtE,
@@ -371,6 +375,12 @@ def run_tests(tree: Path, tests: list[str], timeout_s: float) -> tuple[bool, flo
     pid = os.fork()
     if pid == 0:
         os.setpgid(0, 0)
+        # Sandboxed programs (uid nobody, no capabilities) inherit this: a mutant that turns
+        # the sandbox's own process limit off must not let the fork-bomb test fork-bomb the
+        # host. Root itself is not held by RLIMIT_NPROC.
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        cap = SANDBOX_PROCESSES if hard == resource.RLIM_INFINITY else min(hard, SANDBOX_PROCESSES)
+        resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
         os.chdir(tree)
         sys.path.insert(0, str(tree))
         import pytest
