@@ -18,6 +18,7 @@ from rlframe.rewards.sandbox import (
     SandboxLimits,
     SandboxUnavailable,
     detect_isolation,
+    interpreter,
     pick_nproc,
     probe_sandbox,
     run_python,
@@ -102,3 +103,47 @@ def test_runs_leave_no_descriptor_or_cgroup_behind() -> None:
 def test_rlimit_nproc_only_without_a_pids_cgroup(controllers: tuple[str, ...], nproc: int) -> None:
     isolation = Isolation(True, "bubblewrap", "", 65534, controllers)
     assert pick_nproc(isolation, SandboxLimits(processes=5)) == nproc
+
+
+FORK_UNTIL_REFUSED = """
+import os, time
+started = 0
+while True:
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    started += 1
+print(started, flush=True)
+"""
+
+
+def test_sixteen_processes_by_default() -> None:
+    if "pids" not in detect_isolation().controllers:
+        pytest.skip("no pids cgroup: RLIMIT_NPROC counts the processes of every sandbox")
+    # The program and 15 children.
+    result = run_python(FORK_UNTIL_REFUSED)
+    assert result.ok and result.stdout.split() == ["15"]
+
+
+def test_folders_above_the_interpreter_cannot_be_listed() -> None:
+    """bwrap makes the folders above the interpreter's prefix to mount it: the program may
+    pass through them, not list them (as root the program runs as nobody)."""
+    prefix = interpreter()[1]
+    if prefix.startswith("/usr/") or os.geteuid() != 0:
+        pytest.skip("the interpreter is under /usr, or the program keeps the caller's uid")
+    parents = [str(p) for p in Path(prefix).parents if str(p) != "/"]
+    code = (
+        "import os\n"
+        f"for folder in {parents!r}:\n"
+        "    try:\n"
+        "        os.listdir(folder)\n"
+        "        print('listed', folder)\n"
+        "    except PermissionError:\n"
+        "        print('denied', folder)\n"
+    )
+    result = run_python(code)
+    assert result.stdout.splitlines() == [f"denied {p}" for p in parents], result.stderr
