@@ -214,3 +214,20 @@ def test_env_error_quotes_only_the_end_of_a_long_prompt() -> None:
         run(cfg, policy, make_prompts([prompt], ["0"]))
     # The last 120 characters: the 'y' before them is left out.
     assert f"prompt {prompt[-120:]!r}, ground truth '0'" in str(failure.value)
+
+
+def test_an_episode_that_fails_later_keeps_no_env_reward() -> None:
+    """BrokenEnv pays 0.5 a step and fails on an action with a 2: row 0 earns 0.5 on turn 1,
+    then fails on turn 2; its env reward is 0, not the 0.5 it had."""
+    prompts = ["a:", "b:"]
+    policy = ScriptedPolicy(prompts, [["1<eos>", "2<eos>"], ["1<eos>", "1<eos>"]], width=12)
+    cfg = make_config(
+        "tests.unit.test_multi_turn:BrokenEnv",
+        2,
+        max_turns=2,
+        env_kwargs={"seconds": 0},
+        on_env_error="fail_episode",
+    )
+    batch = run(cfg, policy, make_prompts(prompts, ["0", "0"]))
+    assert batch["env_failed"].tolist() == [1.0, 0.0]
+    assert batch["env_reward"].tolist() == [0.0, 1.0]

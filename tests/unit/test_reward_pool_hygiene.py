@@ -116,3 +116,20 @@ def test_every_worker_is_reaped_and_every_pipe_closed(spec: str, tmp_path: Path)
         gc.collect()
     leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert leaks == []
+
+
+@pytest.mark.timeout(60)
+def test_a_stage_stopped_at_its_deadline_kills_its_busy_workers_and_replaces_them(
+    spec: str,
+) -> None:
+    pool = RewardPool(spec, 2, 30.0)
+    try:
+        first = [w.proc for w in pool.ready]
+        outcomes = score(pool, ["hang", "hang", "0.5"], deadline_s=0.5)
+        assert [o.timed_out for o in outcomes] == [True, True, True]
+        # The two hung workers are dead; two fresh ones score the next call.
+        assert all(proc.poll() is not None for proc in first)
+        assert len(pool.ready) + len(pool.starting) == 2
+        assert [o.score for o in score(pool, ["0.5", "0.25"])] == [0.5, 0.25]
+    finally:
+        pool.close()
