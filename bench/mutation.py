@@ -24,6 +24,7 @@ import ast
 import copy
 import os
 import random
+import resource
 import shutil
 import signal
 import sys
@@ -56,7 +57,11 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "multi_turn": (
         ["rlframe/rollout/multi_turn.py"],
-        ["tests/unit/test_multi_turn.py", "tests/unit/test_multi_turn_budget.py"],
+        [
+            "tests/unit/test_multi_turn.py",
+            "tests/unit/test_multi_turn_budget.py",
+            "tests/unit/test_multi_turn_rows.py",
+        ],
     ),
     "tools": (
         ["rlframe/envs/tools.py", "rlframe/envs/tool_parsers.py"],
@@ -72,11 +77,25 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "reward_pool": (
         ["rlframe/rewards/pool.py"],
-        ["tests/unit/test_reward_scoring.py", "tests/unit/test_reward_pool_recovery.py"],
+        [
+            "tests/unit/test_reward_scoring.py",
+            "tests/unit/test_reward_pool_recovery.py",
+            "tests/unit/test_reward_pool_hygiene.py",
+            # The one sandbox test that kills a worker holding a sandbox (its cgroups).
+            "tests/unit/test_sandbox.py::test_a_killed_reward_worker_takes_its_sandbox_with_it",
+        ],
     ),
     "sandbox": (
         ["rlframe/rewards/sandbox.py"],
-        ["tests/unit/test_sandbox.py", "tests/unit/test_sandbox_limits.py"],
+        [
+            "tests/unit/test_sandbox.py",
+            "tests/unit/test_sandbox_limits.py",
+            "tests/unit/test_sandbox_hygiene.py",
+        ],
+    ),
+    "code_tests": (
+        ["rlframe/rewards/code_tests.py"],
+        ["tests/unit/test_math_code_rewards.py", "tests/unit/test_reward_hacks.py"],
     ),
     "checkpoint": (
         ["rlframe/checkpoint.py"],
@@ -87,8 +106,8 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ["tests/unit/test_long_runs.py", "tests/unit/test_validation_split.py"],
     ),
 }
-"""Module -> (its source files, the unit tests run against each mutant). Test files that do
-not exist are skipped."""
+"""Module -> (its source files, the unit tests run against each mutant: files, or
+``file::test`` node ids). Tests whose file does not exist are skipped."""
 
 EQUIVALENT: dict[str, str] = {
     "rlframe/algorithms/losses.py:107:0.0 -> 1.0": "gspo's clip_ratio_c=0 turns dual-clip off; "
@@ -99,18 +118,44 @@ EQUIVALENT: dict[str, str] = {
     "without it the formula gives the same 1.0",
     "rlframe/validation.py:30:a - b -> a": "as above: n < k never holds (checked just before), "
     "and the formula covers n - c < k",
-    "rlframe/rewards/pool.py:90:0 -> 1": "RewardPool.restarts is a counter nothing reads",
-    "rlframe/rewards/pool.py:112:drop augmented assignment": "RewardPool.restarts is a counter "
+    "rlframe/rewards/pool.py:94:0 -> 1": "RewardPool.restarts is a counter nothing reads",
+    "rlframe/rewards/pool.py:116:drop augmented assignment": "RewardPool.restarts is a counter "
     "nothing reads",
+    "rlframe/rewards/pool.py:116:1 -> 2": "RewardPool.restarts is a counter nothing reads",
     "rlframe/checkpoint.py:216:True -> False": "flush of a console line: only its order "
     "among other output changes",
     "rlframe/checkpoint.py:230:drop call statement": "fsync of the checkpoints folder after "
     "the rename: only a power loss tells it apart",
-    "rlframe/rewards/sandbox.py:110:True -> False": "SandboxLimits frozen: nothing assigns to "
+    "rlframe/rewards/sandbox.py:90:True -> False": "SandboxLimits frozen: nothing assigns to "
     "a limits object, so a mutable one behaves the same",
-    "rlframe/rewards/sandbox.py:201:30 -> 31": "time limit of the isolation probe, which "
+    "rlframe/rewards/sandbox.py:110:True -> False": "Isolation frozen: nothing assigns to it",
+    "rlframe/rewards/sandbox.py:434:30 -> 31": "time limit of the isolation probe, which "
     "answers in milliseconds",
-    "rlframe/rewards/sandbox.py:369:0.01 -> 0.02": "poll interval while emptying a cgroup",
+    "rlframe/rewards/sandbox.py:53:30.0 -> 60.0": "limit on building a sandbox (about 50 ms "
+    "here): a test would need a build that hangs for 30 s",
+    "rlframe/rewards/sandbox.py:340:drop call statement": "the ready byte is read only to be "
+    "dropped: the pipe is closed right after, read or not",
+    "rlframe/rewards/sandbox.py:344:- -> +": "the time given to a sandbox that took "
+    "STARTUP_LIMIT_S (30 s) to build: a test would need a build that hangs that long",
+    "rlframe/rewards/sandbox.py:357:False -> True": "the OOM flag of a sandbox without a "
+    "memory cgroup: this machine always has one, which overwrites the flag",
+    "rlframe/rewards/sandbox.py:190:negate condition": "chmod 0711 of the folders above the "
+    "interpreter's prefix: bubblewrap 0.8 here already leaves them unlistable and passable "
+    "for nobody (tests/unit/test_sandbox_hygiene.py checks that they are)",
+    "rlframe/rewards/sandbox.py:190:!= -> ==": "as above: the chmod loop does not run",
+    "rlframe/rewards/pool.py:29:120.0 -> 240.0": "limit on a worker's start-up: a test would "
+    "wait 120 s for a worker that never starts",
+    "rlframe/rewards/pool.py:41:0 -> 1": "bufsize of the worker's pipes: frames are read and "
+    "written on the file descriptors, never through the file objects' buffers",
+    "rlframe/rewards/pool.py:44:and -> or": "an assert of two facts that always hold "
+    "(both pipes were asked for)",
+    "rlframe/rewards/pool.py:108:> -> >=": "equality of two monotonic float times",
+    "rlframe/rewards/pool.py:146:>= -> >": "equality of two monotonic float times",
+    "rlframe/rewards/pool.py:205:>= -> >": "equality of two monotonic float times",
+    "rlframe/rewards/pool.py:190:0 -> 1": "the worker that woke select is readable, so the "
+    "wait returns at once whatever its limit",
+    "rlframe/rewards/pool.py:191:drop continue": "a worker just moved from starting to ready "
+    "is not busy: the next check skips it the same way",
     "rlframe/envs/chat.py:42:4096 -> 4097": "size of a memo cache",
     "rlframe/envs/chat.py:89:True -> False": "sort_keys of a memo key: the same observation "
     "dumps the same either way",
@@ -119,6 +164,18 @@ EQUIVALENT: dict[str, str] = {
     "rlframe/envs/chat.py:100:< -> <=": "the end-of-turn token never starts the rendered "
     "turns (a user turn comes first), so rfind never returns 0",
     "rlframe/envs/chat.py:100:0 -> 1": "as above: rfind returns -1 or a position past 0",
+    "rlframe/sequence_layout.py:109:drop unary -": "fill value of packed_at for padding "
+    "slots, never read: selected tokens are response tokens, so always real",
+    "rlframe/sequence_layout.py:109:1 -> 2": "as above: the fill value is never read",
+    "rlframe/sequence_layout.py:196:0 -> 1": "the same starting load on every rank: the "
+    "lightest rank is the same whatever the offset",
+    "rlframe/rollout/multi_turn.py:235:1 -> 2": "call_envs' default turn -1 only means no "
+    "turn (a reset): -2 means the same",
+    "rlframe/envs/chat.py:132:drop break": "with every content empty each further pass "
+    "renders the same ids, and the same error follows; the break only saves those passes",
+    "rlframe/rewards/code_tests.py:93:drop call statement": "run_python probes the sandbox "
+    "itself (detect_isolation is cached); the early call only moves the error before the test "
+    "cases are parsed, on a machine without bubblewrap",
     "rlframe/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
     "tells it apart, which no test here can cause",
     "rlframe/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "
@@ -126,6 +183,9 @@ EQUIVALENT: dict[str, str] = {
 }
 """``file:line:change`` of mutants that no test can kill on this machine, and why. Filled
 from the survivors' review; they are excluded from the kill rate."""
+
+SANDBOX_PROCESSES = 512
+"""RLIMIT_NPROC of the test child: bounds what sandboxed programs can fork under a mutant."""
 
 SWAP_COMPARE = {
     ast.Lt: ast.LtE,
@@ -319,6 +379,12 @@ def run_tests(tree: Path, tests: list[str], timeout_s: float) -> tuple[bool, flo
     pid = os.fork()
     if pid == 0:
         os.setpgid(0, 0)
+        # Sandboxed programs (uid nobody, no capabilities) inherit this: a mutant that turns
+        # the sandbox's own process limit off must not let the fork-bomb test fork-bomb the
+        # host. Root itself is not held by RLIMIT_NPROC.
+        hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        cap = SANDBOX_PROCESSES if hard == resource.RLIM_INFINITY else min(hard, SANDBOX_PROCESSES)
+        resource.setrlimit(resource.RLIMIT_NPROC, (cap, cap))
         os.chdir(tree)
         sys.path.insert(0, str(tree))
         import pytest
@@ -342,7 +408,7 @@ def run_tests(tree: Path, tests: list[str], timeout_s: float) -> tuple[bool, flo
 
 def run_module(name: str, tree: Path, args: argparse.Namespace) -> tuple[int, int, list[Mutant]]:
     sources, tests = MODULES[name]
-    tests = [t for t in tests if (ROOT / t).exists()]
+    tests = [t for t in tests if (ROOT / t.split("::")[0]).exists()]
     passed, clean_s = run_tests(tree, tests, 900)
     if not passed:
         raise RuntimeError(f"{name}: skipped, its unit tests fail on the unmutated code: {tests}")

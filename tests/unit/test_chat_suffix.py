@@ -64,3 +64,44 @@ def test_observation_cache_is_memoised_and_bounded(monkeypatch: pytest.MonkeyPat
     for text in "cdefg":
         chat.observation_ids([{"role": "user", "content": text}], 100)
         assert len(chat.cache) <= 3
+
+
+def test_a_tokenizer_that_adds_a_bos_token_adds_none_to_prompts_or_observations() -> None:
+    """Like Llama's: encoding adds a BOS by default, and the template writes its own; the
+    ids must hold the template's text only, or every turn would gain a stray BOS."""
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = build_chatml_tokenizer()
+    bos = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    tokenizer._tokenizer.post_processor = TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", bos)]
+    )
+    assert tokenizer("x")["input_ids"][0] == bos
+    chat = ChatFormat(tokenizer)
+    prompt = chat.prompt_ids([{"role": "user", "content": "hi"}])
+    assert tokenizer.decode(prompt) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    ids, _ = chat.observation_ids([{"role": "user", "content": "more"}], 100)
+    assert tokenizer.decode(ids) == "\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_contents_are_cut_to_nothing_when_only_the_template_fits() -> None:
+    chat = ChatFormat(build_chatml_tokenizer())
+    blank = [{"role": "tool", "content": ""}, {"role": "user", "content": ""}]
+    empty, _ = chat.observation_ids(blank, 100)
+    full = [{"role": "tool", "content": "abcdef"}, {"role": "user", "content": "xyz"}]
+    # Room for the template's own tokens only: both contents go, the longest first.
+    assert chat.observation_ids(full, len(empty)) == (empty, True)
+    # One token more: the longest is cut by the excess (to nothing), then 'xyz' to 'x'.
+    ids, cut = chat.observation_ids(full, len(empty) + 1)
+    assert cut and chat.tokenizer.decode(ids) == (
+        "\n<|im_start|>user\n<tool_response>\n\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_sixteen_tool_results_are_all_cut_when_only_the_template_fits() -> None:
+    chat = ChatFormat(build_chatml_tokenizer())
+    blank, _ = chat.observation_ids([{"role": "tool", "content": ""}] * 16, 1000)
+    results = [{"role": "tool", "content": str(i % 10)} for i in range(16)]
+    # One content emptied per pass: the sixteenth pass makes it fit.
+    assert chat.observation_ids(results, len(blank)) == (blank, True)

@@ -71,3 +71,49 @@ def test_test_case_formats() -> None:
         parse_test_cases("print(1)")
     assert extract_program("a\n```python\nx = 1\n```\nb\n```\ny = 2\n```") == "y = 2\n"
     assert extract_program("x = 1") == "x = 1"
+
+
+def test_program_is_the_last_of_several_blocks_whatever_the_fence_case() -> None:
+    response = "```python\nx = 1\n```\nthen\n```Python\nx = 2\n```\nfinally\n```PY\nx = 3\n```"
+    assert extract_program(response) == "x = 3\n"
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [[], {"inputs": ["1"]}, {"outputs": ["1"]}, {"cases": ["assert f()"]}, [1, 2], {}],
+)
+def test_test_cases_of_no_known_shape_are_refused(spec: object) -> None:
+    with pytest.raises(ValueError, match="test cases must be"):
+        parse_test_cases(spec)
+
+
+def test_asserts_that_mention_input_are_asserts() -> None:
+    cases = parse_test_cases(["assert parse_input('1 2') == [1, 2]", "assert f() == 0"])
+    assert [(c.stdin, c.expected_stdout, c.check) for c in cases] == [
+        ("", None, "assert parse_input('1 2') == [1, 2]"),
+        ("", None, "assert f() == 0"),
+    ]
+    stdio = parse_test_cases(json.dumps({"inputs": [1, "2\n"], "outputs": ["3", 4]}))
+    assert [(c.stdin, c.expected_stdout, c.check) for c in stdio] == [
+        ("1", "3", ""),
+        ("2\n", "4", ""),
+    ]
+
+
+def test_right_output_then_a_crash_fails_the_case() -> None:
+    program = "print(input())\nraise SystemExit(1)"
+    tests = {"inputs": ["7\n"], "outputs": ["7\n"]}
+    assert REWARDS.get("code_tests")(program, "", {"tests": tests, "time_limit_s": 1}) == 0.0
+
+
+CPU_LIMIT = "import resource\nprint(resource.getrlimit(resource.RLIMIT_CPU)[0])"
+
+
+@pytest.mark.parametrize("time_limit_s,cpu_s", [(None, 6), (1, 2), (3.7, 4)])
+def test_each_case_gets_a_cpu_limit_a_second_above_its_time_limit(
+    time_limit_s: float | None, cpu_s: int
+) -> None:
+    """The default time limit is 5 s; CPU seconds are whole."""
+    tests = {"inputs": [""], "outputs": [str(cpu_s)]}
+    sample = {"tests": tests} | ({} if time_limit_s is None else {"time_limit_s": time_limit_s})
+    assert REWARDS.get("code_tests")(CPU_LIMIT, "", sample) == 1.0

@@ -85,3 +85,31 @@ def test_exit_codes_are_errors_up_to_128(code: int, status: str) -> None:
     """Above 128 the launcher reports a signal (128 + its number); 128 itself is an exit code."""
     result = run_python(f"import sys\nsys.exit({code})\n")
     assert (result.status, result.exit_code) == (status, code)
+
+
+DEFAULT_LIMITS = """
+import os, resource
+for name in ("CPU", "AS", "FSIZE", "CORE"):
+    soft, hard = resource.getrlimit(getattr(resource, "RLIMIT_" + name))
+    print(name, soft, hard)
+for folder in ("/sandbox", "/tmp", "/dev/shm"):
+    stat = os.statvfs(folder)
+    print(folder, stat.f_blocks * stat.f_frsize)
+"""
+
+
+def test_default_limits_as_the_program_sees_them() -> None:
+    """10 CPU seconds (SIGKILL a second later), 1 GiB of address space, 16 MiB files, no
+    core dumps, 64 MiB in each writable folder."""
+    result = run_python(DEFAULT_LIMITS)
+    assert result.ok, result.stderr
+    mib = 1 << 20
+    assert result.stdout.splitlines() == [
+        "CPU 10 11",
+        f"AS {1024 * mib} {1024 * mib}",
+        f"FSIZE {16 * mib} {16 * mib}",
+        "CORE 0 0",
+        f"/sandbox {64 * mib}",
+        f"/tmp {64 * mib}",
+        f"/dev/shm {64 * mib}",
+    ]

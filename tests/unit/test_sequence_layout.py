@@ -19,6 +19,8 @@ from rlframe.config import (
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import (
     balance_ranks,
+    balance_rows,
+    build_layout,
     build_packed_layout,
     build_padded_layout,
     count_row_tokens,
@@ -59,6 +61,22 @@ def test_padded_layout_by_hand() -> None:
     assert layout.attention_mask.tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 0, 0]]
     assert layout.predict_index.tolist() == [1, 2, 6]
     assert layout.target_ids.tolist() == [7, 8, 3]
+    # Row 1's token 3 is at column 0 of a grid 3 wide.
+    assert layout.grid_index.tolist() == [0, 1, 3]
+    assert layout.to_grid(torch.tensor([-1.0, -2.0, -3.0])).tolist() == [[-1, -2, 0], [-3, 0, 0]]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_layout_moves_to_a_device_unchanged(packed: bool) -> None:
+    layout = build_layout(two_rows(), packed)
+    moved = layout.to("cpu")
+    for name in ("input_ids", "position_ids", "predict_index", "target_ids", "grid_index"):
+        assert getattr(moved, name).tolist() == getattr(layout, name).tolist()
+    assert moved.grid_shape == (2, 3)
+    if packed:
+        assert moved.attention_mask is None
+    else:
+        assert moved.attention_mask.tolist() == layout.attention_mask.tolist()
 
 
 def test_packing_needs_a_prompt_token() -> None:
@@ -91,6 +109,61 @@ def test_plan_reaches_the_agreed_count() -> None:
     assert len(plan) == 3 and sorted(i for p in plan for i in p) == list(range(5))
     # Never more micro-batches than rows.
     assert len(plan_micro_batches([1, 1], budget=100, min_count=5)) == 2
+
+
+def test_over_budget_row_is_never_split_into_an_empty_micro_batch() -> None:
+    # 50 goes alone (above the budget); to reach 3 micro-batches the pair [1, 2] is halved,
+    # not the single heaviest row.
+    assert plan_micro_batches([50, 1, 1], budget=10, min_count=3) == [[0], [1], [2]]
+
+
+def test_halving_splits_the_fullest_micro_batch_evenly() -> None:
+    costs = [8, 7, 6, 5, 4, 3]
+    # Longest first, each row to the lighter half: 8 5 4 (17) | 7 6 3 (16).
+    assert plan_micro_batches(costs, budget=100, min_count=2) == [[0, 3, 4], [1, 2, 5]]
+    # Then the fullest (17) is halved: 8 | 5 4.
+    assert plan_micro_batches(costs, budget=100, min_count=3) == [[0], [3, 4], [1, 2, 5]]
+
+
+def test_halving_follows_the_loads_after_each_split() -> None:
+    costs = [4, 9, 6, 3, 7, 6]
+    # Budget 12, first fit longest first: 9 3 (12) | 7 4 (11) | 6 6 (12).
+    assert plan_micro_batches(costs, budget=12) == [[1, 3], [0, 4], [2, 5]]
+    # Five: 9 3 is halved, then 6 6 (12), the fullest left, not 7 4 (11).
+    plan = plan_micro_batches(costs, budget=12, min_count=5)
+    assert plan == [[1], [3], [0, 4], [2], [5]]
+
+
+def test_balance_ranks_longest_first_to_the_lightest_rank() -> None:
+    # 9 -> rank 0, 8 -> rank 1, 2 -> rank 1 (lighter), 1 -> rank 0: 10 tokens each.
+    order = balance_ranks(torch.tensor([9, 8, 2, 1]), world_size=2, mini_batch_size=4)
+    assert order.tolist() == [0, 3, 1, 2]
+
+
+def test_balance_needs_mini_batches_that_split_over_the_ranks() -> None:
+    with pytest.raises(ValueError, match="do not split"):
+        balance_ranks(torch.ones(8, dtype=torch.long), world_size=3, mini_batch_size=8)
+
+
+def rows_of_lengths(lengths: list[int]) -> Batch:
+    """Rows with one prompt token and ``length - 1`` response tokens, padded to 10."""
+    response_mask = torch.tensor([[1.0] * (n - 1) + [0.0] * (11 - n) for n in lengths])
+    return Batch(
+        {
+            "prompt_ids": torch.ones(len(lengths), 1, dtype=torch.long),
+            "prompt_mask": torch.ones(len(lengths), 1, dtype=torch.long),
+            "response_ids": torch.ones(len(lengths), 10, dtype=torch.long),
+            "response_mask": response_mask,
+        }
+    )
+
+
+def test_balance_rows_costs_real_tokens_and_keeps_one_rank_in_order() -> None:
+    rows = rows_of_lengths([9, 8, 2, 1])
+    assert count_row_tokens(rows, packed=True).tolist() == [9, 8, 2, 1]
+    # Padded, every row would cost 11 and the order would be 0 2 | 1 3.
+    assert balance_rows(rows, world_size=2, mini_batch_size=4).tolist() == [0, 3, 1, 2]
+    assert balance_rows(rows, world_size=1, mini_batch_size=4).tolist() == [0, 1, 2, 3]
 
 
 def test_balance_ranks_keeps_mini_batches_and_evens_tokens() -> None:
