@@ -5,21 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from rlframe.config import ConfigError, build_config
+from rlframe.config import ConfigError
 from rlframe.config.lora import LoraSync
 from tests.unit.test_config import run_cli
-
-
-def build(**sections: dict) -> object:
-    tree = {
-        "model": {"path": "tiny:0"},
-        "data": {"batch_size": 8},
-        "rollout": {"n": 4},
-        "actor": {"mini_batch_size": 32, "micro_batch_size": 4},
-    }
-    for name, values in sections.items():
-        tree[name] = tree.get(name, {}) | values
-    return build_config(tree)
+from tests.unit.test_scale_out_config import build
 
 
 def test_lora_is_off_by_default_and_parsed_when_set() -> None:
