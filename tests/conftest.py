@@ -15,9 +15,25 @@ if "RAY_ADDRESS" not in os.environ:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 
+# Tests that read machine-wide state (every bwrap process, every sandbox cgroup on the host)
+# run on one xdist worker, one after another: under `pytest -n 2` a sandbox started by the
+# other worker would show up in their checks.
+MACHINE_WIDE_SANDBOX_MODULES = {
+    "test_sandbox.py",
+    "test_sandbox_hygiene.py",
+    "test_sandbox_limits.py",
+    "test_math_code_rewards.py",
+    "test_reward_hacks.py",
+    "test_reward_preflight.py",
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
+    for item in items:
+        if item.path.name in MACHINE_WIDE_SANDBOX_MODULES:
+            item.add_marker(pytest.mark.xdist_group("sandbox"))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
