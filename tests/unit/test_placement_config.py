@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,8 +23,11 @@ def run_cli(*overrides: str, local_ray: bool = False) -> subprocess.CompletedPro
     if not local_ray:
         # A config error must never reach Ray: make any Ray start fail loudly if one happens.
         env["RAY_ADDRESS"] = "ray-must-not-start:1"
+    # Never the recipe's own outputs/grpo_tiny: a run there (the quickstart, another test)
+    # holds its lock, and the run directory is checked before the placement.
+    out = f"trainer.output_dir={tempfile.mkdtemp(prefix='rlframe-cli-')}/run"
     return subprocess.run(
-        [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", *overrides],
+        [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", out, *overrides],
         capture_output=True,
         text=True,
         check=False,
