@@ -1,4 +1,5 @@
-"""Shared fixtures: one local Ray cluster per test session, GPU-marker skipping."""
+"""Shared fixtures: one local Ray cluster per test session (per xdist worker), the sandbox
+tests one at a time, GPU-marker skipping."""
 
 from __future__ import annotations
 
