@@ -161,23 +161,28 @@ def submit_job(*entrypoint: str, head: str) -> subprocess.CompletedProcess[str]:
     command is tried again then, as a user would, and only then."""
     command = [RAY, "job", "submit", "--address", head, "--working-dir", ".", "--", *entrypoint]
     for _ in range(3):
-        result = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=600,
-            env=readme_env(),
-            cwd=REPO,
-        )
+        result = run_as_readme(command)
         if "No available agent to submit job" not in result.stdout + result.stderr:
             break
         time.sleep(5)
     return result
 
 
+def run_as_readme(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """``command`` in README's shell (:func:`readme_env`), from the repository root."""
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+        env=readme_env(),
+        cwd=REPO,
+    )
+
+
 def test_address_auto_joins_the_running_cluster(head: str, tmp_path: Path) -> None:
-    result = subprocess.run(
+    result = run_as_readme(
         [
             sys.executable,
             "-m",
@@ -186,13 +191,7 @@ def test_address_auto_joins_the_running_cluster(head: str, tmp_path: Path) -> No
             "ray.address=auto",
             "trainer.total_steps=1",
             f"trainer.output_dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-        env=readme_env(),
-        cwd=REPO,
+        ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rlframe: ray      joined 127.0.0.1:" in result.stdout
