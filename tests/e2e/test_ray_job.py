@@ -73,6 +73,10 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "--dashboard-host=127.0.0.1",
             f"--port={free_port()}",
             f"--dashboard-port={dashboard_port}",
+            # Ray's default agent port (52365) is taken by any other Ray on the machine (the
+            # other worker's cluster under `pytest -n 2`); its agent then serves no HTTP and
+            # every submit is answered "No available agent to submit job".
+            f"--dashboard-agent-listen-port={free_port()}",
             "--num-cpus=2",
             "--disable-usage-stats",
             "--block",
@@ -157,8 +161,8 @@ def test_job_submit_runs_and_writes_where_readme_says(head: str, tmp_path: Path)
 def submit_job(*entrypoint: str, head: str) -> subprocess.CompletedProcess[str]:
     """``ray job submit`` as README has it. While the head's dashboard agent registers, Ray
     answers "No available agent to submit job, please try again later" (it waits 10 s for
-    the agent; on a loaded machine that is not enough), and nothing was submitted: the
-    command is tried again then, as a user would, and only then."""
+    the agent) and nothing was submitted: the command is tried again then, as a user would,
+    and only then."""
     command = [RAY, "job", "submit", "--address", head, "--working-dir", ".", "--", *entrypoint]
     for _ in range(3):
         result = run_as_readme(command)
