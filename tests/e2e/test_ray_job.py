@@ -52,7 +52,8 @@ def readme_env() -> dict[str, str]:
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A head node on loopback, started as README says from a HOME without a Ray token:
-    yields the dashboard address."""
+    yields the dashboard address once the dashboard answers and the dashboard agent, which
+    runs submitted jobs, listens."""
     HOME["HOME"] = str(tmp_path_factory.mktemp("home"))
     subprocess.run(
         [RAY, "get-auth-token", "--generate"],
@@ -62,7 +63,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         timeout=60,
     )
     assert (Path(HOME["HOME"]) / ".ray" / "auth_token").is_file()
-    dashboard_port = free_port()
+    dashboard_port, agent_port = free_port(), free_port()
     log = (tmp_path_factory.mktemp("head") / "head.txt").open("w")
     process = subprocess.Popen(
         [
@@ -76,7 +77,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             # Ray's default agent port (52365) is taken by any other Ray on the machine (the
             # other worker's cluster under `pytest -n 2`); its agent then serves no HTTP and
             # every submit is answered "No available agent to submit job".
-            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-listen-port={agent_port}",
             "--num-cpus=2",
             "--disable-usage-stats",
             "--block",
@@ -90,7 +91,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tree: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 120
-        while not dashboard_answers(address):
+        while not (dashboard_answers(address) and port_listens(agent_port)):
             assert process.poll() is None and time.monotonic() < deadline, (
                 "the head node did not start"
             )
@@ -113,6 +114,11 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 p.kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+def port_listens(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def dashboard_answers(address: str) -> bool:
@@ -159,17 +165,10 @@ def test_job_submit_runs_and_writes_where_readme_says(head: str, tmp_path: Path)
 
 
 def submit_job(*entrypoint: str, head: str) -> subprocess.CompletedProcess[str]:
-    """``ray job submit`` as README has it. While the head's dashboard agent registers, Ray
-    answers "No available agent to submit job, please try again later" (it waits 10 s for
-    the agent) and nothing was submitted: the command is tried again then, as a user would,
-    and only then."""
-    command = [RAY, "job", "submit", "--address", head, "--working-dir", ".", "--", *entrypoint]
-    for _ in range(3):
-        result = run_as_readme(command)
-        if "No available agent to submit job" not in result.stdout + result.stderr:
-            break
-        time.sleep(5)
-    return result
+    """``ray job submit`` as README has it."""
+    return run_as_readme(
+        [RAY, "job", "submit", "--address", head, "--working-dir", ".", "--", *entrypoint]
+    )
 
 
 def run_as_readme(command: list[str]) -> subprocess.CompletedProcess[str]:
