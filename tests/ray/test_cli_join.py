@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
+from tests.harness import spawn_cli
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
 
 def test_cli_joins_running_cluster(tmp_path: Path) -> None:
@@ -20,23 +17,14 @@ def test_cli_joins_running_cluster(tmp_path: Path) -> None:
 
     address = ray.get_runtime_context().gcs_address
     nodes_before = len(ray.nodes())
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlframe.main",
-            "+recipe=grpo_tiny",
-            f"ray.address={address}",
-            "trainer.total_steps=1",
-            "trainer.cpus_per_proc=1",
-            f"trainer.output_dir={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-        env=dict(os.environ),
-        cwd=REPO,
+    # A fresh process, not run_recipe: joining from a driver that has not initialised Ray is
+    # what is checked (in this process Ray is already up, and the launcher would reuse it).
+    result = spawn_cli(
+        "+recipe=grpo_tiny",
+        f"ray.address={address}",
+        "trainer.total_steps=1",
+        "trainer.cpus_per_proc=1",
+        f"trainer.output_dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"rlframe: ray      joined {address}" in result.stdout

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from rlframe.checkpoint import Checkpointer
 from rlframe.checkpoint_layout import find_latest_checkpoint
 from rlframe.interrupts import describe_interruption
 from rlframe.save_failures import CheckpointError
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness import check_cli
 
 
 @pytest.fixture()
@@ -80,18 +78,10 @@ def test_interruption_line_names_the_step_and_where_it_resumes(tmp_path: Path) -
     )
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
-
-
 def test_a_wrong_type_exits_2_with_one_line(tmp_path: Path) -> None:
-    result = run_cli("trainer.total_steps=abc", f"trainer.output_dir={tmp_path / 'run'}")
+    result = check_cli(
+        "+recipe=grpo_tiny", "trainer.total_steps=abc", f"trainer.output_dir={tmp_path / 'run'}"
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "rlframe: config error: trainer.total_steps: Value 'abc' of type 'str' could not be "

@@ -1,36 +1,17 @@
-"""The CLI: composition, help and config errors, each exiting before Ray starts."""
+"""The CLI: composition, help and config errors, each exiting before Ray starts.
+
+The command line runs in-process (:func:`tests.harness.check_cli`): reaching the launcher
+fails the test."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from rlframe.config import Config, ConfigError, build_config
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, **(env or {})}
-    # A config error must never reach Ray: make any Ray start fail loudly if one happens.
-    full_env["RAY_ADDRESS"] = "ray-must-not-start:1"
-    # Never the recipe's own outputs/<name>: a quickstart run there must not change results.
-    if not any(a.startswith("trainer.output_dir=") or a in ("--cfg", "--help") for a in args):
-        args = (*args, f"trainer.output_dir={tempfile.mkdtemp(prefix='rlframe-cli-')}/run")
-    return subprocess.run(
-        [sys.executable, "-m", "rlframe.main", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-        env=full_env,
-        cwd=REPO,
-    )
+from tests.harness import check_cli
+from tests.unit.cli_errors import assert_config_error, check_config_error
 
 
 @pytest.mark.parametrize(
@@ -48,35 +29,26 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     ],
 )
 def test_config_errors_exit_nonzero_and_name_the_key(override: str, key: str, allowed: str) -> None:
-    result = run_cli("+recipe=grpo_qwen", override)
-    assert result.returncode == 2, result.stderr
-    assert key in result.stderr and allowed in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    assert "ray-must-not-start" not in result.stderr
+    check_config_error("+recipe=grpo_qwen", override, key=key, text=allowed)
 
 
 def test_missing_model_path_points_at_recipes() -> None:
-    result = run_cli()
-    assert result.returncode == 2
-    assert "model.path: has no value" in result.stderr and "+recipe=NAME" in result.stderr
+    assert_config_error(check_cli(), "model.path", "has no value", "+recipe=NAME")
 
 
 def test_unknown_recipe_lists_available_ones() -> None:
-    result = run_cli("+recipe=nope")
-    assert result.returncode == 2, result.stderr
-    assert "grpo_qwen" in result.stderr and "Traceback" not in result.stderr
+    check_config_error("+recipe=nope", key="recipe", text="grpo_qwen")
 
 
 def test_cfg_job_prints_composed_recipe() -> None:
-    result = run_cli("+recipe=grpo_qwen", "rollout.n=16", "--cfg", "job")
+    result = check_cli("+recipe=grpo_qwen", "rollout.n=16", "--cfg", "job")
     assert result.returncode == 0, result.stderr
     assert "path: Qwen/Qwen2.5-1.5B-Instruct" in result.stdout
     assert "'n': 16" in result.stdout
 
 
 def test_help_lists_recipes() -> None:
-    result = run_cli("--help")
+    result = check_cli("--help")
     assert result.returncode == 0
     assert "recipe: " in result.stdout and "grpo_qwen" in result.stdout
 
@@ -85,10 +57,10 @@ def test_user_recipe_folder(tmp_path: Path) -> None:
     (tmp_path / "mine.yaml").write_text(
         "model:\n  path: /models/mine\ntrainer:\n  total_steps: 7\n"
     )
-    result = run_cli("+recipe=mine", "--cfg", "job", env={"RLFRAME_RECIPE_DIRS": str(tmp_path)})
+    result = check_cli("+recipe=mine", "--cfg", "job", env={"RLFRAME_RECIPE_DIRS": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     assert "path: /models/mine" in result.stdout and "total_steps: 7" in result.stdout
-    bad = run_cli("--help", env={"RLFRAME_RECIPE_DIRS": str(tmp_path / "missing")})
+    bad = check_cli("--help", env={"RLFRAME_RECIPE_DIRS": str(tmp_path / "missing")})
     assert bad.returncode == 2 and "RLFRAME_RECIPE_DIRS" in bad.stderr
 
 
@@ -96,11 +68,11 @@ def test_a_renamed_key_names_its_new_name(tmp_path: Path) -> None:
     """critic.warmup_steps became critic.actor_wait_steps: on the command line, in a recipe
     and through build_config, the old key fails with the new name, before Ray starts."""
     renamed = "renamed to critic.actor_wait_steps"
-    result = run_cli("+recipe=ppo_tiny", "critic.warmup_steps=2")
+    result = check_cli("+recipe=ppo_tiny", "critic.warmup_steps=2")
     assert result.returncode == 2 and "critic.warmup_steps" in result.stderr, result.stderr
     assert renamed in result.stderr and "Traceback" not in result.stderr
     (tmp_path / "old.yaml").write_text("critic:\n  warmup_steps: 2\n")
-    result = run_cli("+recipe=old", env={"RLFRAME_RECIPE_DIRS": str(tmp_path)})
+    result = check_cli("+recipe=old", env={"RLFRAME_RECIPE_DIRS": str(tmp_path)})
     assert result.returncode == 2 and renamed in result.stderr, result.stderr
     assert str(tmp_path / "old.yaml") in result.stderr
     with pytest.raises(ConfigError, match=renamed):
@@ -180,25 +152,3 @@ def test_build_config_reports_all_cross_field_rules() -> None:
         )
     assert info.value.key == "actor.mini_batch_size"
     assert "multiple of the number of ranks" in str(info.value)
-
-
-def test_the_schema_imports_nothing_heavy() -> None:
-    """The schema validates without torch or the algorithm registries (no import cycle)."""
-    code = (
-        "import sys, rlframe.config\n"
-        "heavy = [m for m in ('torch', 'rlframe.algorithms.losses',"
-        " 'rlframe.algorithms.advantages') if m in sys.modules]\n"
-        "assert not heavy, heavy\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=REPO)
-
-
-def test_importing_the_driver_imports_no_vllm_and_no_cuda() -> None:
-    code = (
-        "import sys, rlframe, rlframe.main, rlframe.config, rlframe.protocol\n"
-        "import rlframe.controller.worker_group, rlframe.controller.placement\n"
-        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), "
-        "'vllm imported'\n"
-        "import torch; assert not torch.cuda.is_initialized(), 'cuda initialised'\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=REPO)

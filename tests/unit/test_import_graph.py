@@ -1,10 +1,14 @@
 """The import graph of the product (``rlframe``, ``workers``) has no circles, counting lazy
 imports inside functions and imports under ``TYPE_CHECKING`` too, and ``rlframe`` never
-imports ``workers``. Read from the source with ``ast``; nothing is imported."""
+imports ``workers``: read from the source with ``ast``, nothing is imported. And what a fresh
+interpreter imports with the driver's modules: a child process, since this one has imported
+everything already."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,3 +114,25 @@ def test_rlframe_never_imports_workers() -> None:
     graph = build_graph()
     upward = {(m, t) for m, targets in graph.items() if m.startswith("rlframe") for t in targets}
     assert not [(m, t) for m, t in upward if t.startswith("workers")]
+
+
+def test_the_schema_imports_nothing_heavy() -> None:
+    """The schema validates without torch or the algorithm registries (no import cycle)."""
+    code = (
+        "import sys, rlframe.config\n"
+        "heavy = [m for m in ('torch', 'rlframe.algorithms.losses',"
+        " 'rlframe.algorithms.advantages') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=REPO)
+
+
+def test_importing_the_driver_imports_no_vllm_and_no_cuda() -> None:
+    code = (
+        "import sys, rlframe, rlframe.main, rlframe.config, rlframe.protocol\n"
+        "import rlframe.controller.worker_group, rlframe.controller.placement\n"
+        "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), "
+        "'vllm imported'\n"
+        "import torch; assert not torch.cuda.is_initialized(), 'cuda initialised'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=REPO)

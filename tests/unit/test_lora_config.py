@@ -7,7 +7,7 @@ import pytest
 
 from rlframe.config import ConfigError
 from rlframe.config.lora import LoraSync
-from tests.unit.test_config import run_cli
+from tests.unit.cli_errors import check_config_error
 from tests.unit.test_scale_out_config import build
 
 
@@ -68,8 +68,4 @@ def test_lora_errors_exit_2_before_ray(override: str, key: str, message: str) ->
     args = ["+recipe=grpo_tiny", "model.lora.rank=16", override]
     if override.startswith("rollout.engine"):
         args.append("model.lora.sync=adapter")
-    result = run_cli(*args)
-    assert result.returncode == 2, result.stderr
-    assert key in result.stderr and message in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "ray-must-not-start" not in result.stderr
+    check_config_error(*args, key=key, text=message)

@@ -2,48 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from rlframe.config import Config, ConfigError, Placement, build_config
 from rlframe.config.placement import check_pools_fit, list_pools, resolve_actor_worker_cls
 from rlframe.logs import describe_pools
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def run_cli(*overrides: str, local_ray: bool = False) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)
-    if not local_ray:
-        # A config error must never reach Ray: make any Ray start fail loudly if one happens.
-        env["RAY_ADDRESS"] = "ray-must-not-start:1"
-    # Never the recipe's own outputs/grpo_tiny: a run there (the quickstart, another test)
-    # holds its lock, and the run directory is checked before the placement.
-    out = f"trainer.output_dir={tempfile.mkdtemp(prefix='rlframe-cli-')}/run"
-    return subprocess.run(
-        [sys.executable, "-m", "rlframe.main", "+recipe=grpo_tiny", out, *overrides],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
+from tests.unit.cli_errors import check_config_error
 
 
-def assert_one_line_error(result: subprocess.CompletedProcess[str], key: str, text: str) -> None:
-    assert result.returncode == 2, result.stderr[-3000:]
-    errors = [line for line in result.stderr.splitlines() if line.startswith("rlframe: config")]
-    assert len(errors) == 1, result.stderr
-    assert errors[0].startswith(f"rlframe: config error: {key}: ") and text in errors[0], errors
-    assert "Traceback" not in result.stderr + result.stdout
-    assert "rlframe: ray" not in result.stdout  # nothing started
+def check_tiny_error(*overrides: str, key: str, text: str, local_ray: bool = False) -> None:
+    """``+recipe=grpo_tiny OVERRIDES`` in-process stops with one line naming ``key``; it never
+    reaches the launcher."""
+    check_config_error("+recipe=grpo_tiny", *overrides, key=key, text=text, local_ray=local_ray)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +56,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], key: str, te
     ],
 )
 def test_placement_mistakes_exit_2_naming_the_key(overrides, key: str, text: str) -> None:
-    assert_one_line_error(run_cli(*overrides), key, text)
+    check_tiny_error(*overrides, key=key, text=text)
 
 
 @pytest.mark.parametrize(
@@ -110,8 +80,11 @@ def test_placement_mistakes_exit_2_naming_the_key(overrides, key: str, text: str
         ),
     ],
 )
-def test_pools_that_cannot_fit_a_local_ray_exit_2_before_it_starts(overrides, key, text) -> None:
-    assert_one_line_error(run_cli(*overrides, local_ray=True), key, text)
+def test_pools_that_cannot_fit_a_local_ray_exit_2_before_it_starts(
+    overrides, key, text, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # the run would start its own Ray
+    check_tiny_error(*overrides, key=key, text=text, local_ray=True)
 
 
 def config(**rollout: object) -> Config:

@@ -23,6 +23,7 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
+from tests.harness import check_cli
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD_LOCK = (
@@ -71,19 +72,9 @@ def test_a_second_run_into_a_live_runs_folder_stops_naming_its_pid(tmp_path: Pat
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         before = hash_tree(out)
         start = time.monotonic()
-        second = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rlframe.main",
-                "+recipe=grpo_tiny",
-                f"trainer.output_dir={out}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=REPO,
-        )
+        # The second run is this process (in-process command line): the lock is held by
+        # another live process, which is what the folder's ownership is about.
+        second = check_cli("+recipe=grpo_tiny", f"trainer.output_dir={out}")
         assert second.returncode == 2
         assert second.stderr.strip().splitlines() == [
             f"rlframe: config error: trainer.output_dir: {out} is in use by a live run "
