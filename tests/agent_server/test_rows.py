@@ -10,18 +10,8 @@ from openai import OpenAI
 
 from rlframe.agent_server.trajectory import normalize_message
 from rlframe.envs.chat import ChatFormat
+from tests.agent_server.calculator_tool import TOOLS
 from tests.agent_server.conftest import Served
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluates an arithmetic expression.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-        },
-    }
-]
 
 
 def client_for(served: Served, key: str) -> OpenAI:

@@ -9,7 +9,7 @@ import json
 from rlframe.agent_server.batching import Turn
 from rlframe.agent_server.replies import ReplyBuilder
 from rlframe.agent_server.trajectory import Episode, normalize_message
-from tests.agent_server.test_rows import TOOLS
+from tests.agent_server.calculator_tool import TOOLS
 from tests.unit.chatml_tokenizer import build_chatml_tokenizer
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>'

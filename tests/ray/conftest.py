@@ -5,10 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from ray import cloudpickle
 
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker_group import WorkerGroup
-from tests.ray.test_workers import EchoWorker
+from tests.ray import workers_for_tests
+from tests.ray.workers_for_tests import EchoWorker
+
+# Ray workers cannot import the tests package: ship the test worker classes by value.
+cloudpickle.register_pickle_by_value(workers_for_tests)
 
 
 @pytest.fixture

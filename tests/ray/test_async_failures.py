@@ -9,7 +9,7 @@ import pytest
 import ray
 
 from rlframe.controller.worker_group import WorkerError
-from tests.unit.test_async_producer import Engine, make_producer
+from tests.unit.scripted_engine import Engine, make_producer
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

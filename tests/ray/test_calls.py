@@ -11,7 +11,7 @@ import torch
 
 from rlframe.controller.worker_group import WorkerError, wait_calls
 from rlframe.protocol import Batch
-from tests.ray.test_dispatch import rows
+from tests.ray.workers_for_tests import rows
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 

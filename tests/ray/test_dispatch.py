@@ -12,15 +12,9 @@ import torch
 from rlframe.controller.placement import PlacementError, ResourcePool
 from rlframe.controller.worker_group import WorkerError, WorkerGroup
 from rlframe.protocol import Batch
-from tests.ray.test_workers import BrokenWorker, EchoWorker
+from tests.ray.workers_for_tests import BrokenWorker, EchoWorker, rows
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
-
-
-def rows(n: int) -> Batch:
-    return Batch(
-        {"x": torch.arange(n, dtype=torch.float32)}, {"tag": [f"row{i}" for i in range(n)]}
-    )
 
 
 @pytest.mark.parametrize("world,n", [(2, 5), (3, 7), (3, 2), (2, 8)])

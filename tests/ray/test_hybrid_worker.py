@@ -18,10 +18,9 @@ from rlframe.config import (
 )
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker_group import WorkerGroup
-from rlframe.data.loader import build_prompt_batch
-from rlframe.data.prompts import load_prompt_records
 from rlframe.data.tiny_model import build_tiny_tokenizer, resolve_model_path
 from rlframe.launch import worker_env
+from tests.ray.factories import logprob_gap, prompts_for
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
@@ -42,16 +41,6 @@ def make_config(engine: str, world: int) -> Config:
     )
 
 
-def prompts_for(step: int) -> Batch:  # noqa: F821
-    tok = build_tiny_tokenizer()
-    records = load_prompt_records([], "arithmetic", tok, 16, seed=step, synthetic_size=4)
-    batch = build_prompt_batch(
-        records, n=4, first_group=0, pad_token_id=tok.pad_token_id, seed=step
-    )
-    batch.meta |= {"stop_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
-    return batch
-
-
 def check_rollout(batch, eos: int) -> None:
     lengths = batch["response_mask"].sum(1).long()
     assert (lengths >= 1).all() and (lengths <= MAX_TOKENS).all()
@@ -59,11 +48,6 @@ def check_rollout(batch, eos: int) -> None:
         # Generation ends at EOS (kept as the last token) or at max_tokens.
         assert (reason == "stop") == (int(ids[n - 1]) == eos)
         assert reason == "stop" or n == MAX_TOKENS
-
-
-def logprob_gap(batch, trainer_logprobs: torch.Tensor) -> float:
-    mask = batch["response_mask"]
-    return float(((batch["rollout_logprobs"] - trainer_logprobs).abs() * mask).max())
 
 
 @pytest.mark.parametrize("engine,world", [("vllm", 2), ("hf", 1)])

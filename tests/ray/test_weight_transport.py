@@ -28,7 +28,7 @@ from rlframe.controller.worker_group import WorkerError, WorkerGroup
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.launch import worker_env
 from rlframe.pools import build_broadcast_sync, join_weight_group, pick_weight_group_spec
-from tests.ray.test_hybrid_worker import logprob_gap, prompts_for
+from tests.ray.factories import logprob_gap, prompts_for
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 

@@ -10,7 +10,7 @@ from rlframe.config import AgentConfig, Config, ConfigError, RolloutConfig
 from rlframe.config.agent import compute_response_width
 from tests.unit.cli_errors import check_config_error
 
-TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "test_multi_turn.py"
+TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "scripted_episodes.py"
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 from rlframe.config import ConfigError
 from rlframe.config.lora import LoraSync
 from tests.unit.cli_errors import check_config_error
-from tests.unit.test_scale_out_config import build
+from tests.unit.config_trees import build
 
 
 def test_lora_is_off_by_default_and_parsed_when_set() -> None:

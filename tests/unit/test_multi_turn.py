@@ -1,6 +1,7 @@
 """The multi-turn episode loop on the driver, with a scripted policy in place of the engine
-(the real engine runs in tests/ray/test_multi_turn.py): exact id concatenation, masks,
-budgets, limits, env failures, concurrency; and the advantage estimators across observations."""
+(tests/unit/scripted_episodes.py; the real engine runs in tests/ray/test_multi_turn.py):
+exact id concatenation, masks, budgets, limits, env failures, concurrency; and the advantage
+estimators across observations."""
 
 from __future__ import annotations
 
@@ -17,115 +18,21 @@ from rlframe.algorithms.advantages import (
     compute_reverse_cumsum,
     place_on_last_token,
 )
-from rlframe.config import (
-    ActorConfig,
-    AgentConfig,
-    AlgorithmConfig,
-    Config,
-    DataConfig,
-    ModelConfig,
-    RolloutConfig,
-)
-from rlframe.data.loader import build_prompt_batch
-from rlframe.data.prompts import PromptRecord
-from rlframe.data.tiny_model import build_tiny_tokenizer
+from rlframe.config import AgentConfig, AlgorithmConfig
 from rlframe.envs import EnvError, StepResult
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import combine_rewards
-from rlframe.rollout import AgentContext, collect_agent_metrics
-from rlframe.rollout.multi_turn import run_episodes
-
-TOKENIZER = build_tiny_tokenizer()
-EOS = TOKENIZER.eos_token_id
-
-
-def encode(text: str) -> list[int]:
-    return TOKENIZER(text, add_special_tokens=False)["input_ids"]
-
-
-class ScriptedPolicy:
-    """Stands in for the actor group's generate. Row r (told apart by its prompt) answers turn
-    k with ``turns[r][k]`` (cut at the row's max_tokens); log-prob of a token = -(its id)/100.
-    Records each call's contexts and caps."""
-
-    def __init__(self, prompts: list[str], turns: list[list[str]], width: int) -> None:
-        self.prompts = [encode(p) for p in prompts]
-        self.turns = turns
-        self.width = width
-        self.calls: list[dict[str, Any]] = []
-
-    def __call__(self, batch: Batch) -> Batch:
-        contexts = [
-            ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"])
-        ]
-        caps = batch["max_tokens"].tolist()
-        self.calls.append({"contexts": contexts, "max_tokens": caps, "meta": dict(batch.meta)})
-        ids = torch.zeros(len(contexts), self.width, dtype=torch.long)
-        mask, logprobs, reasons = (
-            torch.zeros(len(contexts), self.width),
-            torch.zeros(len(contexts), self.width),
-            [],
-        )
-        for i, (context, cap) in enumerate(zip(contexts, caps)):
-            row = next(r for r, p in enumerate(self.prompts) if context[: len(p)] == p)
-            turn = (
-                sum(
-                    1
-                    for c in self.calls
-                    if any(
-                        ctx[: len(self.prompts[row])] == self.prompts[row] for ctx in c["contexts"]
-                    )
-                )
-                - 1
-            )
-            text = self.turns[row][turn]
-            sampled = (
-                encode(text.removesuffix("<eos>")) + ([EOS] if text.endswith("<eos>") else [])
-            )[:cap]
-            ids[i, : len(sampled)] = torch.tensor(sampled)
-            mask[i, : len(sampled)] = 1
-            logprobs[i, : len(sampled)] = -torch.tensor(sampled, dtype=torch.float) / 100
-            reasons.append("stop" if sampled and sampled[-1] == EOS else "length")
-        return Batch(
-            {
-                "response_ids": ids,
-                "response_mask": mask,
-                "loss_mask": mask.clone(),
-                "rollout_logprobs": logprobs,
-            },
-            {"finish_reason": reasons},
-            {"weights_version": 3},
-        )
-
-
-def make_config(env: str, n_prompts: int, max_tokens: int = 12, **agent: Any) -> Config:
-    agent = {"max_turns": 4, "max_obs_tokens": 16} | agent
-    return Config(
-        model=ModelConfig(path="tiny:0"),
-        data=DataConfig(batch_size=n_prompts, max_prompt_length=16),
-        rollout=RolloutConfig(agent="multi_turn", n=1, max_tokens=max_tokens),
-        agent=AgentConfig(env=env, **agent),
-        actor=ActorConfig(mini_batch_size=n_prompts, micro_batch_size=n_prompts),
-        algorithm=AlgorithmConfig(advantage="reinforce_pp"),
-    )
-
-
-def make_prompts(prompts: list[str], truths: list[str]) -> Batch:
-    records = [
-        PromptRecord(p, encode(p), t, {}, [{"role": "user", "content": p}])
-        for p, t in zip(prompts, truths)
-    ]
-    batch = build_prompt_batch(records, 1, 0, TOKENIZER.pad_token_id, seed=5)
-    batch.meta |= {"stop_token_ids": [EOS], "pad_token_id": TOKENIZER.pad_token_id}
-    return batch
-
-
-def run(cfg: Config, policy: ScriptedPolicy, prompts: Batch) -> Batch:
-    return run_episodes(prompts, AgentContext(policy, TOKENIZER, cfg))
-
-
-GUESS = "guess_number"
-HINTS = {"hint_format": " {hint}:"}
+from rlframe.rollout import collect_agent_metrics
+from tests.unit.scripted_episodes import (
+    EOS,
+    GUESS,
+    HINTS,
+    ScriptedPolicy,
+    encode,
+    make_config,
+    make_prompts,
+    run,
+)
 
 
 def test_ids_concatenate_exactly_and_observations_are_masked() -> None:

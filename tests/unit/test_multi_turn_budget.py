@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from rlframe.envs import EnvError, StepResult
-from tests.unit.test_multi_turn import (
+from tests.unit.scripted_episodes import (
     EOS,
     GUESS,
     HINTS,

@@ -10,7 +10,7 @@ import pytest
 
 from rlframe.envs import EnvError, StepResult
 from rlframe.protocol import Batch
-from tests.unit.test_multi_turn import (
+from tests.unit.scripted_episodes import (
     EOS,
     GUESS,
     HINTS,

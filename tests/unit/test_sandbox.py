@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rlframe.rewards.sandbox import SandboxLimits, detect_isolation, run_python
-from rlframe.rewards.sandbox_cgroups import PREFIX, available_controllers
+from tests.unit.sandbox_cgroups import owned_cgroups
 
 ISOLATION = detect_isolation()
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the uid switch is made as root only")
@@ -26,16 +26,6 @@ def sandbox_processes() -> list[int]:
                 found.append(int(pid))
         except OSError:
             pass
-    return found
-
-
-def owned_cgroups() -> set[Path]:
-    """Sandbox cgroups named after their owner's pid (this code's naming)."""
-    found = set()
-    for root in set(available_controllers().values()):
-        found |= {
-            g for g in root.glob(f"{PREFIX}*") if g.name[len(PREFIX) :].split("-")[0].isdigit()
-        }
     return found
 
 

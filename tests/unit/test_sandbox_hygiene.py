@@ -24,7 +24,7 @@ from rlframe.rewards.sandbox import (
     run_python,
 )
 from rlframe.rewards.sandbox_cgroups import PREFIX
-from tests.unit.test_sandbox import owned_cgroups
+from tests.unit.sandbox_cgroups import owned_cgroups
 
 
 def test_the_start_up_line_says_what_holds() -> None:

@@ -4,19 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlframe.config import ConfigError, build_config
-
-
-def build(**sections: dict) -> object:
-    tree = {
-        "model": {"path": "tiny:0"},
-        "data": {"batch_size": 8},
-        "rollout": {"n": 4},
-        "actor": {"mini_batch_size": 32, "micro_batch_size": 4},
-    }
-    for name, values in sections.items():
-        tree[name] = tree.get(name, {}) | values
-    return build_config(tree)
+from rlframe.config import ConfigError
+from tests.unit.config_trees import build
 
 
 def test_tp_must_divide_the_ranks_of_a_node() -> None:

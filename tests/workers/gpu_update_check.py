@@ -26,13 +26,13 @@ def main() -> int:
         }
     )
     from rlframe.data.tiny_model import resolve_model_path
-    from tests.workers.test_update import make_batch, make_config
+    from tests.workers.cases import make_batch, make_update_config
     from workers.train_worker import TrainWorker
 
     path = resolve_model_path("tiny:0", cache_dir=Path(tempfile.mkdtemp()))
     norms = []
     for micro in (16, 4):
-        cfg = make_config(micro, "token-mean", kl_coef=0.1)
+        cfg = make_update_config(micro, "token-mean", kl_coef=0.1)
         cfg.model.dtype = "bfloat16"
         torch.cuda.reset_peak_memory_stats()
         worker = TrainWorker(cfg, path, "cuda")

@@ -6,56 +6,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlframe.config import (
-    ActorConfig,
-    AlgorithmConfig,
-    Config,
-    DataConfig,
-    ModelConfig,
-    RolloutConfig,
-    TrainerConfig,
-)
 from rlframe.config.lora import LoraConfig
 from rlframe.protocol import Batch
-from tests.workers.test_update import make_batch
-
-LR = 1e-2
-
-
-def make_config(
-    rank: int = 8, checkpointing: bool = False, chunk: int = 0, packed: bool | None = False
-) -> Config:
-    return Config(
-        model=ModelConfig(
-            path="tiny:0",
-            gradient_checkpointing=checkpointing,
-            lora=LoraConfig(rank=rank, alpha=16),
-        ),
-        data=DataConfig(batch_size=4),
-        rollout=RolloutConfig(engine="hf", n=4, max_tokens=5),
-        actor=ActorConfig(
-            lr=LR,
-            mini_batch_size=16,
-            micro_batch_size=8,
-            logprob_chunk_size=chunk,
-            pack_sequences=packed,
-        ),
-        algorithm=AlgorithmConfig(kl_coef=0.1),
-        trainer=TrainerConfig(total_steps=1, device="cpu"),
-    )
+from tests.workers.cases import (
+    LORA_LR,
+    build_role,
+    make_batch,
+    make_lora_config,
+    with_critic_targets,
+)
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     from workers.engines.fsdp import full_tensor
 
     return {k: full_tensor(v).detach().clone() for k, v in model.state_dict().items()}
-
-
-def build_role(model_path: str, cfg: Config):  # -> TrainRole
-    from workers.train_role import TrainRole
-
-    torch.manual_seed(0)
-    return TrainRole(cfg, model_path, "cpu", 1)
 
 
 def update_twice(role, batch: Batch) -> list[float]:
@@ -66,7 +31,7 @@ def update_twice(role, batch: Batch) -> list[float]:
 
 @pytest.fixture(scope="module")
 def trained(model_path: str, one_rank_group: None):
-    role = build_role(model_path, make_config())
+    role = build_role(model_path, make_lora_config())
     before = full_state(role.actor.model)
     norms = update_twice(role, make_batch())
     return role, before, full_state(role.actor.model), norms
@@ -133,7 +98,7 @@ def test_checkpointing_and_chunked_logprobs_change_nothing(
     trained, model_path: str, one_rank_group: None
 ) -> None:
     _, _, reference, norms = trained
-    role = build_role(model_path, make_config(checkpointing=True, chunk=7, packed=True))
+    role = build_role(model_path, make_lora_config(checkpointing=True, chunk=7, packed=True))
     assert update_twice(role, make_batch()) == pytest.approx(norms, rel=1e-5)
     after = full_state(role.actor.model)
     moved = 0
@@ -141,7 +106,7 @@ def test_checkpointing_and_chunked_logprobs_change_nothing(
         if "lora_" in k:
             # Adam divides by sqrt(v): weights with near-zero gradients amplify summation-order
             # noise, so 5% of a step of size lr (as in tests/workers/test_update.py).
-            torch.testing.assert_close(after[k], v, atol=0.05 * LR, rtol=0)
+            torch.testing.assert_close(after[k], v, atol=0.05 * LORA_LR, rtol=0)
             moved += 1
     assert moved
 
@@ -158,7 +123,7 @@ def test_checkpoint_holds_the_adapters_and_resumes_exactly(
     assert model_keys and all("lora_" in k for k in model_keys), "the frozen base was saved"
     optim_keys = [k for k in saved if k.startswith("optim.state.")]
     assert optim_keys and all("lora_" in k for k in optim_keys)
-    resumed = build_role(model_path, make_config())
+    resumed = build_role(model_path, make_lora_config())
     resumed.load(str(tmp_path / "actor"))
     assert resumed.weights_version == role.weights_version
     batch = make_batch(seed=5)
@@ -174,11 +139,10 @@ def test_critic_lora_trains_adapters_and_its_value_head(
     model_path: str, one_rank_group: None
 ) -> None:
     from rlframe.config import CriticConfig
-    from tests.workers.test_update import with_critic_targets
     from workers.critic import CriticWorker
 
-    cfg = make_config()
-    cfg.critic = CriticConfig(enable=True, lr=LR, lora=LoraConfig(rank=4, alpha=8))
+    cfg = make_lora_config()
+    cfg.critic = CriticConfig(enable=True, lr=LORA_LR, lora=LoraConfig(rank=4, alpha=8))
     critic = CriticWorker(cfg, model_path, "cpu")
     before = full_state(critic.engine.model)
     critic.update(with_critic_targets(make_batch()))

@@ -8,16 +8,14 @@ import pytest
 import torch
 
 from rlframe.config.lora import LoraSync
-from tests.workers.test_lora import build_role
-from tests.workers.test_lora_sync import make_vllm_config
-from tests.workers.test_update import make_batch
+from tests.workers.cases import build_role, make_batch, make_lora_vllm_config
 
 
 @pytest.fixture(scope="module")
 def roles(model_path: str, one_rank_group: None):
     from workers.rollout_role import RolloutRole
 
-    cfg = make_vllm_config(LoraSync.adapter)
+    cfg = make_lora_vllm_config(LoraSync.adapter)
     return build_role(model_path, cfg), RolloutRole(cfg, model_path, "cpu", 0)
 
 

@@ -4,30 +4,18 @@ sync, and a deliberately stale sync is caught and named."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
-from rlframe.config import Config, RolloutConfig
 from rlframe.config.lora import LoraSync
-from tests.workers.test_lora import build_role, make_config
-from tests.workers.test_update import make_batch
-
-
-def make_vllm_config(sync: LoraSync) -> Config:
-    cfg = make_config(rank=8)
-    cfg.model.lora = replace(cfg.model.lora, sync=sync)
-    cfg.rollout = RolloutConfig(engine="vllm", n=4, max_tokens=5, cpu_kv_cache_gb=1)
-    cfg.data.max_prompt_length = 32
-    return cfg
+from tests.workers.cases import build_role, make_batch, make_lora_vllm_config
 
 
 @pytest.fixture(scope="module")
 def roles(model_path: str, one_rank_group: None):
     from workers.rollout_role import RolloutRole
 
-    cfg = make_vllm_config(LoraSync.merged)
+    cfg = make_lora_vllm_config(LoraSync.merged)
     train = build_role(model_path, cfg)
     rollout = RolloutRole(cfg, model_path, "cpu", 0)
     return train, rollout

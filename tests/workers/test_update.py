@@ -13,18 +13,14 @@ from typing import Any
 import pytest
 import torch
 
-from rlframe.config import (
-    ActorConfig,
-    AlgorithmConfig,
-    Config,
-    CriticConfig,
-    DataConfig,
-    ModelConfig,
-    RolloutConfig,
-    TrainerConfig,
-)
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.protocol import Batch
+from tests.workers.cases import (
+    UPDATE_LR,
+    gather_weights,
+    make_batch,
+    make_update_config,
+    with_critic_targets,
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +29,6 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 LOSS_AGGS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-LR = 1e-3
 
 
 def find_free_port() -> int:
@@ -60,64 +55,13 @@ def single_rank_group() -> None:
     set_rank_env(0, 1, find_free_port())
 
 
-def make_config(micro: int, loss_agg: str, kl_coef: float = 0.0, ranks: int = 1) -> Config:
-    return Config(
-        model=ModelConfig(path="tiny:0"),
-        data=DataConfig(batch_size=4),
-        rollout=RolloutConfig(engine="hf", n=4, max_tokens=5),
-        actor=ActorConfig(lr=LR, mini_batch_size=16, micro_batch_size=micro),
-        critic=CriticConfig(enable=True, lr=LR),
-        algorithm=AlgorithmConfig(loss_agg=loss_agg, kl_coef=kl_coef, entropy_coef=0.01),
-        trainer=TrainerConfig(total_steps=1, device="cpu", procs_per_node=ranks),
-    )
-
-
-def make_batch(seed: int = 0) -> Batch:
-    """16 responses of ragged length (one empty) with random advantages."""
-    g = torch.Generator().manual_seed(seed)
-    prompt_ids = torch.randint(3, 40, (16, 4), generator=g)
-    response_ids = torch.randint(3, 40, (16, 5), generator=g)
-    lengths = torch.tensor([5, 1, 3, 0, 2, 5, 4, 1, 5, 2, 3, 3, 1, 5, 4, 2])
-    response_mask = (torch.arange(5)[None] < lengths[:, None]).float()
-    return Batch(
-        {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": torch.ones(16, 4, dtype=torch.long),
-            "response_ids": response_ids,
-            "response_mask": response_mask,
-            "loss_mask": response_mask,
-            "advantages": torch.randn(16, 1, generator=g) * response_mask,
-            "old_logprobs": -3.0 - torch.rand(16, 5, generator=g),
-            "ref_logprobs": -3.0 - torch.rand(16, 5, generator=g),
-        }
-    )
-
-
-def gather_weights(model: torch.nn.Module) -> torch.Tensor:
-    """All parameters, whole (a collective on every rank when they are sharded)."""
-    from workers.engines.fsdp import full_tensor
-
-    return torch.cat([full_tensor(p.detach()).reshape(-1) for p in model.parameters()])
-
-
-def with_critic_targets(batch: Batch) -> Batch:
-    """Old values and returns for a critic update (values far from the returns on some tokens,
-    so both branches of the clipped value loss are taken)."""
-    g = torch.Generator().manual_seed(1)
-    mask = batch["loss_mask"]
-    return batch.with_tensors(
-        values=torch.randn(len(batch), 5, generator=g) * mask,
-        returns=torch.randn(len(batch), 5, generator=g) * mask,
-    )
-
-
 def updated_weights(
     model_path: str, micro: int, loss_agg: str
 ) -> tuple[dict[str, float], torch.Tensor, torch.Tensor]:
     """Metrics of one actor update on the whole batch in this process, weights before and after."""
     from workers.train_worker import TrainWorker
 
-    worker = TrainWorker(make_config(micro, loss_agg, kl_coef=0.1), model_path, "cpu")
+    worker = TrainWorker(make_update_config(micro, loss_agg, kl_coef=0.1), model_path, "cpu")
     before = gather_weights(worker.train_role.actor.model)
     metrics = worker.update(make_batch())
     return metrics, before, gather_weights(worker.train_role.actor.model)
@@ -135,7 +79,7 @@ def test_update_does_not_depend_on_micro_batch_size(model_path: str, loss_agg: s
     assert whole["actor/grad_norm"] == pytest.approx(split["actor/grad_norm"], rel=1e-5)
     # The optimizer stepped: AdamW's first step moves each weight by about lr (m / sqrt(v) is
     # +-1 for any gradient well above eps), so the largest move is lr.
-    assert float((w_whole - w_start).abs().max()) == pytest.approx(LR, rel=0.05)
+    assert float((w_whole - w_start).abs().max()) == pytest.approx(UPDATE_LR, rel=0.05)
     # After one AdamW step: parameters with near-zero gradients amplify summation-order noise
     # (Adam divides by sqrt(v)), so compare to 5% of a step of size lr = 1e-3 (1% failed on
     # one weight of 302,720 in seq-mean-token-mean, 1.7e-5).
@@ -155,10 +99,12 @@ def run_rank(rank: int, port: int, model_path: str, results: Any) -> None:
     out: dict[str, Any] = {}
     try:
         for loss_agg in LOSS_AGGS:
-            worker = TrainWorker(make_config(4, loss_agg, kl_coef=0.1, ranks=2), model_path, "cpu")
+            worker = TrainWorker(
+                make_update_config(4, loss_agg, kl_coef=0.1, ranks=2), model_path, "cpu"
+            )
             metrics = worker.update(make_batch().chunk(2)[rank])
             out[loss_agg] = (metrics, gather_weights(worker.train_role.actor.model))
-        critic = CriticWorker(make_config(4, "token-mean", ranks=2), model_path, "cpu")
+        critic = CriticWorker(make_update_config(4, "token-mean", ranks=2), model_path, "cpu")
         out["critic"] = (
             critic.update(with_critic_targets(make_batch()).chunk(2)[rank]),
             gather_weights(critic.engine.model),
@@ -233,7 +179,7 @@ def test_critic_update_does_not_depend_on_rank_count(
 ) -> None:
     from workers.critic import CriticWorker
 
-    critic = CriticWorker(make_config(4, "token-mean"), model_path, "cpu")
+    critic = CriticWorker(make_update_config(4, "token-mean"), model_path, "cpu")
     one = critic.update(with_critic_targets(make_batch()))
     two, w_two = two_rank_results["critic"]
     assert one["critic/grad_norm"] > 0 and 0 < one["critic/vf_clipfrac"] < 1
@@ -252,7 +198,7 @@ def test_weight_stream_gathers_bucket_by_bucket(two_rank_results: dict[str, Any]
 def test_non_finite_gradient_skips_the_optimizer_step(model_path: str) -> None:
     from workers.train_worker import TrainWorker
 
-    worker = TrainWorker(make_config(4, "token-mean"), model_path, "cpu")
+    worker = TrainWorker(make_update_config(4, "token-mean"), model_path, "cpu")
     start = gather_weights(worker.train_role.actor.model)
     poisoned = make_batch()
     poisoned.tensors["advantages"][0, 0] = float("nan")  # a real (unmasked) token of row 0
@@ -265,7 +211,7 @@ def test_non_finite_gradient_skips_the_optimizer_step(model_path: str) -> None:
     metrics = worker.update(make_batch())
     after = gather_weights(worker.train_role.actor.model)
     assert metrics["actor/skipped_steps"] == 0 and torch.isfinite(after).all()
-    assert float((after - start).abs().max()) == pytest.approx(LR, rel=0.05)
+    assert float((after - start).abs().max()) == pytest.approx(UPDATE_LR, rel=0.05)
 
 
 def test_critic_value_at_t_sees_tokens_up_to_t_only(model_path: str) -> None:
@@ -274,7 +220,7 @@ def test_critic_value_at_t_sees_tokens_up_to_t_only(model_path: str) -> None:
     change values[:, j + 1]."""
     from workers.critic import CriticWorker
 
-    critic = CriticWorker(make_config(4, "token-mean"), model_path, "cpu")
+    critic = CriticWorker(make_update_config(4, "token-mean"), model_path, "cpu")
     batch = make_batch()
     full = torch.ones_like(batch["response_mask"])
     batch = batch.with_tensors(response_mask=full, loss_mask=full)

@@ -1,4 +1,6 @@
-"""Small worker classes that the Ray tests drive through real worker groups."""
+"""Small worker classes that the Ray tests drive through real worker groups, and the rows
+they read. Ray workers cannot import the tests package: tests/ray/conftest.py ships this
+module to them by value."""
 
 from __future__ import annotations
 
@@ -11,6 +13,13 @@ import torch.distributed as dist
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
+
+
+def rows(n: int) -> Batch:
+    """``n`` rows of ``x`` = 0..n-1 tagged ``row<i>``: what the echo workers scale and count."""
+    return Batch(
+        {"x": torch.arange(n, dtype=torch.float32)}, {"tag": [f"row{i}" for i in range(n)]}
+    )
 
 
 class EchoWorker(Worker):
