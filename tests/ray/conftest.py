@@ -1,8 +1,10 @@
-"""Fixtures of the Ray tests: pools and groups of the test workers, torn down after use."""
+"""Fixtures of the Ray tests: pools and groups of the test workers and of the real hybrid,
+training and rollout workers on the tiny model, torn down after use."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from ray import cloudpickle
@@ -10,6 +12,7 @@ from ray import cloudpickle
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker_group import WorkerGroup
 from tests.ray import workers_for_tests
+from tests.ray.factories import TinyGroups
 from tests.ray.workers_for_tests import EchoWorker
 
 # Ray workers cannot import the tests package: ship the test worker classes by value.
@@ -43,3 +46,21 @@ def make_group() -> Iterator:
         for g in groups:
             g.shutdown()
         pool.remove()
+
+
+@pytest.fixture
+def tiny_model_path(tmp_path: Path) -> str:
+    """The tiny model's folder (weights, config, tokenizer), built for this test."""
+    from rlframe.data.tiny_model import resolve_model_path
+
+    return resolve_model_path("tiny:0", cache_dir=tmp_path)
+
+
+@pytest.fixture
+def tiny_hybrid_group(tiny_model_path: str) -> Iterator[TinyGroups]:
+    """Builds groups of the real workers on the tiny model (``tiny_hybrid_group(cfg)``: a
+    :class:`workers.hybrid.HybridWorker` group; see :class:`tests.ray.factories.TinyGroups`)
+    and tears them down after the test."""
+    groups = TinyGroups(tiny_model_path)
+    yield groups
+    groups.tear_down()

@@ -7,38 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlframe.config import (
-    ActorConfig,
-    AlgorithmConfig,
-    Config,
-    DataConfig,
-    ModelConfig,
-    RolloutConfig,
-    TrainerConfig,
-)
-from rlframe.controller.placement import ResourcePool
-from rlframe.controller.worker_group import WorkerGroup
-from rlframe.data.tiny_model import build_tiny_tokenizer, resolve_model_path
-from rlframe.launch import worker_env
-from tests.ray.factories import logprob_gap, prompts_for
+from rlframe.data.tiny_model import build_tiny_tokenizer
+from tests.ray.factories import logprob_gap, prompts_for, tiny_config
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
 MAX_TOKENS = 6
-
-
-def make_config(engine: str, world: int) -> Config:
-    return Config(
-        model=ModelConfig(path="tiny:0"),
-        data=DataConfig(batch_size=4, max_prompt_length=16),
-        # 1 MiB buckets: the tiny model's 1.2 MB of weights take two buckets per sync.
-        rollout=RolloutConfig(
-            engine=engine, n=4, max_tokens=MAX_TOKENS, cpu_kv_cache_gb=1, weight_sync_bucket_mb=1
-        ),
-        actor=ActorConfig(lr=1e-2, mini_batch_size=16, micro_batch_size=16 // world),
-        algorithm=AlgorithmConfig(kl_coef=0.01),
-        trainer=TrainerConfig(total_steps=1, procs_per_node=world, device="cpu"),
-    )
 
 
 def check_rollout(batch, eos: int) -> None:
@@ -52,82 +26,67 @@ def check_rollout(batch, eos: int) -> None:
 
 @pytest.mark.parametrize("engine,world", [("vllm", 2), ("hf", 1)])
 def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(
-    tmp_path: Path, engine: str, world: int
+    tiny_hybrid_group, tiny_model_path: str, engine: str, world: int
 ) -> None:
-    cfg = make_config(engine, world)
-    model_path = resolve_model_path("tiny:0", cache_dir=tmp_path)
-    assert (
-        Path(model_path) / "model.safetensors"
-    ).stat().st_size > 2**20  # more than one sync bucket
-    pool = ResourcePool(nnodes=1, procs_per_node=world, device="cpu", cpus_per_proc=1)
-    pool.create(timeout_s=60)
-    group = WorkerGroup(
-        pool,
-        __import__("workers.hybrid", fromlist=["HybridWorker"]).HybridWorker,
-        role="actor",
-        init_args=(cfg, model_path, "cpu"),
-        call_timeout_s=600,
-        env=worker_env(cfg, "cpu"),
+    # 1 MiB buckets: the tiny model's 1.2 MB of weights take two buckets per sync.
+    cfg = tiny_config(
+        world, rollout={"engine": engine, "weight_sync_bucket_mb": 1}, algorithm={"kl_coef": 0.01}
     )
-    try:
-        eos = build_tiny_tokenizer().eos_token_id
-        prompts = prompts_for(1)
-        batch = prompts.union(group.generate(prompts))
-        check_rollout(batch, eos)
-        before = group.compute_logprobs(batch)["old_logprobs"]
-        gap_before = logprob_gap(batch, before)
+    assert (Path(tiny_model_path) / "model.safetensors").stat().st_size > 2**20
+    group = tiny_hybrid_group(cfg)
+    eos = build_tiny_tokenizer().eos_token_id
+    prompts = prompts_for(1)
+    batch = prompts.union(group.generate(prompts))
+    check_rollout(batch, eos)
+    before = group.compute_logprobs(batch)["old_logprobs"]
+    gap_before = logprob_gap(batch, before)
 
-        # One update with a strong signal moves the weights; the sync must carry the move.
-        mask = batch["response_mask"]
-        train = batch.with_tensors(
-            old_logprobs=before, advantages=torch.linspace(-1, 1, len(batch))[:, None] * mask
-        ).union(group.compute_ref_logprobs(batch))
-        metrics = group.update(train)
-        assert len(metrics) == world and all(m["actor/grad_norm"] > 0 for m in metrics)
+    # One update with a strong signal moves the weights; the sync must carry the move.
+    mask = batch["response_mask"]
+    train = batch.with_tensors(
+        old_logprobs=before, advantages=torch.linspace(-1, 1, len(batch))[:, None] * mask
+    ).union(group.compute_ref_logprobs(batch))
+    metrics = group.update(train)
+    assert len(metrics) == world and all(m["actor/grad_norm"] > 0 for m in metrics)
 
-        # Before the sync the engine still samples from the old weights: the gap shows it.
-        stale_prompts = prompts_for(3)
-        stale = stale_prompts.union(group.generate(stale_prompts))
-        gap_stale = logprob_gap(stale, group.compute_logprobs(stale)["old_logprobs"])
-        assert gap_stale > 1e-3, "a stale rollout engine must show in the log-prob gap"
-        assert group.sync_weights() == [1] * world
+    # Before the sync the engine still samples from the old weights: the gap shows it.
+    stale_prompts = prompts_for(3)
+    stale = stale_prompts.union(group.generate(stale_prompts))
+    gap_stale = logprob_gap(stale, group.compute_logprobs(stale)["old_logprobs"])
+    assert gap_stale > 1e-3, "a stale rollout engine must show in the log-prob gap"
+    assert group.sync_weights() == [1] * world
 
-        after_update = group.compute_logprobs(batch)["old_logprobs"]
-        assert float(((after_update - before).abs() * mask).max()) > 1e-3, (
-            "the update did not change the policy"
-        )
+    after_update = group.compute_logprobs(batch)["old_logprobs"]
+    assert float(((after_update - before).abs() * mask).max()) > 1e-3, (
+        "the update did not change the policy"
+    )
 
-        prompts2 = prompts_for(2)
-        batch2 = prompts2.union(group.generate(prompts2))
-        assert batch2.meta["weights_version"] == 1
-        gap_after = logprob_gap(batch2, group.compute_logprobs(batch2)["old_logprobs"])
+    prompts2 = prompts_for(2)
+    batch2 = prompts2.union(group.generate(prompts2))
+    assert batch2.meta["weights_version"] == 1
+    gap_after = logprob_gap(batch2, group.compute_logprobs(batch2)["old_logprobs"])
 
-        # A second step: the engine goes stale again after the next update, not only the first,
-        # and the second sync (again several buckets) brings it back.
-        before2 = group.compute_logprobs(batch2)["old_logprobs"]
-        train2 = batch2.with_tensors(
-            old_logprobs=before2,
-            advantages=-torch.linspace(-1, 1, len(batch2))[:, None] * batch2["response_mask"],
-        ).union(group.compute_ref_logprobs(batch2))
-        group.update(train2)
-        stale2_prompts = prompts_for(4)
-        stale2 = stale2_prompts.union(group.generate(stale2_prompts))
-        assert stale2.meta["weights_version"] == 1
-        gap_stale2 = logprob_gap(stale2, group.compute_logprobs(stale2)["old_logprobs"])
-        assert gap_stale2 > 1e-3, (
-            "a stale rollout engine must show in the log-prob gap at step 2 too"
-        )
-        assert group.sync_weights() == [2] * world
-        prompts3 = prompts_for(5)
-        batch3 = prompts3.union(group.generate(prompts3))
-        assert batch3.meta["weights_version"] == 2
-        gap_after2 = logprob_gap(batch3, group.compute_logprobs(batch3)["old_logprobs"])
-        print(
-            f"{engine} x{world}: max |rollout - trainer| log-prob gap: fresh {gap_before:.2e}, "
-            f"stale (update without sync) {gap_stale:.2e}, after sync {gap_after:.2e}, "
-            f"stale at step 2 {gap_stale2:.2e}, after the second sync {gap_after2:.2e}"
-        )
-        assert gap_before < 1e-4 and gap_after < 1e-4 and gap_after2 < 1e-4
-    finally:
-        group.shutdown()
-        pool.remove()
+    # A second step: the engine goes stale again after the next update, not only the first,
+    # and the second sync (again several buckets) brings it back.
+    before2 = group.compute_logprobs(batch2)["old_logprobs"]
+    train2 = batch2.with_tensors(
+        old_logprobs=before2,
+        advantages=-torch.linspace(-1, 1, len(batch2))[:, None] * batch2["response_mask"],
+    ).union(group.compute_ref_logprobs(batch2))
+    group.update(train2)
+    stale2_prompts = prompts_for(4)
+    stale2 = stale2_prompts.union(group.generate(stale2_prompts))
+    assert stale2.meta["weights_version"] == 1
+    gap_stale2 = logprob_gap(stale2, group.compute_logprobs(stale2)["old_logprobs"])
+    assert gap_stale2 > 1e-3, "a stale rollout engine must show in the log-prob gap at step 2 too"
+    assert group.sync_weights() == [2] * world
+    prompts3 = prompts_for(5)
+    batch3 = prompts3.union(group.generate(prompts3))
+    assert batch3.meta["weights_version"] == 2
+    gap_after2 = logprob_gap(batch3, group.compute_logprobs(batch3)["old_logprobs"])
+    print(
+        f"{engine} x{world}: max |rollout - trainer| log-prob gap: fresh {gap_before:.2e}, "
+        f"stale (update without sync) {gap_stale:.2e}, after sync {gap_after:.2e}, "
+        f"stale at step 2 {gap_stale2:.2e}, after the second sync {gap_after2:.2e}"
+    )
+    assert gap_before < 1e-4 and gap_after < 1e-4 and gap_after2 < 1e-4

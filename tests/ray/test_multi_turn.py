@@ -3,32 +3,17 @@ the guess-the-number env on the driver."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from rlframe.config import (
-    ActorConfig,
-    AgentConfig,
-    Config,
-    DataConfig,
-    ModelConfig,
-    RolloutConfig,
-    TrainerConfig,
-)
-from rlframe.controller.placement import ResourcePool
-from rlframe.controller.worker_group import WorkerGroup
-from rlframe.data.loader import build_prompt_batch
-from rlframe.data.prompts import load_prompt_records
-from rlframe.data.tiny_model import resolve_model_path
+from rlframe.config import Config
 from rlframe.envs import ChatFormat
-from rlframe.launch import worker_env
 from rlframe.protocol import Batch
 from rlframe.rollout import AgentContext, run_single_turn
 from rlframe.rollout.multi_turn import mix_seed, run_episodes
-from workers.hybrid import HybridWorker
+from tests.ray.factories import prompts_for, tiny_config
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
@@ -36,21 +21,15 @@ WORLD = 2
 
 
 def make_config(max_turns: int) -> Config:
-    return Config(
-        model=ModelConfig(path="tiny:0"),
-        data=DataConfig(task="guess", batch_size=4, max_prompt_length=16),
-        rollout=RolloutConfig(agent="multi_turn", n=4, max_tokens=6, cpu_kv_cache_gb=1),
-        agent=AgentConfig(
-            env="guess_number",
-            env_kwargs={"hint_format": " {hint}:"},
-            max_turns=max_turns,
-            max_tokens_per_turn=2,
-            close_cut_turns=True,
-            max_obs_tokens=16,
-        ),
-        actor=ActorConfig(mini_batch_size=16, micro_batch_size=8),
-        trainer=TrainerConfig(total_steps=1, procs_per_node=WORLD, device="cpu"),
-    )
+    agent = {
+        "env": "guess_number",
+        "env_kwargs": {"hint_format": " {hint}:"},
+        "max_turns": max_turns,
+        "max_tokens_per_turn": 2,
+        "close_cut_turns": True,
+        "max_obs_tokens": 16,
+    }
+    return tiny_config(WORLD, data={"task": "guess"}, rollout={"agent": "multi_turn"}, agent=agent)
 
 
 class Recorder:
@@ -65,91 +44,74 @@ class Recorder:
         return out
 
 
-def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(tmp_path: Path) -> None:
+def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(
+    tiny_hybrid_group, tiny_model_path: str
+) -> None:
     from transformers import AutoTokenizer
 
     cfg = make_config(max_turns=3)
-    model_path = resolve_model_path("tiny:0", cache_dir=tmp_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    pool = ResourcePool(nnodes=1, procs_per_node=WORLD, device="cpu", cpus_per_proc=1)
-    pool.create(timeout_s=60)
-    group = WorkerGroup(
-        pool,
-        HybridWorker,
-        role="actor",
-        init_args=(cfg, model_path, "cpu"),
-        call_timeout_s=600,
-        env=worker_env(cfg, "cpu"),
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    group = tiny_hybrid_group(cfg)
+    prompts = prompts_for(3, task="guess", tokenizer=tokenizer)
+    recorder = Recorder(group.generate)
+    batch = run_episodes(prompts, AgentContext(recorder, tokenizer, cfg))
+
+    # Every engine call's input is the row's prompt + response so far, and what the engine
+    # sampled sits unchanged, with its log-probs, right after it in the final response.
+    seeds = [int(s) for s in prompts["seed"]]
+    for turn, (inputs, out) in enumerate(recorder.calls):
+        for j in range(len(inputs)):
+            row = next(
+                r for r, s in enumerate(seeds) if mix_seed(s, turn) == int(inputs["seed"][j])
+            )
+            prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
+            response = batch["response_ids"][row].tolist()
+            context = inputs["prompt_ids"][j][inputs["prompt_mask"][j].bool()].tolist()
+            start = len(context) - len(prompt)
+            assert context == prompt + response[:start]
+            n = int(out["response_mask"][j].sum())
+            assert out["response_ids"][j, :n].tolist() == response[start : start + n]
+            assert batch["loss_mask"][row, start : start + n].eq(1).all()
+            assert torch.equal(
+                out["rollout_logprobs"][j, :n],
+                batch["rollout_logprobs"][row, start : start + n],
+            )
+    assert len(recorder.calls) >= 2 and batch["agent_turns"].max() >= 2
+
+    # Observations are the template's suffix of the env's feedback (after <eos> closing
+    # the turn).
+    chat = ChatFormat(tokenizer)
+    hints = {
+        tuple(chat.observation_ids([{"role": "user", "content": f" {h}:"}], 16)[0])
+        for h in ("higher", "lower", "invalid")
+    }
+    for row in range(len(batch)):
+        obs = (batch["response_mask"][row] - batch["loss_mask"][row]).bool()
+        segments = torch.nonzero(obs).squeeze(-1).tolist()
+        runs = split_runs(segments)
+        for run in runs:
+            ids = batch["response_ids"][row, run].tolist()
+            ids = ids[1:] if ids[0] == tokenizer.eos_token_id else ids
+            assert tuple(ids) in hints
+
+    trainer = group.compute_logprobs(batch)["old_logprobs"]
+    mask = batch["loss_mask"]
+    gap = float(((trainer - batch["rollout_logprobs"]).abs() * mask).max())
+    print(
+        f"multi-turn x{WORLD}: {int(mask.sum())} sampled tokens, "
+        f"{int((batch['response_mask'] - mask).sum())} observation tokens, "
+        f"turns/mean {batch['agent_turns'].mean():.2f}, "
+        f"max |trainer - vLLM| log-prob {gap:.2e}"
     )
-    try:
-        records = load_prompt_records([], "guess", tokenizer, 16, seed=3, synthetic_size=4)
-        prompts = build_prompt_batch(records, 4, 0, tokenizer.pad_token_id, seed=3)
-        prompts.meta |= {
-            "stop_token_ids": [tokenizer.eos_token_id],
-            "pad_token_id": tokenizer.pad_token_id,
-        }
-        recorder = Recorder(group.generate)
-        batch = run_episodes(prompts, AgentContext(recorder, tokenizer, cfg))
+    assert gap < 1e-4
 
-        # Every engine call's input is the row's prompt + response so far, and what the engine
-        # sampled sits unchanged, with its log-probs, right after it in the final response.
-        seeds = [int(s) for s in prompts["seed"]]
-        for turn, (inputs, out) in enumerate(recorder.calls):
-            for j in range(len(inputs)):
-                row = next(
-                    r for r, s in enumerate(seeds) if mix_seed(s, turn) == int(inputs["seed"][j])
-                )
-                prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
-                response = batch["response_ids"][row].tolist()
-                context = inputs["prompt_ids"][j][inputs["prompt_mask"][j].bool()].tolist()
-                start = len(context) - len(prompt)
-                assert context == prompt + response[:start]
-                n = int(out["response_mask"][j].sum())
-                assert out["response_ids"][j, :n].tolist() == response[start : start + n]
-                assert batch["loss_mask"][row, start : start + n].eq(1).all()
-                assert torch.equal(
-                    out["rollout_logprobs"][j, :n],
-                    batch["rollout_logprobs"][row, start : start + n],
-                )
-        assert len(recorder.calls) >= 2 and batch["agent_turns"].max() >= 2
-
-        # Observations are the template's suffix of the env's feedback (after <eos> closing
-        # the turn).
-        chat = ChatFormat(tokenizer)
-        hints = {
-            tuple(chat.observation_ids([{"role": "user", "content": f" {h}:"}], 16)[0])
-            for h in ("higher", "lower", "invalid")
-        }
-        for row in range(len(batch)):
-            obs = (batch["response_mask"][row] - batch["loss_mask"][row]).bool()
-            segments = torch.nonzero(obs).squeeze(-1).tolist()
-            runs = split_runs(segments)
-            for run in runs:
-                ids = batch["response_ids"][row, run].tolist()
-                ids = ids[1:] if ids[0] == tokenizer.eos_token_id else ids
-                assert tuple(ids) in hints
-
-        trainer = group.compute_logprobs(batch)["old_logprobs"]
-        mask = batch["loss_mask"]
-        gap = float(((trainer - batch["rollout_logprobs"]).abs() * mask).max())
-        print(
-            f"multi-turn x{WORLD}: {int(mask.sum())} sampled tokens, "
-            f"{int((batch['response_mask'] - mask).sum())} observation tokens, "
-            f"turns/mean {batch['agent_turns'].mean():.2f}, "
-            f"max |trainer - vLLM| log-prob {gap:.2e}"
-        )
-        assert gap < 1e-4
-
-        # A one-turn episode samples what single_turn samples (same seed, same context).
-        single_cfg = make_config(max_turns=1)
-        single_cfg.agent.max_tokens_per_turn = 0
-        one = run_episodes(prompts, AgentContext(group.generate, tokenizer, single_cfg))
-        plain = run_single_turn(prompts, AgentContext(group.generate, tokenizer, single_cfg))
-        assert torch.equal(one["response_ids"][:, :6], plain["response_ids"])
-        assert torch.equal(one["loss_mask"][:, :6], plain["loss_mask"])
-    finally:
-        group.shutdown()
-        pool.remove()
+    # A one-turn episode samples what single_turn samples (same seed, same context).
+    single_cfg = make_config(max_turns=1)
+    single_cfg.agent.max_tokens_per_turn = 0
+    one = run_episodes(prompts, AgentContext(group.generate, tokenizer, single_cfg))
+    plain = run_single_turn(prompts, AgentContext(group.generate, tokenizer, single_cfg))
+    assert torch.equal(one["response_ids"][:, :6], plain["response_ids"])
+    assert torch.equal(one["loss_mask"][:, :6], plain["loss_mask"])
 
 
 def split_runs(positions: list[int]) -> list[list[int]]:

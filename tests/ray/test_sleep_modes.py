@@ -14,27 +14,14 @@ the tests also show what happens without the reload.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rlframe.config import (
-    ActorConfig,
-    Config,
-    DataConfig,
-    ModelConfig,
-    RolloutConfig,
-    TrainerConfig,
-)
 from rlframe.controller.dispatch import Dispatch, dispatch
-from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker_group import WorkerGroup
-from rlframe.data.loader import build_prompt_batch
-from rlframe.data.prompts import load_prompt_records
-from rlframe.data.tiny_model import build_tiny_tokenizer, resolve_model_path
-from rlframe.launch import worker_env
 from rlframe.protocol import Batch
+from tests.ray.factories import logprob_gap, prompts_for, tiny_config
 from workers.hybrid import HybridWorker
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -95,34 +82,10 @@ class LoggedHybridWorker(HybridWorker):
         return gap
 
 
-def make_config(engine: str, sleep_level: int) -> Config:
-    return Config(
-        model=ModelConfig(path="tiny:0"),
-        data=DataConfig(batch_size=4, max_prompt_length=16),
-        rollout=RolloutConfig(
-            engine=engine, n=2, max_tokens=4, cpu_kv_cache_gb=1, sleep_level=sleep_level
-        ),
-        actor=ActorConfig(lr=1e-2, mini_batch_size=8, micro_batch_size=8),
-        trainer=TrainerConfig(total_steps=1, procs_per_node=1, device="cpu"),
-    )
-
-
-def make_prompts(seed: int) -> Batch:
-    tok = build_tiny_tokenizer()
-    records = load_prompt_records([], "arithmetic", tok, 16, seed=seed, synthetic_size=4)
-    batch = build_prompt_batch(
-        records, n=2, first_group=0, pad_token_id=tok.pad_token_id, seed=seed
-    )
-    batch.meta |= {"stop_token_ids": [tok.eos_token_id], "pad_token_id": tok.pad_token_id}
-    return batch
-
-
 def generate_and_gap(group: WorkerGroup, seed: int) -> tuple[Batch, float]:
-    prompts = make_prompts(seed)
+    prompts = prompts_for(seed, n=2)
     batch = prompts.union(group.generate(prompts))
-    trainer = group.compute_logprobs(batch)["old_logprobs"]
-    mask = batch["response_mask"]
-    return batch, float(((batch["rollout_logprobs"] - trainer).abs() * mask).max())
+    return batch, logprob_gap(batch, group.compute_logprobs(batch)["old_logprobs"])
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -135,50 +98,38 @@ def ship_test_classes() -> None:
 
 @pytest.mark.parametrize("engine,sleep_level", [("hf", 2), ("vllm", 2), ("hf", 1)])
 def test_generate_without_sync_never_samples_from_discarded_weights(
-    tmp_path: Path, engine: str, sleep_level: int
+    tiny_hybrid_group, engine: str, sleep_level: int
 ) -> None:
-    cfg = make_config(engine, sleep_level)
-    model_path = resolve_model_path("tiny:0", cache_dir=tmp_path)
-    pool = ResourcePool(nnodes=1, procs_per_node=1, device="cpu", cpus_per_proc=1)
-    pool.create(timeout_s=60)
-    group = None
-    try:
-        group = WorkerGroup(
-            pool,
-            LoggedHybridWorker,
-            role="actor",
-            init_args=(cfg, model_path, "cpu"),
-            call_timeout_s=600,
-            env=worker_env(cfg, "cpu"),
+    cfg = tiny_config(
+        1,
+        rollout={"engine": engine, "n": 2, "max_tokens": 4, "sleep_level": sleep_level},
+        actor={"mini_batch_size": 8, "micro_batch_size": 8},
+    )
+    group = tiny_hybrid_group(cfg, LoggedHybridWorker)
+    # Round 1: the engine is awake with the checkpoint's weights; it sleeps afterwards.
+    _, gap = generate_and_gap(group, 1)
+    assert group.take_calls() == [["generate", "sleep"]] and gap < 1e-4
+    # Round 2 with no sync in between (DAPO's second round, ReMax's baseline, critic warm-up).
+    _, gap = generate_and_gap(group, 2)
+    wake = PUSH if sleep_level == 2 else ["wake_up"]
+    assert group.take_calls() == [[*wake, "generate", "sleep"]]
+    assert gap < 1e-4, f"round 2 sampled from weights {gap:.2e} nats away from the trainer's"
+    # A sync (the engine is asleep after generate) pushes once; the generate after it
+    # does not push again.
+    assert group.sync_weights() == [1]
+    _, gap = generate_and_gap(group, 3)
+    assert group.take_calls() == [[*PUSH, "generate", "sleep"]] and gap < 1e-4
+    if engine == "hf":
+        discarded = group.wake_without_reload_gap()[0]
+        print(
+            f"hf level {sleep_level}: engine weights vs actor after a bare wake-up: "
+            f"max gap {discarded:.3g}"
         )
-        # Round 1: the engine is awake with the checkpoint's weights; it sleeps afterwards.
-        _, gap = generate_and_gap(group, 1)
-        assert group.take_calls() == [["generate", "sleep"]] and gap < 1e-4
-        # Round 2 with no sync in between (DAPO's second round, ReMax's baseline, critic warm-up).
-        _, gap = generate_and_gap(group, 2)
-        wake = PUSH if sleep_level == 2 else ["wake_up"]
-        assert group.take_calls() == [[*wake, "generate", "sleep"]]
-        assert gap < 1e-4, f"round 2 sampled from weights {gap:.2e} nats away from the trainer's"
-        # A sync (the engine is asleep after generate) pushes once; the generate after it
-        # does not push again.
-        assert group.sync_weights() == [1]
-        _, gap = generate_and_gap(group, 3)
-        assert group.take_calls() == [[*PUSH, "generate", "sleep"]] and gap < 1e-4
-        if engine == "hf":
-            discarded = group.wake_without_reload_gap()[0]
-            print(
-                f"hf level {sleep_level}: engine weights vs actor after a bare wake-up: "
-                f"max gap {discarded:.3g}"
-            )
-            if sleep_level == 2:
-                # What the old mode machine woke to: the weights are gone...
-                assert discarded > 1e-3 or discarded != discarded
-                # ...and the mode machine restores them before the next generate.
-                _, gap = generate_and_gap(group, 4)
-                assert gap < 1e-4
-            else:
-                assert discarded == 0.0
-    finally:
-        if group is not None:
-            group.shutdown()
-        pool.remove()
+        if sleep_level == 2:
+            # What the old mode machine woke to: the weights are gone...
+            assert discarded > 1e-3 or discarded != discarded
+            # ...and the mode machine restores them before the next generate.
+            _, gap = generate_and_gap(group, 4)
+            assert gap < 1e-4
+        else:
+            assert discarded == 0.0
