@@ -1,8 +1,10 @@
 """Shared pieces of the engine tests (update, LoRA, LoRA sync): configs, a ragged batch,
-critic targets, gathered weights."""
+critic targets, gathered weights, and the gradients an optimizer step is about to apply."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -116,3 +118,54 @@ def gather_weights(model: torch.nn.Module) -> torch.Tensor:
     from workers.engines.fsdp import full_tensor
 
     return torch.cat([full_tensor(p.detach()).reshape(-1) for p in model.parameters()])
+
+
+def fill_lora_b(model: torch.nn.Module, seed: int, scale: float = 0.05) -> None:
+    """Give every LoRA B a seeded random value (it starts at zero, which leaves A without a
+    gradient): the same seed gives two models the same adapters."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                local = p.to_local() if hasattr(p, "to_local") else p  # one rank: the whole
+                local.copy_(torch.randn(local.shape, generator=g) * scale)
+
+
+@contextlib.contextmanager
+def record_step_grads(optimizer: torch.optim.Optimizer) -> Iterator[list[torch.Tensor]]:
+    """Each optimizer step's gradients (clipped, accumulated over the micro-batches, whole:
+    a collective on every rank when sharded), flattened into one tensor per step, taken just
+    before the optimizer applies them.
+
+    Compare these, not the weights after an AdamW step: Adam moves a weight by about
+    ``lr * sign(grad)`` whatever the gradient's size, so a near-zero gradient whose sign
+    flips with the summation order (another CPU, another thread count) moves its weight
+    by up to ``2 * lr``."""
+    from workers.engines.fsdp import full_tensor
+
+    steps: list[torch.Tensor] = []
+
+    def record(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        params = [p for group in opt.param_groups for p in group["params"]]
+        steps.append(torch.cat([full_tensor(p.grad).detach().reshape(-1) for p in params]))
+
+    handle = optimizer.register_step_pre_hook(record)
+    try:
+        yield steps
+    finally:
+        handle.remove()
+
+
+def assert_same_gradient(actual: torch.Tensor, expected: torch.Tensor, ulps: float) -> None:
+    """``actual`` equals ``expected`` up to ``ulps`` fp32 units of ``expected``'s largest
+    element: the rounding of sums taken in another order (micro-batches, ranks, chunks).
+    An error in the maths (a missing token, a wrong normalisation) moves the gradient by a
+    fraction of its size, far above this."""
+    scale = float(expected.abs().max())
+    assert scale > 0, "no gradient to compare"
+    bound = ulps * torch.finfo(torch.float32).eps * scale
+    gap = float((actual - expected).abs().max())
+    assert gap <= bound, (
+        f"gradients differ by {gap:.3g} = {gap / scale / torch.finfo(torch.float32).eps:.0f} "
+        f"ulps of the largest ({scale:.3g}); bound {ulps} ulps"
+    )
