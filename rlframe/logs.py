@@ -222,8 +222,20 @@ def describe_pools(cfg: Any, device: str) -> dict[str, str]:
         lines[f"{prefix}world"] = (
             f"{pool.world_size} rank(s) = {pool.nnodes} node(s) x {pool.procs_per_node}, {holds}"
         )
+        if pool.section == "trainer":
+            lines["mesh"] = describe_mesh(cfg, pool.world_size)
         per_rank = f"{pool.cpus_per_proc} CPU(s)"
         if device == "cuda":
             per_rank = f"1 GPU + {per_rank}"
         lines[f"{prefix}devices"] = f"{device}, {per_rank} per rank"
     return lines
+
+
+def describe_mesh(cfg: Any, world_size: int) -> str:
+    """The training ranks as data x sequence groups (``actor.sequence_parallel_size``)."""
+    sp = cfg.actor.sequence_parallel_size
+    text = f"{world_size // sp} data x {sp} sequence (training)"
+    if cfg.critic.enable and cfg.critic.sequence_parallel_size != sp:
+        critic_sp = cfg.critic.sequence_parallel_size
+        text += f"; critic {world_size // critic_sp} data x {critic_sp} sequence"
+    return text

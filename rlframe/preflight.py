@@ -51,6 +51,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     model_path, tokenizer = load_model_files(cfg)
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
+    check_sequence_parallel(cfg, model_path)
     check_lora_targets(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:
@@ -284,6 +285,39 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
             "agent.max_obs_tokens" if is_multi_turn(cfg.rollout.agent) else "rollout.max_tokens",
             f"{parts} = {longest} tokens exceeds the model's {limit} positions",
         )
+
+
+def check_sequence_parallel(cfg: Config, model_path: str) -> None:
+    """Ulysses hands each rank of a group ``heads / size`` attention heads: the size must
+    divide the model's heads (key/value heads are repeated as needed). Sliding-window layers
+    are refused: the mask the exchange builds is the full causal one."""
+    sizes = {
+        "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size,
+        "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size,
+    }
+    sizes = {k: v for k, v in sizes.items() if v > 1}
+    if not sizes:
+        return
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except Exception:  # a model id whose config is not reachable: the workers will say
+        return
+    config = getattr(config, "text_config", config)
+    heads = getattr(config, "num_attention_heads", None)
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or [])
+    for key, size in sizes.items():
+        if heads is not None and heads % size:
+            raise ConfigError(
+                key, f"{size} must divide the model's {heads} attention heads ({model_path})"
+            )
+        if sliding:
+            raise ConfigError(
+                key, f"{size} > 1 is not supported for models with sliding-window layers"
+            )
 
 
 def describe_load_error(error: BaseException) -> str:

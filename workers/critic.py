@@ -60,7 +60,13 @@ class CriticWorker(Worker):
             count_optimizer_steps(cfg),
         )
         self.engine = FSDPEngine(
-            model_path, cfg.model, spec, device, head="value", lora=cfg.critic.lora
+            model_path,
+            cfg.model,
+            spec,
+            device,
+            head="value",
+            lora=cfg.critic.lora,
+            sequence_parallel_size=c.sequence_parallel_size,
         )
         self.packed = resolve_packing(cfg.actor.pack_sequences, device)
 
@@ -75,6 +81,7 @@ class CriticWorker(Worker):
     @dispatch(Dispatch.DP_SPLIT, reads=reads.VALUE_UPDATE)
     def update(self, batch: Batch) -> dict[str, float]:
         """Regress values on the returns, with the actor's mini-batch and micro-batch sizes."""
+        batch, _ = self.engine.gather_rows(batch, self.cfg.actor.mini_batch_size // self.world_size)
         return run_minibatch_updates(
             self.engine,
             batch,
