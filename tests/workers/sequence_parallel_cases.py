@@ -40,6 +40,20 @@ def gather_optimizer_state(engine) -> dict[str, torch.Tensor]:  # engine: FSDPEn
     }
 
 
+def compute_values(cfg, model: str, share, packed: bool) -> torch.Tensor:
+    """[rows, R] a value model's values of this rank's rows (the critic's engine; its
+    value head initialised from the same seed in every run)."""
+    from workers.engines.fsdp import FSDPEngine
+    from workers.train_role import score_micro_batches
+
+    torch.manual_seed(0)
+    engine = FSDPEngine(
+        model, cfg.model, None, "cpu", head="value",
+        sequence_parallel_size=cfg.actor.sequence_parallel_size,
+    )  # fmt: skip
+    return score_micro_batches(engine, share, cfg.actor, packed, engine.compute_token_values)
+
+
 def compute_sequence_parallel_case(
     case: dict, model_path: str, rank: int, world_size: int
 ) -> dict[str, torch.Tensor | dict[str, float]]:
@@ -52,6 +66,7 @@ def compute_sequence_parallel_case(
 
     case = dict(case)
     model = case.pop("model", model_path)
+    with_values = case.pop("values", False)
     cfg = make_config(world_size=world_size, mini=8, lr=1e-3, **case)
     torch.manual_seed(0)  # the LoRA adapters' initialisation
     role = TrainWorker(cfg, model, "cpu").train_role
@@ -70,6 +85,8 @@ def compute_sequence_parallel_case(
     out["grads"] = gather_trainable(role.actor.model, "grad")
     role.actor.optimizer.zero_grad(set_to_none=True)
 
+    if with_values:
+        out["values"] = gather_rows(compute_values(cfg, model, share, role.packed))
     metrics = role.update(share)
     # The driver's view: each metric averaged over the ranks.
     names = sorted(k for k, v in metrics.items() if isinstance(v, float))

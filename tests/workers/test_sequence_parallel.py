@@ -1,10 +1,10 @@
 """Ulysses sequence parallelism on two real gloo ranks (CPU, fp32): a group of two ranks
-sharing every sequence gives the token log-probs, the gradient, the update metrics
-(entropy and KL included) and the parameters and optimizer state after two optimizer steps
-that two data-parallel ranks give, packed or padded, with chunked log-probs, token budgets,
-gradient checkpointing and LoRA. The tiny model has 2 query heads and 1 key/value head, so
-each rank of the group gets one query head and a repeat of the key/value head; a model with
-4 query and 2 key/value heads gives each rank its own."""
+sharing every sequence gives what two data-parallel ranks give: the token log-probs, a value
+model's values, the gradient, the update metrics (entropy and KL included), and the
+parameters and optimizer state after two optimizer steps; packed or padded, with chunked
+log-probs, token budgets, gradient checkpointing and LoRA. The tiny model has 2 query heads
+and 1 key/value head, so each rank of the group gets one query head and a repeat of the
+key/value head; a model with 4 query and 2 key/value heads gives each rank its own."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from tests.workers.sequence_parallel_cases import compute_sequence_parallel_case
 
 LR = 1e-3
 CASES = [
-    {"micro": 2, "packed": False, "chunk": 3, "loss_agg": "seq-mean-token-mean"},
+    {"micro": 2, "packed": False, "chunk": 3, "loss_agg": "seq-mean-token-mean", "values": True},
     # A budget counts a rank's share: the group's micro-batches hold twice the tokens.
     {"budget": 15, "packed": True, "chunk": 4, "checkpointing": True},
     {"micro": 4, "packed": True, "lora_rank": 4, "loss_agg": "seq-mean-token-sum", "model": "kv2"},
@@ -48,6 +48,9 @@ def test_sequence_parallel_matches_data_parallel(model_path: str, tmp_path) -> N
         msg = lambda m, case=case: f"{case}: {m}"  # noqa: E731
         assert bool((want["logprobs"] < 0).sum() > 50)
         torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=1e-5, msg=msg)
+        if "values" in want:  # the critic's forward
+            assert want["values"].abs().max() > 1e-2
+            torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=1e-5)
         assert want["grads"].abs().max() > 1e-3
         torch.testing.assert_close(got["grads"], want["grads"], atol=1e-5, rtol=1e-5, msg=msg)
         assert set(got["metrics"]) == set(want["metrics"])
