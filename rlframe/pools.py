@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from rlframe import startup
 from rlframe.algorithms.registry import load_class
 from rlframe.config import Config, Placement
 from rlframe.config.placement import resolve_actor_worker_cls, rollout_pool, trainer_pool
@@ -94,6 +95,8 @@ class Launch:
             rollout_tp_size=tp,
         )
         self.groups.append(group)
+        # What the worker start cost, from rank 0's own clock (Python, imports, engines).
+        startup.DRIVER.attach("workers", group.report_startup(), prefix=f"{role} ")
         return group, worker_cls
 
     def shutdown(self) -> None:
