@@ -94,3 +94,11 @@ def test_slices_tile_the_sequence_and_each_token_has_one_owner(packed: bool) -> 
         pad = ~layout.attention_mask.bool()
         real_queries = mask[:, 0, :length, :length][~pad]
         assert not bool((real_queries & pad.repeat_interleave((~pad).sum(1), 0)).any())
+
+
+def test_one_unpadded_sequence_runs_without_a_mask() -> None:
+    from workers.engines.ulysses import SequenceParallel, shard_layout
+
+    # sdpa's causal kernels then never hold [L, L] scores (bench/sequence_parallel.py).
+    layout = build_layout(make_batch().rows([0]), packed=True)
+    assert shard_layout(layout, SequenceParallel(None, 1, 4, "sdpa")).attention_mask is None

@@ -218,8 +218,9 @@ class ShardedLayout:
     position_ids: torch.Tensor
     """[b, L / size] global positions of the slice."""
     attention_mask: torch.Tensor | None
-    """sdpa: [b, 1, L, L] bool, the whole sequence's mask (built once, read by every layer);
-    flash: None (the kernel gets varlen lengths or a padding mask through the shard)."""
+    """sdpa: [b, 1, L, L] bool, the whole sequence's mask (built once, read by every layer),
+    or None for one unpadded sequence (causal); flash: None (the kernel gets varlen lengths
+    or a padding mask through the shard)."""
     shard: SequenceShard
     predict_index: torch.Tensor
     """[n_r] index into the slice's flattened [b * L / size] positions."""
@@ -253,8 +254,8 @@ def build_sdpa_mask(segments: torch.Tensor) -> torch.Tensor:
 
 
 def build_flash_kwargs(segments: torch.Tensor, packed: bool) -> dict[str, Any]:
-    """The flash kernel's view of the whole sequence: varlen lengths for a packed row (the
-    padding tail is a sequence of its own), the padding mask for padded rows."""
+    """The flash kernel's view of the whole sequence: varlen lengths for a packed row, the
+    padding mask for padded rows."""
     if not packed:
         return {"attention_mask": (segments >= 0).long()}
     lengths = torch.unique_consecutive(segments[0], return_counts=True)[1]
@@ -283,12 +284,17 @@ def shard_layout(layout: SequenceLayout, sp: SequenceParallel) -> ShardedLayout:
             pad(position_ids, 0),
             pad(segments, -1),
         )
-        if layout.attention_mask is None:  # the packed tail: one more sequence, alone
-            segments[:, length:] = int(segments.max()) + 1
+        if layout.attention_mask is None:
+            # The packed tail joins the last sequence: it comes after every real token, so
+            # no real token sees it, and it predicts nothing.
+            segments[:, length:] = segments[:, length - 1 : length]
     begin = sp.rank * local
     packed = layout.attention_mask is None
     if sp.kernel == "sdpa":
-        mask, kernel_kwargs = build_sdpa_mask(segments), {}
+        # One sequence without padding (the long-response case) needs no mask: sdpa's
+        # causal kernels then never hold [L, L] scores.
+        single = not bool(segments.any())
+        mask, kernel_kwargs = (None if single else build_sdpa_mask(segments)), {}
     else:
         mask, kernel_kwargs = None, build_flash_kwargs(segments, packed)
     row, col = layout.predict_index // length, layout.predict_index % length
