@@ -2,12 +2,13 @@
 against 2 (issue 33), on two gloo ranks on CPU.
 
 The same update each time: two responses of ``--tokens`` tokens (prompt included) on the tiny
-model (built with room for the length), one response per forward. With
+model (built with ``--layers`` layers and room for the length), one response per forward. With
 ``sequence_parallel_size=1`` each rank runs one whole response; with 2 the two ranks share
 each response, each holding half of it, and run both in turn. Peak memory is each rank's
 process peak resident set (``ru_maxrss``) during the updates above its resident set just
 before them: activations, attention scores and the loss path (the tiny model's weights
-and optimizer state are a few MB).
+and optimizer state are a few MB), allocator caching included; and, exactly, the bytes
+autograd saves for backward in one forward (activation memory).
 
     python bench/sequence_parallel.py                  # 4096 tokens
     python bench/sequence_parallel.py --tokens 8192
@@ -90,6 +91,31 @@ def build_rows(tokens: int, seed: int):  # -> rlframe.protocol.Batch
     )
 
 
+class SavedActivations:
+    """Bytes autograd keeps for backward (distinct storages), the most of any one forward:
+    the activation memory of a micro-batch, free of the allocator's caching."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.bytes = 0
+        self.peak = 0
+
+    def reset(self, *_: object) -> None:
+        self.seen.clear()
+        self.bytes = 0
+
+    def pack(self, tensor):  # -> torch.Tensor
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in self.seen:
+            self.seen.add(storage.data_ptr())
+            self.bytes += storage.nbytes()
+            self.peak = max(self.peak, self.bytes)
+        return tensor
+
+    def unpack(self, tensor):  # -> torch.Tensor
+        return tensor
+
+
 def run_rank(rank: int, port: int, sp: int, tokens: int, model: str, steps: int, out: str):
     """One rank: a warm-up update, then ``steps`` timed updates; writes its figures."""
     os.environ.update(
@@ -104,8 +130,12 @@ def run_rank(rank: int, port: int, sp: int, tokens: int, model: str, steps: int,
     torch.set_num_threads(1)
     worker = TrainWorker(build_config(sp, tokens), model, "cpu")
     rows = build_rows(tokens, seed=rank)
+    saved = SavedActivations()
+    # The FSDP root's forward is one micro-batch's forward.
+    worker.train_role.actor.model.register_forward_pre_hook(saved.reset)
     before = current_rss_bytes()
-    worker.update(rows)
+    with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+        worker.update(rows)
     dist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
@@ -116,6 +146,7 @@ def run_rank(rank: int, port: int, sp: int, tokens: int, model: str, steps: int,
     figures = {
         "rank": rank,
         "peak_extra_mib": (peak - before) / 2**20,
+        "saved_mib": saved.peak / 2**20,
         "update_s": seconds,
         "tokens_per_s": 2 * tokens / seconds,
         "grad_norm": metrics["actor/grad_norm"],
@@ -140,24 +171,33 @@ def measure(sp: int, tokens: int, model: str, steps: int) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=1)
+    # Enough layers that saved activations outweigh one layer's transient buffers.
+    parser.add_argument("--layers", type=int, default=8)
     args = parser.parse_args()
     from rlframe.data.tiny_model import TinyModelSpec, build_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         model = str(Path(tmp, "tiny-long"))
-        build_tiny_model(TinyModelSpec(max_positions=args.tokens), Path(model))
+        build_tiny_model(
+            TinyModelSpec(num_layers=args.layers, max_positions=args.tokens), Path(model)
+        )
         results = {sp: measure(sp, args.tokens, model, args.steps) for sp in (1, 2)}
-    print(f"{args.tokens} tokens per response, 2 responses per update, 2 gloo ranks (CPU)")
     print(
-        f"{'sp':>3} {'peak extra MiB/rank':>20} {'update s':>9} {'tokens/s':>9} {'grad_norm':>10}"
+        f"{args.tokens} tokens per response, 2 responses per update, tiny model with "
+        f"{args.layers} layers, 2 gloo ranks (CPU)"
+    )
+    print(
+        f"{'sp':>3} {'saved activations MiB/rank':>27} {'peak extra MiB/rank':>20} "
+        f"{'update s':>9} {'tokens/s':>9} {'grad_norm':>10}"
     )
     for sp, ranks in results.items():
         peak = max(r["peak_extra_mib"] for r in ranks)
+        saved = max(r["saved_mib"] for r in ranks)
         seconds = max(r["update_s"] for r in ranks)
         print(
-            f"{sp:>3} {peak:>20.0f} {seconds:>9.2f} {2 * args.tokens / seconds:>9.0f} "
-            f"{ranks[0]['grad_norm']:>10.5f}"
+            f"{sp:>3} {saved:>27.1f} {peak:>20.0f} {seconds:>9.2f} "
+            f"{2 * args.tokens / seconds:>9.0f} {ranks[0]['grad_norm']:>10.5f}"
         )
     print(json.dumps({str(k): v for k, v in results.items()}))
 
