@@ -55,7 +55,7 @@ class RewardModelWorker(Worker):
         model = AutoModelForSequenceClassification.from_pretrained(
             model_path,
             dtype=dtype,
-            attn_implementation=pick_attention(device),
+            attn_implementation=pick_attention(device, dtype),
             trust_remote_code=rm.trust_remote_code,
         )
         if model.config.num_labels != 1:

@@ -124,7 +124,9 @@ class TrainRole:
             else None
         )
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
-        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
+        self.packed = resolve_packing(
+            cfg.actor.pack_sequences, device, pick_dtype(cfg.model.dtype, device)
+        )
         self.weights_version = 0
         """The version of the last published weights (0: the checkpoint's)."""
 

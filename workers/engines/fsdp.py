@@ -29,21 +29,29 @@ from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
 T = TypeVar("T")
 
 
-def pick_attention(device: str) -> str:
-    """flash_attention_2 where flash-attn is installed on cuda, else PyTorch's sdpa."""
-    if device == "cuda":
-        try:
-            import flash_attn  # noqa: F401
-
-            return "flash_attention_2"
-        except ImportError:
-            pass
-    return "sdpa"
+def choose_attention(device: str, dtype: torch.dtype, has_flash_attn: bool) -> str:
+    """flash_attention_2 on cuda where flash-attn is installed and the compute dtype is one
+    it runs (bf16/fp16; it rejects fp32), else PyTorch's sdpa."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    return "flash_attention_2" if device == "cuda" and half and has_flash_attn else "sdpa"
 
 
-def resolve_packing(setting: bool | None, device: str) -> bool:
+def pick_attention(device: str, dtype: torch.dtype) -> str:
+    """:func:`choose_attention` for this process (whether flash-attn imports)."""
+    if device != "cuda":
+        return "sdpa"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return "sdpa"
+    return choose_attention(device, dtype, has_flash_attn=True)
+
+
+def resolve_packing(setting: bool | None, device: str, dtype: torch.dtype) -> bool:
     """``actor.pack_sequences``: null packs exactly where flash-attention's varlen kernels run."""
-    return setting if setting is not None else pick_attention(device) == "flash_attention_2"
+    if setting is not None:
+        return setting
+    return pick_attention(device, dtype) == "flash_attention_2"
 
 
 def pick_dtype(setting: str, device: str) -> torch.dtype:
@@ -63,7 +71,7 @@ def load_hf_model(path: str, cfg: ModelConfig, device: str, head: str) -> nn.Mod
 
     kwargs = {
         "dtype": torch.float32,
-        "attn_implementation": pick_attention(device),
+        "attn_implementation": pick_attention(device, pick_dtype(cfg.dtype, device)),
         "trust_remote_code": cfg.trust_remote_code,
     }
     if head == "value":
