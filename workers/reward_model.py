@@ -67,7 +67,8 @@ class RewardModelWorker(Worker):
         if model.config.pad_token_id is None:
             model.config.pad_token_id = self.pad_id  # HF refuses batches > 1 without one
         model.eval()
-        # The policy's sharding (sharded on CPU; ``to(device)`` then moves only the shards).
+        # The policy's sharding. fully_shard moves each unit's full tensors to the device to
+        # cut them, so every rank passes one unit at a time through the device.
         apply_fsdp(model, init_device_mesh(device, (dist.get_world_size(),)), dtype)
         self.model = model.to(device)
 

@@ -24,6 +24,7 @@ from rlframe.config.lora import LoraConfig
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.dtensor_gather import full_tensor
+from workers.engines.rank0_load import load_rank0_state
 from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
 
 T = TypeVar("T")
@@ -61,11 +62,15 @@ def pick_dtype(setting: str, device: str) -> torch.dtype:
     return getattr(torch, setting)
 
 
-def load_hf_model(path: str, cfg: ModelConfig, device: str, head: str) -> nn.Module:
+def load_hf_model(
+    path: str, cfg: ModelConfig, device: str, head: str, weights: bool = True
+) -> nn.Module:
     """The HF model in fp32 master weights (FSDP casts to the compute dtype).
 
     ``head="lm"``: the causal LM. ``head="value"``: the same backbone with a freshly
     initialised scalar head per token (a critic), as ``AutoModelForTokenClassification``.
+    ``weights=False``: the architecture alone on the meta device (no memory, nothing read
+    but the config), for ranks that receive rank 0's weights.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
@@ -74,15 +79,18 @@ def load_hf_model(path: str, cfg: ModelConfig, device: str, head: str) -> nn.Mod
         "attn_implementation": pick_attention(device, pick_dtype(cfg.dtype, device)),
         "trust_remote_code": cfg.trust_remote_code,
     }
+    auto: type = AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if head == "value":
+        auto = AutoModelForTokenClassification
+        config.num_labels = 1
         # No dropout before the value head (HF defaults it to 0.1): values in the update must
         # be those compute_values gave, which the clipped value loss compares them with.
-        config = AutoConfig.from_pretrained(
-            path, num_labels=1, trust_remote_code=cfg.trust_remote_code
-        )
         config.classifier_dropout = 0.0
-        return AutoModelForTokenClassification.from_pretrained(path, config=config, **kwargs)
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if not weights:
+        with torch.device("meta"):
+            return auto.from_config(config, **kwargs)
+    return auto.from_pretrained(path, config=config, **kwargs)
 
 
 # The attribute that holds the decoder blocks in HF models (Llama/Qwen: ``layers``, GPT-2: ``h``).
@@ -116,24 +124,31 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> 
 def build_train_model(
     path: str, cfg: ModelConfig, device: str, head: str = "lm", lora: LoraConfig | None = None
 ) -> nn.Module:
-    """Load, then (1) LoRA adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) move
-    to the device.
+    """Load, then (1) LoRA adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) the
+    local shards on the device.
 
     Adapters come first so that checkpointing and sharding see the adapted layers (each
     layer's shard holds its adapters); checkpointing wraps the layers before sharding so
-    that FSDP's hooks see the wrapped modules; sharding happens on CPU and ``to(device)``
-    then moves only the local shards.
+    that FSDP's hooks see the wrapped modules. With several ranks only rank 0 reads the
+    checkpoint into host memory; the others build the model on the meta device and receive
+    their shards from rank 0 (host memory: one full model per node, not one per rank).
     """
-    model = load_hf_model(path, cfg, device, head)
+    spread = dist.get_world_size() > 1
+    rank0 = dist.get_rank() == 0
+    model = load_hf_model(path, cfg, device, head, weights=rank0 or not spread)
     if lora is not None and lora.enabled:
         from workers.engines.lora import apply_lora
 
         model = apply_lora(model, lora, head)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Taken before sharding: the full tensors stay referenced here until they are sent.
+    full_state = model.state_dict() if spread and rank0 else {}
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     apply_fsdp(model, mesh, pick_dtype(cfg.dtype, device))
-    return model.to(device)
+    if not spread:
+        return model.to(device)
+    return load_rank0_state(model, full_state, device)
 
 
 @dataclass(frozen=True)
