@@ -63,9 +63,15 @@ def pick_dtype(setting: str, device: str) -> torch.dtype:
 
 
 def load_hf_model(
-    path: str, cfg: ModelConfig, device: str, head: str, weights: bool = True
+    path: str,
+    cfg: ModelConfig,
+    device: str,
+    head: str,
+    weights: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
-    """The HF model in fp32 master weights (FSDP casts to the compute dtype).
+    """The HF model in ``dtype``: fp32 master weights for a model that trains (FSDP casts to
+    the compute dtype), the compute dtype for a frozen one.
 
     ``head="lm"``: the causal LM. ``head="value"``: the same backbone with a freshly
     initialised scalar head per token (a critic), as ``AutoModelForTokenClassification``.
@@ -75,7 +81,7 @@ def load_hf_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     kwargs = {
-        "dtype": torch.float32,
+        "dtype": dtype,
         "attn_implementation": pick_attention(device, pick_dtype(cfg.dtype, device)),
         "trust_remote_code": cfg.trust_remote_code,
     }
@@ -122,7 +128,12 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> 
 
 
 def build_train_model(
-    path: str, cfg: ModelConfig, device: str, head: str = "lm", lora: LoraConfig | None = None
+    path: str,
+    cfg: ModelConfig,
+    device: str,
+    head: str = "lm",
+    lora: LoraConfig | None = None,
+    frozen: bool = False,
 ) -> nn.Module:
     """Load, then (1) LoRA adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) the
     local shards on the device.
@@ -135,7 +146,9 @@ def build_train_model(
     """
     spread = dist.get_world_size() > 1
     rank0 = dist.get_rank() == 0
-    model = load_hf_model(path, cfg, device, head, weights=rank0 or not spread)
+    # A frozen model (the reference) needs no fp32 master copy: half the memory in bf16.
+    dtype = pick_dtype(cfg.dtype, device) if frozen else torch.float32
+    model = load_hf_model(path, cfg, device, head, weights=rank0 or not spread, dtype=dtype)
     if lora is not None and lora.enabled:
         from workers.engines.lora import apply_lora
 
@@ -247,7 +260,7 @@ class FSDPEngine:
         lora: LoraConfig | None = None,
     ):
         self.device = device
-        self.model = build_train_model(path, model_cfg, device, head, lora)
+        self.model = build_train_model(path, model_cfg, device, head, lora, frozen=optim is None)
         self.optimizer: torch.optim.Optimizer | None = None
         # Under LoRA only the adapters require grad: the optimizer holds only them.
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -329,7 +342,9 @@ class FSDPEngine:
         self.model.to(device)
         for state in self.optimizer.state.values() if self.optimizer else []:
             for k, v in state.items():
-                if isinstance(v, torch.Tensor):
+                # AdamW's step counts stay on the host: on the GPU, every step would read each
+                # parameter's count back (one host sync per parameter).
+                if isinstance(v, torch.Tensor) and k != "step":
                     state[k] = v.to(device, non_blocking=True)
 
 
