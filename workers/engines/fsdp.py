@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,13 +19,15 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlframe.algorithms.losses import LossScale
-from rlframe.config import ActorConfig, ModelConfig
-from rlframe.config.lora import LoraConfig
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.dtensor_gather import full_tensor
 from workers.engines.rank0_load import load_rank0_state
 from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
+
+if TYPE_CHECKING:  # the config package needs omegaconf, which bench/gpu_check.py goes without
+    from rlframe.config import ActorConfig, ModelConfig
+    from rlframe.config.lora import LoraConfig
 
 T = TypeVar("T")
 
