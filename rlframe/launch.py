@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlframe import startup
 from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_logs, write_hf_config
 from rlframe.config import Config, Placement
 from rlframe.controller.cluster import init_ray, resolve_device
@@ -79,6 +80,20 @@ def build_producer(
     return producer, producer.track_sync(workers.sync_weights)
 
 
+def describe_finished_run(history: list[dict[str, float]], out: Path) -> str:
+    """The run's last console line: steps, wall time, the reward trend, where outputs are."""
+    wall = startup.DRIVER.total_since_origin()
+    text = f"rlframe: done: {len(history)} step(s) in {wall:.0f} s"
+    rewards = [m["reward/mean"] for m in history if "reward/mean" in m]
+    if rewards:
+        head, tail = rewards[:5], rewards[-5:]
+        text += (
+            f"; reward {sum(head) / len(head):.3f} (first {len(head)}) -> "
+            f"{sum(tail) / len(tail):.3f} (last {len(tail)})"
+        )
+    return text + f"; outputs in {out.resolve()}"
+
+
 def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     """Start or join Ray, place the workers, train, and tear everything down.
 
@@ -96,6 +111,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     tracker, experience, launch = None, None, None
     try:
         started = init_ray(cfg.ray)
+        startup.DRIVER.mark("ray")
         install_interrupt_handlers()  # again: Ray's replaced ours for SIGTERM
         import ray
 
@@ -116,6 +132,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             [],
         )
         workers = start_workers(launch)
+        startup.DRIVER.mark("workers")
         actor, critic = workers.actor, workers.critic
         tracker = Tracker(
             out,
@@ -159,7 +176,11 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             # A separate rollout pool loaded the model itself; from now on it holds exactly
             # the trainer's weights (the resumed ones, under their version).
             workers.push_current()
-        return trainer.fit()
+            startup.DRIVER.mark("first_sync")
+        startup.report_first_step(trainer.step_count + 1)
+        history = trainer.fit()
+        print(describe_finished_run(history, out), flush=True)
+        return history
     finally:
         if experience is not None:
             experience.close()

@@ -21,6 +21,7 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from rlframe import startup
 from rlframe.config import Config, ConfigError, build_config
 from rlframe.config.checks import RENAMED_KEYS, check_renamed_key, first_line, list_dotted_keys
 
@@ -205,6 +206,7 @@ def run(cfg: Config) -> None:
     try:
         lock_run_dir(cfg.trainer.output_dir)  # before anything reads or writes the folder
         inputs = check_run_inputs(cfg)
+        startup.DRIVER.mark("preflight")
         run_training(cfg, inputs)
     except ConfigError as e:
         say_error(f"rlframe: config error: {e}")
@@ -236,10 +238,12 @@ def hydra_main(tree: DictConfig) -> None:
     except ConfigError as e:
         print(f"rlframe: config error: {e}", file=sys.stderr)
         sys.exit(2)
+    startup.DRIVER.mark("config")
     run(cfg)
 
 
 def main() -> None:
+    startup.begin_driver_clock()
     try:
         check_override_keys(sys.argv[1:])
         check_override_types(sys.argv[1:])

@@ -10,6 +10,7 @@ traceback after Ray and vLLM have started.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,10 +217,26 @@ def check_openai_entry(cfg: Config) -> None:
 
     if not cfg.agent.entry:
         raise ConfigError("agent.entry", "rollout.agent=openai needs the agent's function")
+    check_server_port(cfg.agent.server_host, cfg.agent.server_port)
     try:
         load_function(cfg.agent.entry)
     except Exception as e:
         raise ConfigError("agent.entry", describe_load_error(e)) from None
+
+
+def check_server_port(host: str, port: int) -> None:
+    """A fixed ``agent.server_port`` is free on ``agent.server_host`` (0: the OS picks one)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio binds
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ConfigError(
+                "agent.server_port", f"cannot listen on {host}:{port}: {e.strerror or e}"
+            ) from None
 
 
 def check_agent(cfg: Config, tokenizer: Any) -> None:

@@ -54,6 +54,14 @@ def lock_run_dir(output_dir: str | Path) -> None:
     HELD[out] = fd
 
 
+def release_run_dir(output_dir: str | Path) -> None:
+    """Give up this process's lock on the folder (for a process that runs several runs one
+    after another, such as a notebook or the test harness; a CLI run keeps it until exit)."""
+    fd = HELD.pop(Path(output_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
 def never_finished_a_step(output_dir: Path) -> bool:
     """True when the folder's run logged no step and saved no checkpoint: free to reuse."""
     metrics = output_dir / "metrics.jsonl"

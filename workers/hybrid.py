@@ -27,9 +27,12 @@ class HybridWorker(Worker):
         super().__init__()
         # Before the engines: vLLM adopts this process group as its world.
         self.init_process_group(device)
+        self.startup.mark("process_group")
         torch.manual_seed(cfg.trainer.seed)
         self.train_role = TrainRole(cfg, model_path, device, self.world_size)
+        self.startup.mark("train_engine")
         self.rollout_role = RolloutRole(cfg, model_path, device, self.rank)
+        self.startup.mark("rollout_engine")
         self.sink = InProcessSink(self.rollout_role)
         # LoRA syncs are where engines silently keep old weights: check each one arrived.
         lora = cfg.model.lora

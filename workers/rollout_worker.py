@@ -28,8 +28,10 @@ class RolloutWorker(Worker):
         self.sync_timeout_s = cfg.ray.call_timeout_s
         # Before the engine: vLLM adopts this pool's process group as its world.
         self.init_process_group(device)
+        self.startup.mark("process_group")
         torch.manual_seed(cfg.trainer.seed)
         self.rollout_role = RolloutRole(cfg, model_path, device, self.rank)
+        self.startup.mark("rollout_engine")
         self.receiver: BroadcastReceiver | None = None
 
     @dispatch(Dispatch.ONE_TO_ALL)

@@ -28,8 +28,10 @@ class TrainWorker(Worker):
         # mode: the rollout pool finishes its running call first).
         self.sync_timeout_s = cfg.ray.call_timeout_s
         self.init_process_group(device)
+        self.startup.mark("process_group")
         torch.manual_seed(cfg.trainer.seed)
         self.train_role = TrainRole(cfg, model_path, device, self.world_size)
+        self.startup.mark("train_engine")
         self.sender: BroadcastSender | None = None
 
     @dispatch(Dispatch.ONE_TO_ALL)
