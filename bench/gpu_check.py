@@ -29,6 +29,7 @@ import socket
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -88,7 +89,8 @@ class Check:
         try:
             figures = section(self)
         except Exception as e:  # noqa: BLE001 - recorded, and the other sections still run
-            figures = {"passed": False, "error": f"{type(e).__name__}: {e}"}
+            where = traceback.format_exception(e)[-6:-1]
+            figures = {"passed": False, "error": f"{type(e).__name__}: {e}", "where": where}
         figures["seconds"] = round(time.perf_counter() - start, 2)
         self.results[name] = figures
         self.out.write_text(json.dumps(self.results, indent=2))
