@@ -144,7 +144,7 @@ def build_train_model(
     layer's shard holds its adapters); checkpointing wraps the layers before sharding so
     that FSDP's hooks see the wrapped modules. With several ranks only rank 0 reads the
     checkpoint into host memory; the others build the model on the meta device and receive
-    their shards from rank 0 (host memory: one full model per node, not one per rank).
+    their shards from rank 0 (host memory: one full model, on rank 0, not one per rank).
     """
     spread = dist.get_world_size() > 1
     rank0 = dist.get_rank() == 0
