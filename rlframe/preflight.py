@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlframe.config import Config, ConfigError, Placement, first_line
+from rlframe.config import Config, ConfigError, Device, Placement, first_line
 from rlframe.data.prompts import PromptRecord
 
 
@@ -186,8 +186,9 @@ def list_worker_roles(cfg: Config) -> list[tuple[str, str, type]]:
 
 
 def check_local_pools(cfg: Config) -> None:
-    """When this run starts its own one-machine Ray: the worker pools fit the machine."""
-    from rlframe.config.placement import check_pools_fit
+    """When this run starts its own one-machine Ray: the worker pools fit the machine (its
+    CPUs, and its GPUs when the run will train on them)."""
+    from rlframe.config.placement import check_pools_fit, check_pools_gpus
     from rlframe.controller.cluster import will_start_local_ray
 
     if not will_start_local_ray(cfg.ray):
@@ -197,6 +198,18 @@ def check_local_pools(cfg: Config) -> None:
     else:
         cpus, source = os.cpu_count() or 1, "this machine's CPUs; ray.num_cpus overrides"
         check_pools_fit(cfg.rollout, cfg.trainer, cpus, source)
+    gpus = count_local_gpus()
+    # trainer.device=auto trains on the GPUs the local Ray will find, if there are any.
+    if cfg.trainer.device is Device.cuda or (cfg.trainer.device is Device.auto and gpus > 0):
+        check_pools_gpus(cfg.rollout, cfg.trainer, gpus, "the GPUs this process can see")
+
+
+def count_local_gpus() -> int:
+    """GPUs a Ray started here will advertise: those CUDA_VISIBLE_DEVICES leaves visible.
+    torch counts them through NVML without creating a CUDA context."""
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def check_openai_entry(cfg: Config) -> None:

@@ -18,7 +18,13 @@ from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import build_layout
 from workers.engines.checkpointing import load_engine, save_engine
-from workers.engines.fsdp import FSDPEngine, OptimizerSpec, resolve_packing, run_minibatch_updates
+from workers.engines.fsdp import (
+    FSDPEngine,
+    OptimizerSpec,
+    pick_dtype,
+    resolve_packing,
+    run_minibatch_updates,
+)
 from workers.train_role import (
     backward_summed_over_ranks,
     count_optimizer_steps,
@@ -68,7 +74,9 @@ class CriticWorker(Worker):
             lora=cfg.critic.lora,
             sequence_parallel_size=c.sequence_parallel_size,
         )
-        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
+        self.packed = resolve_packing(
+            cfg.actor.pack_sequences, device, pick_dtype(cfg.model.dtype, device)
+        )
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
     def compute_values(self, batch: Batch) -> Batch:

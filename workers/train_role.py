@@ -130,7 +130,9 @@ class TrainRole:
             else None
         )
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
-        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
+        self.packed = resolve_packing(
+            cfg.actor.pack_sequences, device, pick_dtype(cfg.model.dtype, device)
+        )
         self.weights_version = 0
         """The version of the last published weights (0: the checkpoint's)."""
 
@@ -287,11 +289,17 @@ class TrainRole:
     def offload(self) -> None:
         """Free the device for the rollout engine (``actor.offload``; cuda only)."""
         if self.cfg.actor.offload:
-            self.actor.offload()
+            for engine in self.list_engines():
+                engine.offload()
 
     def reload(self) -> None:
         if self.cfg.actor.offload:
-            self.actor.reload()
+            for engine in self.list_engines():
+                engine.reload()
+
+    def list_engines(self) -> list[FSDPEngine]:
+        """The policy and, when there is one, the reference: both leave the device."""
+        return [self.actor] + ([self.ref] if self.ref is not None else [])
 
     def save(self, path: str) -> None:
         """This rank's shards of the policy, its optimizer and LR schedule, and the weights

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -19,8 +19,6 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlframe.algorithms.losses import LossScale
-from rlframe.config import ActorConfig, ModelConfig
-from rlframe.config.lora import LoraConfig
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.dtensor_gather import full_tensor
@@ -30,6 +28,7 @@ from workers.engines.layout_forward import (  # noqa: F401 (re-exported: the eng
     compute_layout_values,
     run_as_root_forward,
 )
+from workers.engines.rank0_load import load_rank0_state
 from workers.engines.token_logprobs import TokenLogprobs
 from workers.engines.ulysses import (
     SequenceParallel,
@@ -38,24 +37,34 @@ from workers.engines.ulysses import (
     register_ulysses_attention,
 )
 
-T = TypeVar("T")
+if TYPE_CHECKING:  # the config package needs omegaconf, which bench/gpu_check.py goes without
+    from rlframe.config import ActorConfig, ModelConfig
+    from rlframe.config.lora import LoraConfig
 
 
-def pick_attention(device: str) -> str:
-    """flash_attention_2 where flash-attn is installed on cuda, else PyTorch's sdpa."""
-    if device == "cuda":
-        try:
-            import flash_attn  # noqa: F401
-
-            return "flash_attention_2"
-        except ImportError:
-            pass
-    return "sdpa"
+def choose_attention(device: str, dtype: torch.dtype, has_flash_attn: bool) -> str:
+    """flash_attention_2 on cuda where flash-attn is installed and the compute dtype is one
+    it runs (bf16/fp16; it rejects fp32), else PyTorch's sdpa."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    return "flash_attention_2" if device == "cuda" and half and has_flash_attn else "sdpa"
 
 
-def resolve_packing(setting: bool | None, device: str) -> bool:
+def pick_attention(device: str, dtype: torch.dtype) -> str:
+    """:func:`choose_attention` for this process (whether flash-attn imports)."""
+    if device != "cuda":
+        return "sdpa"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return "sdpa"
+    return choose_attention(device, dtype, has_flash_attn=True)
+
+
+def resolve_packing(setting: bool | None, device: str, dtype: torch.dtype) -> bool:
     """``actor.pack_sequences``: null packs exactly where flash-attention's varlen kernels run."""
-    return setting if setting is not None else pick_attention(device) == "flash_attention_2"
+    if setting is not None:
+        return setting
+    return pick_attention(device, dtype) == "flash_attention_2"
 
 
 def pick_dtype(setting: str, device: str) -> torch.dtype:
@@ -66,30 +75,42 @@ def pick_dtype(setting: str, device: str) -> torch.dtype:
 
 
 def load_hf_model(
-    path: str, cfg: ModelConfig, device: str, head: str, attention: str | None = None
+    path: str,
+    cfg: ModelConfig,
+    device: str,
+    head: str,
+    attention: str | None = None,
+    weights: bool = True,
+    dtype: torch.dtype = torch.float32,
 ) -> nn.Module:
-    """The HF model in fp32 master weights (FSDP casts to the compute dtype).
+    """The HF model in ``dtype``: fp32 master weights for a model that trains (FSDP casts to
+    the compute dtype), the compute dtype for a frozen one.
 
     ``head="lm"``: the causal LM. ``head="value"``: the same backbone with a freshly
     initialised scalar head per token (a critic), as ``AutoModelForTokenClassification``.
     ``attention``: a registered attention implementation (default :func:`pick_attention`).
+    ``weights=False``: the architecture alone on the meta device (no memory, nothing read
+    but the config), for ranks that receive rank 0's weights.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     kwargs = {
-        "dtype": torch.float32,
-        "attn_implementation": attention or pick_attention(device),
+        "dtype": dtype,
+        "attn_implementation": attention or pick_attention(device, pick_dtype(cfg.dtype, device)),
         "trust_remote_code": cfg.trust_remote_code,
     }
+    auto: type = AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if head == "value":
+        auto = AutoModelForTokenClassification
+        config.num_labels = 1
         # No dropout before the value head (HF defaults it to 0.1): values in the update must
         # be those compute_values gave, which the clipped value loss compares them with.
-        config = AutoConfig.from_pretrained(
-            path, num_labels=1, trust_remote_code=cfg.trust_remote_code
-        )
         config.classifier_dropout = 0.0
-        return AutoModelForTokenClassification.from_pretrained(path, config=config, **kwargs)
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if not weights:
+        with torch.device("meta"):
+            return auto.from_config(config, **kwargs)
+    return auto.from_pretrained(path, config=config, **kwargs)
 
 
 # The attribute that holds the decoder blocks in HF models (Llama/Qwen: ``layers``, GPT-2: ``h``).
@@ -127,27 +148,41 @@ def build_train_model(
     head: str = "lm",
     lora: LoraConfig | None = None,
     sp: SequenceParallel | None = None,
+    frozen: bool = False,
 ) -> nn.Module:
     """Load (with the Ulysses attention wrapper under sequence parallelism), then (1) LoRA
-    adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) move to the device.
+    adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) the local shards on the
+    device.
 
     Adapters come first so that checkpointing and sharding see the adapted layers (each
     layer's shard holds its adapters); checkpointing wraps the layers before sharding so
-    that FSDP's hooks see the wrapped modules; sharding happens on CPU and ``to(device)``
-    then moves only the local shards. Parameters are sharded over all ranks whatever the
-    sequence-parallel size: the sequence groups share activations, not weights.
+    that FSDP's hooks see the wrapped modules. With several ranks only rank 0 reads the
+    checkpoint into host memory; the others build the model on the meta device and receive
+    their shards from rank 0 (host memory: one full model, on rank 0, not one per rank).
+    Parameters are sharded over all ranks whatever the sequence-parallel size: the sequence
+    groups share activations, not weights.
     """
+    spread = dist.get_world_size() > 1
+    rank0 = dist.get_rank() == 0
+    # A frozen model (the reference) needs no fp32 master copy: half the memory in bf16.
+    dtype = pick_dtype(cfg.dtype, device) if frozen else torch.float32
     attention = register_ulysses_attention(sp.kernel) if sp is not None else None
-    model = load_hf_model(path, cfg, device, head, attention)
+    model = load_hf_model(
+        path, cfg, device, head, attention, weights=rank0 or not spread, dtype=dtype
+    )
     if lora is not None and lora.enabled:
         from workers.engines.lora import apply_lora
 
         model = apply_lora(model, lora, head)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Taken before sharding: the full tensors stay referenced here until they are sent.
+    full_state = model.state_dict() if spread and rank0 else {}
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     apply_fsdp(model, mesh, pick_dtype(cfg.dtype, device))
-    return model.to(device)
+    if not spread:
+        return model.to(device)
+    return load_rank0_state(model, full_state, device)
 
 
 @dataclass(frozen=True)
@@ -196,8 +231,13 @@ class FSDPEngine:
         sequence_parallel_size: int = 1,
     ):
         self.device = device
-        self.sp = build_sequence_parallel(sequence_parallel_size, device, pick_attention(device))
-        self.model = build_train_model(path, model_cfg, device, head, lora, self.sp)
+        compute_dtype = pick_dtype(model_cfg.dtype, device)
+        self.sp = build_sequence_parallel(
+            sequence_parallel_size, device, pick_attention(device, compute_dtype)
+        )
+        self.model = build_train_model(
+            path, model_cfg, device, head, lora, self.sp, frozen=optim is None
+        )
         self.optimizer: torch.optim.Optimizer | None = None
         # Under LoRA only the adapters require grad: the optimizer holds only them.
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -290,7 +330,9 @@ class FSDPEngine:
         self.model.to(device)
         for state in self.optimizer.state.values() if self.optimizer else []:
             for k, v in state.items():
-                if isinstance(v, torch.Tensor):
+                # AdamW's step counts stay on the host: on the GPU, every step would read each
+                # parameter's count back (one host sync per parameter).
+                if isinstance(v, torch.Tensor) and k != "step":
                     state[k] = v.to(device, non_blocking=True)
 
 

@@ -26,9 +26,12 @@ def run_as_root_forward(model: nn.Module, fn: Callable[[], T]) -> T:
     outside that forward is only this rank's shard. So the backbone and the chunked head run
     inside one call of the root module, with ``fn`` standing in for its ``forward``.
     """
-    model.forward = fn  # an instance attribute shadows the class's forward for this call
+    # An instance attribute shadows the class's forward for this call. The call passes one
+    # keyword: before torch 2.13 FSDP2's root pre-forward moves the inputs to the device and
+    # indexes the result, which fails (IndexError) on a call without any (CUDA only).
+    model.forward = lambda **_: fn()
     try:
-        return model()
+        return model(root_call=True)
     finally:
         del model.forward
 
