@@ -72,7 +72,8 @@ def check_startup_and_closing_lines(
     lines = console.splitlines()
     began = [line for line in lines if line.startswith("rlframe: step 1 began ")]
     assert len(began) == 1 and lines.index(began[0]) < lines.index(run_steps(lines)[0])
-    for phase in ("config ", "preflight ", "ray ", "workers ", "(actor boot ", "actor rollout_engine"):
+    phases = ("config ", "preflight ", "ray ", "workers ", "(actor boot ", "actor rollout_engine")
+    for phase in phases:
         assert phase in began[0], phase
     assert ("critic boot" in began[0]) == critic
     first, last = mean_reward_gain(metrics)
