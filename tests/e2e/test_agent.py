@@ -30,6 +30,9 @@ def run_agent(out_dir: Path, *overrides: str) -> list[dict]:
 
 
 def test_agent_tiny_learns_to_play(tmp_path: Path) -> None:
+    """The default tier's learning proof of multi-turn episodes: the whole recipe, since
+    learning (+0.2 reward) is the claim; over 120 s on 2 cores because an episode is up to
+    four engine turns a step."""
     metrics = run_agent(tmp_path / "run")
     first, last = mean_reward_gain(metrics)
     gap = max(m["rollout/logprob_diff"] for m in metrics)

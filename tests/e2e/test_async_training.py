@@ -29,6 +29,8 @@ RECOMMENDED = ("separate", "decoupled")
     ],
 )
 def test_grpo_tiny_learns_at_staleness_one(tmp_path: Path, placement: str, correction: str) -> None:
+    """The default tier's learning proof of asynchronous training (separate, decoupled): the
+    whole 150-step recipe, since learning from stale batches is the claim (over 120 s)."""
     metrics = run_recipe(
         tmp_path / "run",
         "rollout.max_staleness=1",
@@ -89,7 +91,8 @@ def test_sync_behind_a_long_call_with_many_requests_does_not_deadlock(tmp_path: 
     """Separate placement, staleness 2: 1024 requests in flight (64 prompts x 16) when the
     update ends, so each weight sync waits behind a whole generation call on the rollout
     worker. A slow trainer (4 epochs of small mini-batches) and a fast one both finish well
-    inside a short call timeout."""
+    inside a short call timeout. Two runs, since the deadlock depends on which side is slow;
+    over 120 s on 2 cores."""
     for name, epochs in (("slow_trainer", 4), ("fast_trainer", 1)):
         metrics = run_recipe(
             tmp_path / name,

@@ -15,6 +15,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 @pytest.mark.parametrize("sync", ["adapter", pytest.param("merged", marks=pytest.mark.matrix)])
 def test_lora_recipe_learns(tmp_path: Path, sync: str) -> None:
+    """The default tier's learning proof of LoRA (adapter sync): the whole recipe, since
+    learning through adapters alone is the claim."""
     metrics = run_recipe(
         tmp_path / "run", f"model.lora.sync={sync}", recipe="grpo_tiny_lora"
     ).metrics

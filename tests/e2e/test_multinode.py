@@ -23,6 +23,8 @@ COMMON = [
 
 
 def test_two_nodes_place_one_rank_each_and_learn_like_one_node(tmp_path: Path) -> None:
+    """Over 120 s: a two-node cluster of its own (two raylets) must start, and two 6-step
+    runs compared (the one-node run on the session's cluster, in-process)."""
     result_path = tmp_path / "two_nodes.json"
     subprocess.run(
         [

@@ -28,6 +28,9 @@ def test_the_example_agent_imports_only_the_openai_client() -> None:
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_openai_agent_tiny_learns(tmp_path: Path) -> None:
+    """The default tier's learning proof of the OpenAI-compatible endpoint: 40 steps, each
+    episode a real ``openai`` client talking HTTP to the run's endpoint; over 120 s because
+    the client's request handling and the server share the driver's one interpreter."""
     out = tmp_path / "run"
     metrics = run_recipe(out, f"trainer.total_steps={STEPS}", recipe="openai_agent_tiny").metrics
     first, last = mean_reward_gain(metrics)

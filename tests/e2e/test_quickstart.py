@@ -35,6 +35,9 @@ ACTOR_WAIT_STEPS = 2  # steps in which ppo_tiny's actor waits for the critic
 
 @pytest.mark.parametrize("recipe", ["grpo_tiny", "ppo_tiny"])
 def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
+    """The default tier's learning proofs of lockstep GRPO and of PPO with a critic: the
+    whole 150-step recipes, since learning is the claim (PPO over 120 s: a critic update and
+    a value pass a step)."""
     ppo = recipe == "ppo_tiny"
     wait = ACTOR_WAIT_STEPS if ppo else 0
     run = run_recipe(
