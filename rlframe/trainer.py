@@ -62,6 +62,8 @@ class Trainer:
         a = cfg.algorithm
         self.kl_ctrl = KLController(a.kl_reward_coef, a.kl_reward_ctrl, a.kl_target, a.kl_horizon)
         self.step_count = 0
+        self.weights_version = 0
+        """The version of the trainer's weights (the last sync's): what it scores batches with."""
         self.checkpointer, self.validator = checkpointer, validator
 
     def fit(self) -> list[dict[str, float]]:
@@ -96,10 +98,12 @@ class Trainer:
             "experience": self.experience.state_dict(),
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "tracker": self.tracker.state_dict(),
+            "weights_version": self.weights_version,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step_count = int(state["step"])
+        self.weights_version = int(state.get("weights_version", 0))
         self.experience.load_state_dict(state["experience"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.tracker.load_state_dict(state["tracker"])
@@ -110,6 +114,7 @@ class Trainer:
             # gen, reward (and baseline): prompts -> rewarded responses, by the configured agent.
             self.experience.submit()
             batch, metrics = self.experience.collect()
+            scored_with = self.weights_version
             batch = self.attach_old_logprobs(batch, timer)
             if self.use_ref:
                 with timer("ref"):
@@ -126,11 +131,14 @@ class Trainer:
                 with timer("update"):
                     batch, actor_metrics = self.update_actor(batch)
                 with timer("sync"):
-                    self.sync_weights()
+                    self.weights_version = self.sync_weights()
                 metrics |= actor_metrics
         self.log_rollouts(batch)
         metrics |= adv_metrics | self.collect_correction_metrics(batch)
-        return metrics | collect_step_metrics(batch, timer, self.has_trainer_logprobs)
+        # Lockstep scores every token with the weights that sampled it; asynchronous steps
+        # split the rollout/trainer gap by the tokens' versions.
+        version = scored_with if self.cfg.rollout.max_staleness > 0 else None
+        return metrics | collect_step_metrics(batch, timer, self.has_trainer_logprobs, version)
 
     def actor_updates(self) -> bool:
         """The actor updates (and syncs) every step, except while a critic learns alone
