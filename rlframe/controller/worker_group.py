@@ -64,6 +64,7 @@ class WorkerGroup:
         start_timeout_s: the longest wait for the actors to start (imports, model loading).
         env: extra environment variables for every worker process.
         rollout_tp_size: ranks per rollout tensor-parallel group, for ``ROLLOUT_DP_SPLIT``.
+        wait: wait for every actor's constructor before returning (else see ``started``).
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class WorkerGroup:
         start_timeout_s: float = 900.0,
         env: dict[str, str] | None = None,
         rollout_tp_size: int = 1,
+        wait: bool = True,
     ) -> None:
         self.role = role
         self.world_size = pool.world_size
@@ -88,7 +90,11 @@ class WorkerGroup:
             setattr(self, name, partial(self.call, name))
         # Constructor errors surface here, named as such, not at the first real call.
         ready = {a.__ray_ready__.remote(): r for r, a in enumerate(self.actors)}
-        CallHandle(self.role, "__init__", ready, start_timeout_s).result()
+        self.started = CallHandle(self.role, "__init__", ready, start_timeout_s)
+        """The actors' construction; ``wait=False`` leaves it to the caller (several groups
+        then start at once: :func:`wait_calls` on their ``started``)."""
+        if wait:
+            self.started.result()
 
     def start_actors(
         self, pool: ResourcePool, worker_cls: type, init_args: tuple[Any, ...], env: dict[str, str]

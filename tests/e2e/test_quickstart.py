@@ -36,9 +36,10 @@ ACTOR_WAIT_STEPS = 2  # steps in which ppo_tiny's actor waits for the critic
 def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
     ppo = recipe == "ppo_tiny"
     wait = ACTOR_WAIT_STEPS if ppo else 0
-    metrics = run_recipe(
+    run = run_recipe(
         tmp_path / "run", *([f"critic.actor_wait_steps={wait}"] if ppo else []), recipe=recipe
-    ).metrics
+    )
+    metrics = run.metrics
     for m in metrics:
         for key in REQUIRED + (CRITIC if ppo else []):
             assert key in m, (m["step"], key)
@@ -59,6 +60,29 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
     assert last - first >= 0.2
     # fp32 on CPU: a healthy sync is within ~1e-6; a stale one is off by 1e-2 and more.
     assert worst_gap < 1e-4
+    check_startup_and_closing_lines(run.stdout, metrics, tmp_path / "run", ppo)
+
+
+def check_startup_and_closing_lines(
+    console: str, metrics: list[dict], run_dir: Path, critic: bool
+) -> None:
+    """Once, before step 1: when it began and what the start-up was made of; at the end: the
+    steps, the wall time, the reward trend (the logged one) and where the outputs are."""
+    lines = console.splitlines()
+    began = [line for line in lines if line.startswith("rlframe: step 1 began ")]
+    assert len(began) == 1 and lines.index(began[0]) < lines.index(run_steps(lines)[0])
+    for phase in ("config", "preflight", "ray", "workers (actor boot", "actor rollout_engine"):
+        assert phase in began[0], phase
+    assert ("critic boot" in began[0]) == critic
+    first, last = mean_reward_gain(metrics)
+    assert lines[-1].startswith(f"rlframe: done: {len(metrics)} step(s) in ")
+    assert lines[-1].endswith(
+        f"; reward {first:.3f} (first 5) -> {last:.3f} (last 5); outputs in {run_dir.resolve()}"
+    )
+
+
+def run_steps(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("step ")]
 
 
 def test_two_ranks_with_kl_and_user_plugins(tmp_path: Path) -> None:
