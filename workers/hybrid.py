@@ -83,8 +83,10 @@ class HybridWorker(Worker):
 
     @dispatch(Dispatch.ROLLOUT_DP_SPLIT, reads=reads.GENERATE)
     def generate(self, prompts: Batch) -> Batch:
-        """See :meth:`RolloutRole.generate`; meta ``more_turns`` (an episode goes on) leaves
-        the engine awake for the next turn."""
+        """See :meth:`RolloutRole.generate`. Meta ``more_turns``: more calls of this
+        generation phase follow (an episode's next turn, a partial response's next chunk), so
+        the engine stays awake; the next training call (log-probs, update, sync) puts it to
+        sleep."""
         self.enter_rollout_mode()
         out = self.rollout_role.generate(prompts)
         if not prompts.meta.get("more_turns"):
