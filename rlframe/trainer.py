@@ -17,6 +17,7 @@ import torch
 from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs, place_on_last_token
 from rlframe.algorithms.losses import KLController, apply_kl_penalty
 from rlframe.algorithms.mismatch import compute_mismatch_metrics
+from rlframe.algorithms.names import OffPolicyCorrection
 from rlframe.algorithms.off_policy import compute_off_policy_metrics, needs_old_logprob_pass
 from rlframe.checkpoint import Checkpointer
 from rlframe.config import Config
@@ -150,7 +151,7 @@ class Trainer:
         """The batch's old log-probs are the trainer's; with the rollout's as the old policy
         there is nothing to compare the rollout with (no ``rollout/logprob_diff``, no
         ``mismatch/*``)."""
-        return self.cfg.algorithm.off_policy_correction != "rollout"
+        return self.cfg.algorithm.off_policy_correction is not OffPolicyCorrection.rollout
 
     def collect_correction_metrics(self, batch: Batch) -> dict[str, float]:
         """``mismatch/*`` (trainer vs rollout) and ``off_policy/behav_weight_*`` (decoupled)."""
@@ -165,7 +166,7 @@ class Trainer:
         """The old policy's log-probs (``algorithm.off_policy_correction``): the rollout's own,
         the trainer's forward pass (timed as ``old_logprob``), or none yet when the update is
         exactly on-policy and returns its own."""
-        if self.cfg.algorithm.off_policy_correction == "rollout":
+        if self.cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout:
             return batch.with_tensors(old_logprobs=batch["rollout_logprobs"])
         if not self.needs_old_logprob_pass(len(batch)):
             return batch
@@ -191,8 +192,8 @@ class Trainer:
         become ``old_logprobs``."""
         order = balance_rows(batch, self.cfg.trainer.world_size, self.cfg.actor.mini_batch_size)
         per_rank = self.actor.update(batch.rows(order))
-        own = [m.pop("old_logprobs") for m in per_rank if "old_logprobs" in m]
-        metrics = average(per_rank)
+        metrics = average([r.metrics for r in per_rank])
+        own = [r.own_logprobs for r in per_rank if r.own_logprobs is not None]
         if "old_logprobs" in batch:
             return batch, metrics
         old = torch.empty(batch["response_mask"].shape)

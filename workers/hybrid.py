@@ -14,7 +14,7 @@ from rlframe.config import Config
 from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
+from rlframe.protocol import Batch, UpdateResult
 from workers.rollout_role import RolloutRole
 from workers.train_role import TrainRole
 from workers.weight_sync import InProcessSink
@@ -106,7 +106,7 @@ class HybridWorker(Worker):
         return Batch({"ref_logprobs": self.train_role.compute_ref_logprobs(batch)})
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
-    def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+    def update(self, batch: Batch) -> UpdateResult:
         """See :meth:`TrainRole.update`."""
         self.enter_train_mode()
         return self.train_role.update(batch)
