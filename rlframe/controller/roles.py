@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from rlframe.protocol import Batch, UpdateResult
 
 if TYPE_CHECKING:
-
     from rlframe.controller.weight_group import WeightGroupSpec
     from rlframe.controller.worker_group import CallHandle
 
