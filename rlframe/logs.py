@@ -42,6 +42,10 @@ HARMLESS = (
     "The object store is using /tmp instead of /dev/shm",
 )
 
+QUIET_LOGGERS = ("httpx", "httpcore", "openai")
+"""Client libraries an agent of ``rollout.agent=openai`` calls the endpoint through: below
+WARNING only at ``trainer.log_level=debug``."""
+
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -69,6 +73,7 @@ class DriverLogs:
     root_handlers: list[logging.Handler] = field(default_factory=list)
     ray_handlers: list[logging.Handler] = field(default_factory=list)
     ray_propagate: bool = False
+    quiet_levels: dict[str, int] = field(default_factory=dict)
 
     def worker_env(self) -> dict[str, str]:
         """Environment that makes a worker write into this run's ``logs/``."""
@@ -104,6 +109,8 @@ class DriverLogs:
         for handler in self.ray_handlers:
             ray_logger.addHandler(handler)
         ray_logger.propagate = self.ray_propagate
+        for name, previous in self.quiet_levels.items():
+            logging.getLogger(name).setLevel(previous)
         logging.captureWarnings(False)
 
 
@@ -139,6 +146,12 @@ def route_driver_logs(run_dir: Path, level: str) -> DriverLogs:
         ray_logger.removeHandler(handler)
     ray_logger.propagate = True
     logging.captureWarnings(True)
+    # One INFO line per HTTP call of the agents' OpenAI clients (thousands a step) would
+    # bury the rest; their warnings and errors still come through.
+    for name in QUIET_LOGGERS:
+        quiet = logging.getLogger(name)
+        routing.quiet_levels[name] = quiet.level
+        quiet.setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
     return routing
 
 
@@ -222,8 +235,20 @@ def describe_pools(cfg: Any, device: str) -> dict[str, str]:
         lines[f"{prefix}world"] = (
             f"{pool.world_size} rank(s) = {pool.nnodes} node(s) x {pool.procs_per_node}, {holds}"
         )
+        if pool.section == "trainer":
+            lines["mesh"] = describe_mesh(cfg, pool.world_size)
         per_rank = f"{pool.cpus_per_proc} CPU(s)"
         if device == "cuda":
             per_rank = f"1 GPU + {per_rank}"
         lines[f"{prefix}devices"] = f"{device}, {per_rank} per rank"
     return lines
+
+
+def describe_mesh(cfg: Any, world_size: int) -> str:
+    """The training ranks as data x sequence groups (``actor.sequence_parallel_size``)."""
+    sp = cfg.actor.sequence_parallel_size
+    text = f"{world_size // sp} data x {sp} sequence (training)"
+    if cfg.critic.enable and cfg.critic.sequence_parallel_size != sp:
+        critic_sp = cfg.critic.sequence_parallel_size
+        text += f"; critic {world_size // critic_sp} data x {critic_sp} sequence"
+    return text

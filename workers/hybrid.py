@@ -37,6 +37,9 @@ class HybridWorker(Worker):
         # LoRA syncs are where engines silently keep old weights: check each one arrived.
         lora = cfg.model.lora
         self.verifies_sync = lora.enabled and lora.verify_sync
+        if self.verifies_sync:
+            # Same weights on both sides now: the probe gap measured here is pure noise.
+            self.rollout_role.calibrate_probe(self.train_role.compute_sync_probe())
         # The engine starts awake with the checkpoint's weights: the first stage is rollout.
         self.train_role.offload()
 

@@ -72,14 +72,17 @@ def score_micro_batches(
     score: Callable[[SequenceLayout], torch.Tensor],
 ) -> torch.Tensor:
     """[B, R] per-token scores of the loss-mask tokens (0 elsewhere): ``score(layout)`` gives
-    the [N] values of one micro-batch's selected tokens (log-probs, values)."""
+    the [N] values of one micro-batch's selected tokens (log-probs, values). A
+    sequence-parallel group scores its ranks' rows together; each rank returns its own."""
     engine.model.eval()
+    batch, own_rows = engine.gather_rows(batch, block=len(batch))
     out = torch.zeros(batch["response_ids"].shape)
     batch = batch.with_tensors(row_index=torch.arange(len(batch)))
-    for micro in split_micro_batches(batch, sizes, engine.device, packed):
+    sp_size = engine.sequence_parallel_size
+    for micro in split_micro_batches(batch, sizes, engine.device, packed, sp_size):
         layout = build_layout(micro, packed)
         out[micro["row_index"]] = layout.to_grid(score(layout).cpu())
-    return out
+    return out[own_rows]
 
 
 def backward_summed_over_ranks(loss: torch.Tensor, world_size: int) -> None:
@@ -109,15 +112,20 @@ class TrainRole:
         self.cfg, self.device, self.world_size = cfg, device, world_size
         spec = build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg))
         self.lora = cfg.model.lora
-        self.actor = FSDPEngine(model_path, cfg.model, spec, device, lora=self.lora)
+        sp_size = cfg.actor.sequence_parallel_size
+        self.actor = FSDPEngine(
+            model_path, cfg.model, spec, device, lora=self.lora, sequence_parallel_size=sp_size
+        )
         # Under LoRA the reference is the policy with its adapters off: no second copy.
         self.ref = (
-            FSDPEngine(model_path, cfg.model, None, device)
+            FSDPEngine(model_path, cfg.model, None, device, sequence_parallel_size=sp_size)
             if cfg.algorithm.uses_reference and not self.lora.enabled
             else None
         )
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
-        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
+        self.packed = resolve_packing(
+            cfg.actor.pack_sequences, device, pick_dtype(cfg.model.dtype, device)
+        )
         self.weights_version = 0
         """The version of the last published weights (0: the checkpoint's)."""
 
@@ -159,8 +167,15 @@ class TrainRole:
         """
         own: torch.Tensor | None = None
         from_rollout = self.cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout
-        if "old_logprobs" not in batch and not from_rollout:
+        needs_own = "old_logprobs" not in batch and not from_rollout
+        if needs_own:
             check_single_pass(len(batch), self.cfg.actor, self.world_size)
+        # A sequence-parallel group updates on its ranks' rows together, mini-batch by
+        # mini-batch as the ranks would have.
+        batch, own_rows = self.actor.gather_rows(
+            batch, block=self.cfg.actor.mini_batch_size // self.world_size
+        )
+        if needs_own:
             batch = batch.with_tensors(row_index=torch.arange(len(batch)))
             own = torch.zeros(batch["response_ids"].shape)
         metrics = run_minibatch_updates(
@@ -172,7 +187,7 @@ class TrainRole:
             prefix="actor",
             packed=self.packed,
         )
-        return UpdateResult(dict(metrics), own)
+        return UpdateResult(dict(metrics), None if own is None else own[own_rows])
 
     def forward_backward(
         self, micro: Batch, scale: LossScale, own_logprobs: torch.Tensor | None = None
@@ -235,11 +250,17 @@ class TrainRole:
     def offload(self) -> None:
         """Free the device for the rollout engine (``actor.offload``; cuda only)."""
         if self.cfg.actor.offload:
-            self.actor.offload()
+            for engine in self.list_engines():
+                engine.offload()
 
     def reload(self) -> None:
         if self.cfg.actor.offload:
-            self.actor.reload()
+            for engine in self.list_engines():
+                engine.reload()
+
+    def list_engines(self) -> list[FSDPEngine]:
+        """The policy and, when there is one, the reference: both leave the device."""
+        return [self.actor] + ([self.ref] if self.ref is not None else [])
 
     def save(self, path: str) -> None:
         """This rank's shards of the policy, its optimizer and LR schedule, and the weights

@@ -24,6 +24,9 @@ class TrainWorker(Worker):
     def __init__(self, cfg: Config, model_path: str, device: str) -> None:
         super().__init__()
         self.device = device
+        # A sync may wait behind one whole call of the other pool (asynchronous separate
+        # mode: the rollout pool finishes its running call first).
+        self.sync_timeout_s = cfg.ray.call_timeout_s
         self.init_process_group(device)
         self.startup.mark("process_group")
         torch.manual_seed(cfg.trainer.seed)
@@ -35,7 +38,8 @@ class TrainWorker(Worker):
     def init_weight_group(self, spec: WeightGroupSpec) -> None:
         """Join the weight group as rank ``self.rank`` (trainer ranks come first). Blocks until
         every trainer and rollout rank has joined: call both pools' at the same time."""
-        self.sender = BroadcastSender(WeightGroup(spec, self.rank, self.device))
+        group = WeightGroup(spec, self.rank, self.device, self.sync_timeout_s)
+        self.sender = BroadcastSender(group)
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def send_weights(self, bump_version: bool = True) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,7 @@ def get_server(ctx: AgentContext) -> AgentServer:
         server = AgentServer(ctx.config, ctx.generate, ctx.tokenizer, ctx.config.model.path)
         server.start()
         ctx.resources[SERVER] = server
+        print(f"rlframe: {server.describe()}", file=sys.stderr, flush=True)
     return ctx.resources[SERVER]
 
 

@@ -48,8 +48,8 @@ def test_a_signal_stops_the_run_with_one_line(tmp_path: Path, signum: signal.Sig
             if line.startswith("step 2/"):
                 break
         if signum == signal.SIGINT:
-            check_the_cluster_listens_on_loopback_only(proc.pid)
             check_a_second_run_is_refused(out, proc.pid, env)
+            check_the_cluster_listens_on_loopback_only(proc.pid)
         sent = time.monotonic()
         proc.send_signal(signum)
         rest, err = proc.communicate(timeout=60)
@@ -119,11 +119,15 @@ def is_gone(process: psutil.Process) -> bool:
 
 
 def hash_run_files(out: Path) -> dict[str, str]:
-    """Every file of the run but its logs/ (the paused driver's workers may still log)."""
+    """Every file of the run but its logs/ and a save in progress (the paused driver's
+    workers may still log, and finish writing their shards)."""
     return {
         str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(out.rglob("*"))
-        if p.is_file() and "logs" not in p.relative_to(out).parts
+        if p.is_file()
+        and "logs" not in p.relative_to(out).parts
+        # A save the live run's workers are writing (they are not paused) is theirs.
+        and not any(part.startswith(".tmp_step_") for part in p.relative_to(out).parts)
     }
 
 

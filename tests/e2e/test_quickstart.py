@@ -4,11 +4,12 @@ some algorithms run."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, mean_reward_gain, run_recipe
+from tests.harness import REPO, deterministic, mean_reward_gain, run_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
@@ -81,22 +82,46 @@ def check_startup_and_closing_lines(
     )
 
 
+def test_sequence_parallel_ranks_train_as_data_parallel_ranks(
+    tmp_path: Path, two_ranks: list[dict]
+) -> None:
+    """The same two ranks as one sequence-parallel group (Ulysses, fp32): every logged figure
+    but the wall-clock ones equals the data-parallel run's, to float tolerance."""
+    run = run_recipe(tmp_path / "sp", *TWO_RANKS, "actor.sequence_parallel_size=2")
+    assert "1 data x 2 sequence" in run.stdout
+    sequence = run.metrics
+    assert len(sequence) == len(two_ranks) == 3
+    for step, (a, b) in enumerate(zip(two_ranks, sequence), start=1):
+        a, b = deterministic(a), deterministic(b)
+        assert a.keys() == b.keys(), step
+        for key in a:
+            assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-6), (step, key, a, b)
+    assert two_ranks[0]["actor/grad_norm"] > 0
+
+
 def run_steps(lines: list[str]) -> list[str]:
     return [line for line in lines if line.startswith("step ")]
 
 
-def test_two_ranks_with_kl_and_user_plugins(tmp_path: Path) -> None:
-    plugins = REPO / "tests" / "plugins" / "my_algorithms.py"
-    metrics = run_recipe(
-        tmp_path / "run2",
-        "trainer.total_steps=3",
-        "trainer.procs_per_node=2",
-        "trainer.cpus_per_proc=1",
-        "actor.micro_batch_size=64",
-        "algorithm.kl_coef=0.01",
-        f"algorithm.advantage={plugins}:compute_sign_advantages",
-        f"algorithm.policy_loss={plugins}:compute_reinforce_loss",
-    ).metrics
+TWO_RANKS = [
+    "trainer.total_steps=3",
+    "trainer.procs_per_node=2",
+    "trainer.cpus_per_proc=1",
+    "actor.micro_batch_size=64",
+    "algorithm.kl_coef=0.01",
+    f"algorithm.advantage={REPO / 'tests/plugins/my_algorithms.py'}:compute_sign_advantages",
+    f"algorithm.policy_loss={REPO / 'tests/plugins/my_algorithms.py'}:compute_reinforce_loss",
+]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> list[dict]:
+    """Two data-parallel ranks with a KL term and the user's advantage and loss."""
+    return run_recipe(tmp_path_factory.mktemp("two_ranks") / "run", *TWO_RANKS).metrics
+
+
+def test_two_ranks_with_kl_and_user_plugins(two_ranks: list[dict]) -> None:
+    metrics = two_ranks
     assert len(metrics) == 3
     assert all("actor/kl" in m and m["rollout/logprob_diff"] < 1e-4 for m in metrics)
     for m in metrics:

@@ -64,8 +64,9 @@ def parameter_grads(model_path: str, batch: Batch, loss: str) -> list[torch.Tens
         policy_loss=loss, entropy_coef=0.01, kl_coef=0.1, kl_estimator="k3", tis_cap=2.0
     )
     cfg = Config(rollout=RolloutConfig(temperature=1.0), algorithm=algorithm)
-    # The engine's log-prob path on a plain (unsharded) model: it only reads .model and .device.
-    actor = SimpleNamespace(model=model, device="cpu")
+    # The engine's log-prob path on a plain (unsharded) model: it reads .model, .device and
+    # .sp (no sequence parallelism).
+    actor = SimpleNamespace(model=model, device="cpu", sp=None)
     actor.compute_token_logprobs = MethodType(FSDPEngine.compute_token_logprobs, actor)
     worker = SimpleNamespace(
         cfg=cfg,

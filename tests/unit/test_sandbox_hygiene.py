@@ -31,12 +31,14 @@ def test_the_start_up_line_says_what_holds() -> None:
     full = Isolation(True, "bubblewrap 0.8.0", "pids cgroup", 65534, ("cpu", "memory", "pids"))
     assert full.describe() == (
         "rlframe: sandbox: bubblewrap 0.8.0: minimal read-only root, private /sandbox /tmp "
-        "/dev/shm (tmpfs), no network, uid 65534, no site-packages; memory per sandbox "
-        "(cgroup), processes by pids cgroup, cpu quota per sandbox"
+        "/dev/shm (tmpfs), no network but its own loopback, uid 65534, no new user "
+        "namespaces (seccomp), no site-packages; memory per sandbox (cgroup), processes by "
+        "pids cgroup, cpu quota per sandbox"
     )
     bare = Isolation(True, "bubblewrap 0.8.0", "RLIMIT_NPROC", None, ())
     assert bare.describe().endswith(
-        "no network, the caller's uid (not root), no site-packages; memory per process only "
+        "the caller's uid (not root), no new user namespaces (seccomp), no site-packages; "
+        "memory per process only "
         "(RLIMIT_AS; no writable memory cgroup), processes by RLIMIT_NPROC, cpu per process only"
     )
 
