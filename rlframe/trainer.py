@@ -23,7 +23,7 @@ from rlframe.checkpoint import Checkpointer
 from rlframe.config import Config
 from rlframe.controller.roles import ActorGroup, CriticGroup
 from rlframe.protocol import Batch
-from rlframe.rollout import ExperienceProducer
+from rlframe.rollout import Producer
 from rlframe.sequence_layout import balance_rows
 from rlframe.step_metrics import collect_step_metrics
 from rlframe.tracking import StageTimer, Tracker
@@ -50,7 +50,7 @@ class Trainer:
         cfg: Config,
         actor: ActorGroup,
         critic: CriticGroup | None,
-        experience: ExperienceProducer | None,
+        experience: Producer | None,
         sync_weights: Callable[[], int],
         tracker: Tracker | None,
         checkpointer: Checkpointer | None = None,
