@@ -23,7 +23,7 @@ from rlframe.interrupts import install_interrupt_handlers
 from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
 from rlframe.preflight import RunInputs
 from rlframe.rewards.stage import RewardStage
-from rlframe.rollout import ExperienceProducer
+from rlframe.rollout import ExperienceProducer, Producer
 from rlframe.rollout.async_episodes import AsyncEpisodeProducer
 from rlframe.rollout.async_producer import AsyncProducer
 from rlframe.run_dir import lock_run_dir
@@ -64,13 +64,13 @@ def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> di
 
 def build_producer(
     cfg: Config, workers: Workers, tokenizer: Any, loader: PromptLoader, rewards: RewardStage
-) -> tuple[ExperienceProducer | AsyncProducer, Callable[[], int]]:
+) -> tuple[Producer, Callable[[], int]]:
     """The experience producer and the ``sync_weights`` the trainer calls: lockstep at
     ``rollout.max_staleness=0`` (exactly the synchronous trainer), else the asynchronous
     producer, which learns each new weights version from the sync."""
     if cfg.rollout.max_staleness == 0:
-        producer = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards)
-        return producer, workers.sync_weights
+        lockstep = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards)
+        return lockstep, workers.sync_weights
     overlap = cfg.rollout.placement is Placement.separate
     # single_turn responses continue across engine calls; other agents' episodes run whole.
     kind = AsyncProducer if cfg.rollout.agent == "single_turn" else AsyncEpisodeProducer

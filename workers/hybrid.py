@@ -14,7 +14,7 @@ from rlframe.config import Config
 from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
+from rlframe.protocol import Batch, UpdateResult
 from workers.rollout_role import RolloutRole
 from workers.train_role import TrainRole
 from workers.weight_sync import InProcessSink
@@ -86,8 +86,10 @@ class HybridWorker(Worker):
 
     @dispatch(Dispatch.ROLLOUT_DP_SPLIT, reads=reads.GENERATE)
     def generate(self, prompts: Batch) -> Batch:
-        """See :meth:`RolloutRole.generate`; meta ``more_turns`` (an episode goes on) leaves
-        the engine awake for the next turn."""
+        """See :meth:`RolloutRole.generate`. Meta ``more_turns``: more calls of this
+        generation phase follow (an episode's next turn, a partial response's next chunk), so
+        the engine stays awake; the next training call (log-probs, update, sync) puts it to
+        sleep."""
         self.enter_rollout_mode()
         out = self.rollout_role.generate(prompts)
         if not prompts.meta.get("more_turns"):
@@ -107,7 +109,7 @@ class HybridWorker(Worker):
         return Batch({"ref_logprobs": self.train_role.compute_ref_logprobs(batch)})
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
-    def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+    def update(self, batch: Batch) -> UpdateResult:
         """See :meth:`TrainRole.update`."""
         self.enter_train_mode()
         return self.train_role.update(batch)

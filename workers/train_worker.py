@@ -13,7 +13,7 @@ from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
+from rlframe.protocol import Batch, UpdateResult
 from workers.train_role import TrainRole
 from workers.weight_sync import BroadcastSender, WeightGroup
 
@@ -68,7 +68,7 @@ class TrainWorker(Worker):
         return Batch({"ref_logprobs": self.train_role.compute_ref_logprobs(batch)})
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
-    def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+    def update(self, batch: Batch) -> UpdateResult:
         """See :meth:`workers.train_role.TrainRole.update`."""
         return self.train_role.update(batch)
 

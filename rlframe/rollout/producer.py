@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlframe.config import Config
@@ -20,6 +20,31 @@ from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.agents import AGENTS, AgentContext
 from rlframe.rollout.sampling import run_sampling_rounds
 from rlframe.tracking import StageTimer
+
+
+class Producer(Protocol):
+    """What the trainer, the validator and the launcher use of an experience producer: the
+    lockstep :class:`ExperienceProducer` or the asynchronous ones
+    (:mod:`rlframe.rollout.async_producer`, :mod:`rlframe.rollout.async_episodes`)."""
+
+    def submit(self) -> None:
+        """Start the next step's experience (the asynchronous producers run ahead anyway)."""
+
+    def collect(self) -> tuple[Batch, dict[str, float]]:
+        """The step's scored Batch and the metrics of producing it."""
+        ...
+
+    def generate(self, prompts: Batch) -> Batch:
+        """The prompt rows with their responses, blocking (validation)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None:
+        """Stop what the producer started (the reward stage's processes)."""
+
 
 PROMPT_KEYS = (
     "prompt_ids",

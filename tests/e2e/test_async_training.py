@@ -50,7 +50,12 @@ def test_grpo_tiny_learns_at_staleness_one(tmp_path: Path, placement: str, corre
         # each correction took effect: decoupled weighs by pi_prox / pi_rollout, rollout
         # leaves nothing of the trainer's to compare the rollout with
         assert ("off_policy/behav_weight_mean" in m) == (correction == "decoupled")
-        assert ("rollout/logprob_diff" in m) == (correction != "rollout")
+        gaps = {"rollout/logprob_diff", "rollout/logprob_diff_stale"} & m.keys()
+        assert bool(gaps) == (correction != "rollout")
+        # the sync check: tokens of the trainer's own weights agree to fp32 numerics
+        assert m.get("rollout/logprob_diff", 0.0) < 1e-4, m["step"]
+    if correction != "rollout":
+        assert sum("rollout/logprob_diff" in m for m in metrics) >= len(metrics) // 2
 
 
 SMALL = [
@@ -85,6 +90,8 @@ def test_resume_with_responses_in_flight_matches_straight_run(
     for x, y in zip(a, b):
         assert deterministic(x) == deterministic(y), x["step"]
     assert max(m["off_policy/staleness_max"] for m in a) == 1
+    diffs = [m["rollout/logprob_diff"] for m in a if "rollout/logprob_diff" in m]
+    assert diffs and max(diffs) < 1e-4
 
 
 def test_sync_behind_a_long_call_with_many_requests_does_not_deadlock(tmp_path: Path) -> None:

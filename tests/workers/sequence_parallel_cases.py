@@ -87,7 +87,7 @@ def compute_sequence_parallel_case(
 
     if with_values:
         out["values"] = gather_rows(compute_values(cfg, model, share, role.packed))
-    metrics = role.update(share)
+    metrics = role.update(share).metrics
     # The driver's view: each metric averaged over the ranks.
     names = sorted(k for k, v in metrics.items() if isinstance(v, float))
     values = torch.tensor([metrics[k] for k in names], dtype=torch.float64)

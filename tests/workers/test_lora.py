@@ -61,7 +61,7 @@ def build_role(model_path: str, cfg: Config):  # -> TrainRole
 def update_twice(role, batch: Batch) -> list[float]:
     """Two steps: LoRA's B starts at zero, so only from the second step on does A move too.
     Returns the gradient norms."""
-    return [float(role.update(batch)["actor/grad_norm"]) for _ in range(2)]
+    return [float(role.update(batch).metrics["actor/grad_norm"]) for _ in range(2)]
 
 
 @pytest.fixture(scope="module")
