@@ -62,17 +62,24 @@ def last_logged_step(output_dir: Path) -> int:
         return 0
 
 
-def describe_interruption(output_dir: str | Path) -> str:
-    """``interrupted at step N; the same command resumes from step M`` (or why it cannot)."""
+def describe_position(output_dir: str | Path) -> tuple[str, str]:
+    """Where a run that stops now stands: (``at step N`` or ``before step 1 finished``, how
+    it resumes: from its latest checkpoint, from the start, or in a new folder)."""
     out = Path(output_dir)
     step = last_logged_step(out) + 1
     latest = find_latest_checkpoint(out) if out.is_dir() else None
     if latest is not None:
         saved = read_driver_state(latest)["step"]
-        return f"rlframe: interrupted at step {step}; the same command resumes from step {saved}"
+        return f"at step {step}", f"the same command resumes from step {saved}"
     if step == 1:
-        return "rlframe: interrupted before step 1 finished; the same command starts again"
+        return "before step 1 finished", "the same command starts again"
     return (
-        f"rlframe: interrupted at step {step}; no checkpoint was saved (trainer.save_every=0), "
-        "so rerun with a new trainer.output_dir"
+        f"at step {step}",
+        "no checkpoint was saved (trainer.save_every=0), so rerun with a new trainer.output_dir",
     )
+
+
+def describe_interruption(output_dir: str | Path) -> str:
+    """``interrupted at step N; the same command resumes from step M`` (or why it cannot)."""
+    where, then = describe_position(output_dir)
+    return f"rlframe: interrupted {where}; {then}"

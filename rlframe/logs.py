@@ -50,6 +50,23 @@ CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class DriverLogFile(logging.FileHandler):
+    """``driver.log``. A record the disk cannot take is dropped, without the traceback that
+    logging prints for each one: the run's own writes (metrics.jsonl) report a full disk,
+    once, and end the run."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handleError(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            pass  # what was buffered for a full disk is lost with it
+
+
 class ConsoleFilter(logging.Filter):
     """Drops the records listed in :data:`HARMLESS`."""
 
@@ -122,7 +139,7 @@ def route_driver_logs(run_dir: Path, level: str) -> DriverLogs:
     log_dir.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
     routing = DriverLogs(log_dir, level, root_level=root.level)
-    file_handler = logging.FileHandler(log_dir / "driver.log")
+    file_handler = DriverLogFile(log_dir / "driver.log")
     file_handler.setLevel(logging.DEBUG if level == "debug" else logging.INFO)
     file_handler.setFormatter(logging.Formatter(FILE_FORMAT))
     console = logging.StreamHandler(sys.stderr)

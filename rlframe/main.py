@@ -195,12 +195,22 @@ def run(cfg: Config) -> None:
     from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
     from rlframe.envs import EnvError
-    from rlframe.interrupts import Interrupted, describe_interruption, install_interrupt_handlers
+    from rlframe.interrupts import (
+        Interrupted,
+        describe_interruption,
+        describe_position,
+        install_interrupt_handlers,
+    )
     from rlframe.launch import run_training
     from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
     from rlframe.run_dir import lock_run_dir
-    from rlframe.save_failures import CheckpointError
+    from rlframe.save_failures import (
+        DISK_FULL_EXIT,
+        CheckpointError,
+        describe_full_disk,
+        find_full_disk,
+    )
 
     install_interrupt_handlers()
     try:
@@ -211,9 +221,21 @@ def run(cfg: Config) -> None:
     except ConfigError as e:
         say_error(f"rlframe: config error: {e}")
         sys.exit(2)
-    except (WorkerError, RewardError, EnvError, PlacementError, CheckpointError) as e:
+    except CheckpointError as e:
+        say_error(f"rlframe: {e}")
+        sys.exit(DISK_FULL_EXIT if e.disk_full else 1)
+    except (WorkerError, RewardError, EnvError, PlacementError) as e:
         say_error(f"rlframe: {e}")
         sys.exit(1)
+    except Exception as e:
+        # A full disk anywhere in the run directory (metrics.jsonl, rollouts.jsonl, a resume
+        # config, TensorBoard events) is the user's to fix, not a bug: one line, no traceback.
+        full = find_full_disk(e)
+        if full is None:
+            raise
+        out = cfg.trainer.output_dir
+        say_error(describe_full_disk(full, out, *describe_position(out)))
+        sys.exit(DISK_FULL_EXIT)
     except Interrupted as e:
         say_error(describe_interruption(cfg.trainer.output_dir))
         sys.stdout.flush()
