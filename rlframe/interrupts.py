@@ -1,7 +1,8 @@
 """Ctrl-C and SIGTERM: stop in seconds, say where the run stands, exit 130 / 143.
 
 The first SIGINT or SIGTERM raises :class:`Interrupted` in the driver's main thread (a
-``BaseException``, so no ``except Exception`` on the way swallows it); the launcher's
+``BaseException``, so no ``except Exception`` on the way swallows it; inside a Ray call it
+arrives wrapped in a ``SystemError``, see :func:`find_interruption`); the launcher's
 ``finally`` blocks then stop the workers and Ray in order, and :mod:`rlframe.main` prints one
 line and exits with 128 + the signal number, as shells do. A second signal while that
 teardown runs exits at once. Ray installs its own SIGTERM handler when it starts (it exits
@@ -35,6 +36,20 @@ class Interrupted(BaseException):
 
 
 RECEIVED: list[int] = []
+
+
+def find_interruption(error: BaseException) -> Interrupted | None:
+    """The :class:`Interrupted` behind ``error``. A signal that arrives while the driver waits
+    inside Ray (``ray.wait``/``ray.get``, as during worker start-up) runs our handler from
+    Ray's compiled code, which hands the exception back as the cause of a ``SystemError``."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, Interrupted):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
 
 
 def handle_signal(signum: int, frame: FrameType | None) -> None:

@@ -15,7 +15,7 @@ import re
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, NoReturn, get_origin, get_type_hints
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -24,6 +24,9 @@ from omegaconf import DictConfig, OmegaConf
 from rlframe import startup
 from rlframe.config import Config, ConfigError, build_config
 from rlframe.config.checks import RENAMED_KEYS, check_renamed_key, first_line, list_dotted_keys
+
+if TYPE_CHECKING:
+    from rlframe.interrupts import Interrupted
 
 BUILTIN_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 RECIPE_DIRS_ENV = "RLFRAME_RECIPE_DIRS"
@@ -197,8 +200,8 @@ def run(cfg: Config) -> None:
     from rlframe.envs import EnvError
     from rlframe.interrupts import (
         Interrupted,
-        describe_interruption,
         describe_position,
+        find_interruption,
         install_interrupt_handlers,
     )
     from rlframe.launch import run_training
@@ -227,7 +230,12 @@ def run(cfg: Config) -> None:
     except (WorkerError, RewardError, EnvError, PlacementError) as e:
         say_error(f"rlframe: {e}")
         sys.exit(1)
+    except Interrupted as e:
+        exit_interrupted(cfg, e)
     except Exception as e:
+        interrupted = find_interruption(e)
+        if interrupted is not None:
+            exit_interrupted(cfg, interrupted)
         # A full disk anywhere in the run directory (metrics.jsonl, rollouts.jsonl, a resume
         # config, TensorBoard events) is the user's to fix, not a bug: one line, no traceback.
         full = find_full_disk(e)
@@ -236,10 +244,15 @@ def run(cfg: Config) -> None:
         out = cfg.trainer.output_dir
         say_error(describe_full_disk(full, out, *describe_position(out)))
         sys.exit(DISK_FULL_EXIT)
-    except Interrupted as e:
-        say_error(describe_interruption(cfg.trainer.output_dir))
-        sys.stdout.flush()
-        os._exit(e.exit_code)  # Ray's atexit hooks already ran in the launcher's teardown
+
+
+def exit_interrupted(cfg: Config, interrupted: Interrupted) -> NoReturn:
+    """Say where the interrupted run stands and exit 128 + the signal's number."""
+    from rlframe.interrupts import describe_interruption
+
+    say_error(describe_interruption(cfg.trainer.output_dir))
+    sys.stdout.flush()
+    os._exit(interrupted.exit_code)  # Ray's atexit hooks already ran in the launcher's teardown
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -42,6 +42,11 @@ from rlframe.controller.dispatch import (
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker import RENDEZVOUS_FILE_ENV
 
+WAIT_SLICE_S = 1.0
+"""Longest single ``ray.wait`` of :func:`wait_calls`. Ctrl-C or SIGTERM during a wait runs
+the driver's handler inside Ray, whose exception only surfaces when that ``ray.wait``
+returns: one unbounded wait for worker start-up held an interrupted run 12 s."""
+
 
 class WorkerError(RuntimeError):
     """A worker call failed: the worker raised, died or did not answer in time."""
@@ -266,7 +271,7 @@ def wait_calls(*handles: CallHandle) -> list[Any]:
         for handle in {id(h): h for h in owner.values()}.values():
             if handle.deadline <= now:
                 handle.expire()
-        timeout = min(h.deadline for h in owner.values()) - now
+        timeout = min(min(h.deadline for h in owner.values()) - now, WAIT_SLICE_S)
         ready, _ = ray.wait(list(owner), num_returns=1, timeout=max(timeout, 0))
         for ref in ready:
             owner.pop(ref).fetch(ref)
