@@ -131,10 +131,20 @@ class DriverLogs:
         logging.captureWarnings(False)
 
 
+def keep_ray_colours_off_files() -> None:
+    """Ray wraps the ``(raylet)`` and ``(Worker pid=...)`` prefixes of the lines it forwards
+    to the driver (a worker's death among them) in colour codes unless RAY_COLOR_PREFIX=0;
+    off a terminal they would reach the log file or pipe as text. Ray reads the variable as
+    it prints, in the driver."""
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
 def route_driver_logs(run_dir: Path, level: str) -> DriverLogs:
     """Send the driver's logging to ``<run_dir>/logs/driver.log`` and, above ``level``, to
     the console. Call before Ray starts, so Ray's start-up lines are routed as well (Ray is
     then initialised with ``configure_logging=False``)."""
+    keep_ray_colours_off_files()
     log_dir = (run_dir / "logs").resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()

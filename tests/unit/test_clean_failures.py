@@ -187,6 +187,30 @@ def test_error_lines_carry_no_colour_codes_off_a_terminal(capsys: pytest.Capture
     assert capsys.readouterr().err == "rlframe: ray::actor.update() failed\n"
 
 
+def test_ray_s_raylet_lines_carry_no_colour_codes_off_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line Ray prints for a worker's death, as it prints it in the driver, once the
+    run's logs are routed with stdout and stderr not terminals (pytest's capture)."""
+    import io
+
+    from ray._private.worker import print_worker_logs
+
+    from rlframe.logs import route_driver_logs
+
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")  # so that the test leaves what it found
+    monkeypatch.delenv("RAY_COLOR_PREFIX")
+    death = {"pid": "raylet", "ip": "127.0.0.1", "localhost": "127.0.0.1"}
+    death["lines"] = ["A worker died or was killed while executing a task."]  # type: ignore[assignment]
+    coloured = io.StringIO()
+    print_worker_logs(death, coloured)
+    assert "\x1b[" in coloured.getvalue()  # Ray's default
+    route_driver_logs(tmp_path, "warning").close()
+    plain = io.StringIO()
+    print_worker_logs(death, plain)
+    assert plain.getvalue() == "(raylet) A worker died or was killed while executing a task.\n"
+
+
 def test_a_model_folder_without_loadable_weights_fails_in_preflight(tmp_path: Path) -> None:
     import shutil
 
