@@ -50,6 +50,23 @@ CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class DriverLogFile(logging.FileHandler):
+    """``driver.log``. A record the disk cannot take is dropped, without the traceback that
+    logging prints for each one: the run's own writes (metrics.jsonl) report a full disk,
+    once, and end the run."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handleError(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            pass  # what was buffered for a full disk is lost with it
+
+
 class ConsoleFilter(logging.Filter):
     """Drops the records listed in :data:`HARMLESS`."""
 
@@ -114,15 +131,25 @@ class DriverLogs:
         logging.captureWarnings(False)
 
 
+def keep_ray_colours_off_files() -> None:
+    """Ray wraps the ``(raylet)`` and ``(Worker pid=...)`` prefixes of the lines it forwards
+    to the driver (a worker's death among them) in colour codes unless RAY_COLOR_PREFIX=0;
+    off a terminal they would reach the log file or pipe as text. Ray reads the variable as
+    it prints, in the driver."""
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
 def route_driver_logs(run_dir: Path, level: str) -> DriverLogs:
     """Send the driver's logging to ``<run_dir>/logs/driver.log`` and, above ``level``, to
     the console. Call before Ray starts, so Ray's start-up lines are routed as well (Ray is
     then initialised with ``configure_logging=False``)."""
+    keep_ray_colours_off_files()
     log_dir = (run_dir / "logs").resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
     routing = DriverLogs(log_dir, level, root_level=root.level)
-    file_handler = logging.FileHandler(log_dir / "driver.log")
+    file_handler = DriverLogFile(log_dir / "driver.log")
     file_handler.setLevel(logging.DEBUG if level == "debug" else logging.INFO)
     file_handler.setFormatter(logging.Formatter(FILE_FORMAT))
     console = logging.StreamHandler(sys.stderr)

@@ -81,7 +81,9 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     calls = [(closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions]
     agent = ctx.config.agent
     try:
-        outcomes = run_env_calls(calls, agent.step_timeout_s, agent.max_concurrent_envs)
+        outcomes = run_env_calls(
+            calls, agent.step_timeout_s, agent.max_concurrent_envs, agent.max_stuck_calls
+        )
     finally:
         for s in sessions:
             server.sessions.close(s.key)

@@ -36,7 +36,7 @@ from rlframe.agent_server.guard import (
 )
 from rlframe.agent_server.replies import ReplyBuilder
 from rlframe.agent_server.sessions import Session, SessionRegistry
-from rlframe.agent_server.trajectory import normalize_message
+from rlframe.agent_server.trajectory import Episode, normalize_message
 from rlframe.config import Config
 from rlframe.config.agent import compute_response_width, is_loopback
 from rlframe.protocol import Batch
@@ -296,13 +296,17 @@ class AgentServer:
         except Exception as e:  # the template cannot render these messages
             raise APIError(400, f"cannot render the messages: {e}", "invalid_request") from None
         max_tokens = self.allowed_tokens(plan, body)
+        if plan.new_row:
+            self.check_row_cap(episode)
         seed = mix_seed(session.seed, session.calls)
         session.calls += 1
         plan.row.busy = True
+        episode.new_rows_in_flight += int(plan.new_row)
         try:
             turn = await self.batcher.sample(plan.context, max_tokens, seed)
         finally:
             plan.row.busy = False
+            episode.new_rows_in_flight -= int(plan.new_row)
         if session.closed:
             raise APIError(401, "the episode ended while this call ran", "invalid_api_key")
         kept, reply, finish_reason = self.replies.build(turn, body, tools)
@@ -323,6 +327,21 @@ class AgentServer:
                 "total_tokens": prompt_tokens + len(kept[0]),
             },
         }
+
+    def check_row_cap(self, episode: Episode) -> None:
+        """A call that starts a row past ``agent.max_rows_per_episode`` gets a 400: each row
+        is a response of the prompt's group, so an agent that restarts its conversation
+        over and over multiplies the step's work (20 restarts: 5,120 rows, 6-8x slower)."""
+        cap = self.cfg.agent.max_rows_per_episode
+        if len(episode.rows) + episode.new_rows_in_flight >= cap:
+            raise APIError(
+                400,
+                f"this episode already has {cap} training rows (agent.max_rows_per_episode="
+                f"{cap}); a call that does not extend one of the episode's earlier "
+                "conversations starts another: continue a conversation, or raise the cap",
+                "invalid_request",
+                "messages",
+            )
 
     def allowed_tokens(self, plan: Any, body: dict[str, Any]) -> int:
         """The call's cap: what it asks, the per-call cap, and what is left of the row's

@@ -50,6 +50,14 @@ class AgentConfig:
     max_concurrent_envs: int = 256
     """Env steps of one turn that run at once (threads for sync envs, tasks for async ones);
     for ``rollout.agent=openai``: episodes that run at once."""
+    max_stuck_calls: int = 256
+    """Sync env or agent calls abandoned at ``agent.step_timeout_s`` that may still be running
+    (a thread cannot be stopped; ``agent/stuck_calls``); past it the run stops with an
+    error. Async calls are cancelled at their timeout and never count."""
+    max_rows_per_episode: int = 8
+    """Training rows one ``rollout.agent=openai`` episode may make (a call that does not
+    extend an earlier conversation of the episode starts a row); past it the call gets
+    HTTP 400 (``agent/rows_per_episode/max``)."""
     entry: str = ""
     """The agent of ``rollout.agent=openai``: ``pkg.module:fn`` or ``path/to/file.py:fn``,
     sync or async, called as ``fn(base_url, api_key, sample)`` once per episode; returns the
@@ -97,6 +105,8 @@ class AgentConfig:
         require_positive(self.step_timeout_s, "agent.step_timeout_s")
         require_choice(self.on_env_error, ENV_ERROR_POLICIES, "agent.on_env_error")
         require_positive(self.max_concurrent_envs, "agent.max_concurrent_envs")
+        require_positive(self.max_stuck_calls, "agent.max_stuck_calls")
+        require_positive(self.max_rows_per_episode, "agent.max_rows_per_episode")
         self.entry = absolutize(self.entry) if self.entry else ""
         require(
             0 <= self.server_port < 65536,

@@ -12,9 +12,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import torch
+
 from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlframe.config import Config
 from rlframe.data.loader import PromptLoader, build_prompt_batch
+from rlframe.envs.runner import count_stuck_calls
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.agents import AGENTS, AgentContext
@@ -62,7 +65,7 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
     """``agent/*`` metrics of a batch from an agent that reports them (empty otherwise)."""
     if "agent_turns" not in batch:
         return {}
-    return {
+    metrics = {
         "agent/turns/mean": float(batch["agent_turns"].mean()),
         "agent/tool_calls/mean": float(batch["agent_tool_calls"].mean()),
         "agent/tool_errors": float(batch["agent_tool_errors"].sum()),
@@ -70,7 +73,14 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
         "agent/obs_truncated": float(batch["agent_obs_cut"].sum()),
         "agent/env_failures": float(batch["env_failed"].sum()),
         "agent/env_reward/mean": float(batch["env_reward"].mean()),
+        "agent/stuck_calls": float(count_stuck_calls()),
     }
+    if "agent_episode" in batch:  # an openai episode can make several rows
+        rows = torch.bincount(batch["agent_episode"])
+        rows = rows[rows > 0]
+        metrics["agent/rows_per_episode/mean"] = float(rows.float().mean())
+        metrics["agent/rows_per_episode/max"] = float(rows.max())
+    return metrics
 
 
 class ExperienceProducer:

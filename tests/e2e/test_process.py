@@ -2,7 +2,8 @@
 the machine and its run directory. These tests spawn ``python -m rlframe.main``: the process is
 their subject (its exit status, signals, its fresh console, the cluster it starts).
 
-- Ctrl-C and SIGTERM stop a real run in seconds with one line and exit 130 / 143. The Ctrl-C
+- Ctrl-C and SIGTERM stop a real run in seconds with one line and exit 130 / 143, during
+  worker start-up as well as between steps. The Ctrl-C
   run also shows the console (the start-up summary, one line per step, little else; worker,
   vLLM and Ray output is in ``<run dir>/logs/``), that every socket of the local Ray cluster
   and the workers is bound to loopback (psutil on the driver's process tree), and that a
@@ -66,6 +67,47 @@ def test_a_signal_stops_the_run_with_one_line(tmp_path: Path, signum: signal.Sig
         assert noise not in rest + err
     if signum == signal.SIGINT:
         check_console_and_logs(console + rest.splitlines(), out)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_during_worker_start_up_stops_with_one_line(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """Sent once the actor worker has begun to construct (its log file exists) and the driver
+    waits for it inside ``ray.wait``: Ray's compiled code runs the signal handler there and
+    hands its exception back inside a ``SystemError``, which used to end the run with exit 1
+    and a 36-line traceback."""
+    out = tmp_path / "run"
+    command = cli_command("+recipe=grpo_tiny", f"trainer.output_dir={out}")
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    worker_log = out / "logs" / "actor_rank0.log"
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("rlframe: ray"):
+                break
+        deadline = time.monotonic() + 120
+        while not worker_log.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert worker_log.exists() and proc.poll() is None
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        rest, err = proc.communicate(timeout=60)
+        stopped_in = time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"stopped {stopped_in:.1f} s after the signal")
+    assert proc.returncode == 128 + signum
+    assert err.strip().splitlines() == [
+        "rlframe: interrupted before step 1 finished; the same command starts again"
+    ]
+    assert not any(line.startswith("step ") for line in rest.splitlines())
+    assert stopped_in < 6.0  # 2 s; 11-20 s while one unbounded ray.wait held the signal
+    for noise in ("Traceback", "SystemError", "KeyboardInterrupt", "Aborted", "core dumped"):
+        assert noise not in rest + err
 
 
 def check_console_and_logs(lines: list[str], run_dir: Path) -> None:
