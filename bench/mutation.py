@@ -42,9 +42,11 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
             "rlframe/algorithms/advantages.py",
             "rlframe/algorithms/losses.py",
             "rlframe/algorithms/mismatch.py",
+            "rlframe/algorithms/policy_objective.py",
         ],
         [
             "tests/unit/test_algorithms.py",
+            "tests/unit/test_policy_objective.py",
             "tests/unit/test_algorithm_family.py",
             "tests/unit/test_algorithm_fixes.py",
             "tests/unit/test_kl_control.py",

@@ -14,6 +14,8 @@ Both paths end with the receiver's copy equal to the source (checked), and the p
 same bytes, so GB/s = model bytes / seconds per sync. Prints the median of ``--repeats``.
 
     python bench/weight_sync.py [--device cpu|cuda] [--bucket-mb 64] [--repeats 5]
+
+``--device cuda`` needs two GPUs: rank r runs on GPU r.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def time_in_process(model: torch.nn.Module, bucket_bytes: int, repeats: int) -> 
 
 def run_rank(rank: int, spec: WeightGroupSpec, args: argparse.Namespace, out: dict) -> None:
     torch.set_num_threads(1)
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)  # one GPU per rank: NCCL refuses two ranks on one device
     model = build_model(args.device)
     group = WeightGroup(spec, rank, args.device)
     bucket_bytes = args.bucket_mb * 2**20
@@ -111,6 +115,11 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    if args.device == "cuda" and torch.cuda.device_count() < 2:
+        parser.error(
+            "--device cuda needs 2 GPUs (NCCL refuses two ranks on one GPU); "
+            "bench/gpu_check.py measures the one-GPU CUDA IPC hand-off"
+        )
 
     model = build_model(args.device)
     size = model_bytes(model)

@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlframe import startup
 from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_logs, write_hf_config
 from rlframe.config import Config, Placement
 from rlframe.controller.cluster import init_ray, resolve_device
@@ -22,7 +23,7 @@ from rlframe.interrupts import install_interrupt_handlers
 from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
 from rlframe.preflight import RunInputs
 from rlframe.rewards.stage import RewardStage
-from rlframe.rollout import ExperienceProducer
+from rlframe.rollout import ExperienceProducer, Producer
 from rlframe.rollout.async_episodes import AsyncEpisodeProducer
 from rlframe.rollout.async_producer import AsyncProducer
 from rlframe.run_dir import lock_run_dir
@@ -63,13 +64,13 @@ def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> di
 
 def build_producer(
     cfg: Config, workers: Workers, tokenizer: Any, loader: PromptLoader, rewards: RewardStage
-) -> tuple[ExperienceProducer | AsyncProducer, Callable[[], int]]:
+) -> tuple[Producer, Callable[[], int]]:
     """The experience producer and the ``sync_weights`` the trainer calls: lockstep at
     ``rollout.max_staleness=0`` (exactly the synchronous trainer), else the asynchronous
     producer, which learns each new weights version from the sync."""
     if cfg.rollout.max_staleness == 0:
-        producer = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards)
-        return producer, workers.sync_weights
+        lockstep = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards)
+        return lockstep, workers.sync_weights
     overlap = cfg.rollout.placement is Placement.separate
     # single_turn responses continue across engine calls; other agents' episodes run whole.
     kind = AsyncProducer if cfg.rollout.agent == "single_turn" else AsyncEpisodeProducer
@@ -77,6 +78,20 @@ def build_producer(
         cfg, workers.submit_generate, workers.generate, tokenizer, loader, rewards, overlap
     )
     return producer, producer.track_sync(workers.sync_weights)
+
+
+def describe_finished_run(history: list[dict[str, float]], out: Path) -> str:
+    """The run's last console line: steps, wall time, the reward trend, where outputs are."""
+    wall = startup.DRIVER.total_since_origin()
+    text = f"rlframe: done: {len(history)} step(s) in {wall:.0f} s"
+    rewards = [m["reward/mean"] for m in history if "reward/mean" in m]
+    if rewards:
+        head, tail = rewards[:5], rewards[-5:]
+        text += (
+            f"; reward {sum(head) / len(head):.3f} (first {len(head)}) -> "
+            f"{sum(tail) / len(tail):.3f} (last {len(tail)})"
+        )
+    return text + f"; outputs in {out.resolve()}"
 
 
 def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
@@ -96,6 +111,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
     tracker, experience, launch = None, None, None
     try:
         started = init_ray(cfg.ray)
+        startup.DRIVER.mark("ray")
         install_interrupt_handlers()  # again: Ray's replaced ours for SIGTERM
         import ray
 
@@ -116,6 +132,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             [],
         )
         workers = start_workers(launch)
+        startup.DRIVER.mark("workers")
         actor, critic = workers.actor, workers.critic
         tracker = Tracker(
             out,
@@ -159,7 +176,11 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             # A separate rollout pool loaded the model itself; from now on it holds exactly
             # the trainer's weights (the resumed ones, under their version).
             workers.push_current()
-        return trainer.fit()
+            startup.DRIVER.mark("first_sync")
+        startup.report_first_step(trainer.step_count + 1)
+        history = trainer.fit()
+        print(describe_finished_run(history, out), flush=True)
+        return history
     finally:
         if experience is not None:
             experience.close()

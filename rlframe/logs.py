@@ -42,8 +42,29 @@ HARMLESS = (
     "The object store is using /tmp instead of /dev/shm",
 )
 
+QUIET_LOGGERS = ("httpx", "httpcore", "openai")
+"""Client libraries an agent of ``rollout.agent=openai`` calls the endpoint through: below
+WARNING only at ``trainer.log_level=debug``."""
+
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class DriverLogFile(logging.FileHandler):
+    """``driver.log``. A record the disk cannot take is dropped, without the traceback that
+    logging prints for each one: the run's own writes (metrics.jsonl) report a full disk,
+    once, and end the run."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handleError(record)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:
+            pass  # what was buffered for a full disk is lost with it
 
 
 class ConsoleFilter(logging.Filter):
@@ -69,6 +90,7 @@ class DriverLogs:
     root_handlers: list[logging.Handler] = field(default_factory=list)
     ray_handlers: list[logging.Handler] = field(default_factory=list)
     ray_propagate: bool = False
+    quiet_levels: dict[str, int] = field(default_factory=dict)
 
     def worker_env(self) -> dict[str, str]:
         """Environment that makes a worker write into this run's ``logs/``."""
@@ -104,18 +126,30 @@ class DriverLogs:
         for handler in self.ray_handlers:
             ray_logger.addHandler(handler)
         ray_logger.propagate = self.ray_propagate
+        for name, previous in self.quiet_levels.items():
+            logging.getLogger(name).setLevel(previous)
         logging.captureWarnings(False)
+
+
+def keep_ray_colours_off_files() -> None:
+    """Ray wraps the ``(raylet)`` and ``(Worker pid=...)`` prefixes of the lines it forwards
+    to the driver (a worker's death among them) in colour codes unless RAY_COLOR_PREFIX=0;
+    off a terminal they would reach the log file or pipe as text. Ray reads the variable as
+    it prints, in the driver."""
+    if not (sys.stdout.isatty() and sys.stderr.isatty()):
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
 
 
 def route_driver_logs(run_dir: Path, level: str) -> DriverLogs:
     """Send the driver's logging to ``<run_dir>/logs/driver.log`` and, above ``level``, to
     the console. Call before Ray starts, so Ray's start-up lines are routed as well (Ray is
     then initialised with ``configure_logging=False``)."""
+    keep_ray_colours_off_files()
     log_dir = (run_dir / "logs").resolve()
     log_dir.mkdir(parents=True, exist_ok=True)
     root = logging.getLogger()
     routing = DriverLogs(log_dir, level, root_level=root.level)
-    file_handler = logging.FileHandler(log_dir / "driver.log")
+    file_handler = DriverLogFile(log_dir / "driver.log")
     file_handler.setLevel(logging.DEBUG if level == "debug" else logging.INFO)
     file_handler.setFormatter(logging.Formatter(FILE_FORMAT))
     console = logging.StreamHandler(sys.stderr)
@@ -139,6 +173,12 @@ def route_driver_logs(run_dir: Path, level: str) -> DriverLogs:
         ray_logger.removeHandler(handler)
     ray_logger.propagate = True
     logging.captureWarnings(True)
+    # One INFO line per HTTP call of the agents' OpenAI clients (thousands a step) would
+    # bury the rest; their warnings and errors still come through.
+    for name in QUIET_LOGGERS:
+        quiet = logging.getLogger(name)
+        routing.quiet_levels[name] = quiet.level
+        quiet.setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
     return routing
 
 
@@ -222,8 +262,20 @@ def describe_pools(cfg: Any, device: str) -> dict[str, str]:
         lines[f"{prefix}world"] = (
             f"{pool.world_size} rank(s) = {pool.nnodes} node(s) x {pool.procs_per_node}, {holds}"
         )
+        if pool.section == "trainer":
+            lines["mesh"] = describe_mesh(cfg, pool.world_size)
         per_rank = f"{pool.cpus_per_proc} CPU(s)"
         if device == "cuda":
             per_rank = f"1 GPU + {per_rank}"
         lines[f"{prefix}devices"] = f"{device}, {per_rank} per rank"
     return lines
+
+
+def describe_mesh(cfg: Any, world_size: int) -> str:
+    """The training ranks as data x sequence groups (``actor.sequence_parallel_size``)."""
+    sp = cfg.actor.sequence_parallel_size
+    text = f"{world_size // sp} data x {sp} sequence (training)"
+    if cfg.critic.enable and cfg.critic.sequence_parallel_size != sp:
+        critic_sp = cfg.critic.sequence_parallel_size
+        text += f"; critic {world_size // critic_sp} data x {critic_sp} sequence"
+    return text

@@ -15,14 +15,18 @@ import re
 import sys
 from dataclasses import fields, is_dataclass
 from pathlib import Path
-from typing import Any, get_origin, get_type_hints
+from typing import TYPE_CHECKING, Any, NoReturn, get_origin, get_type_hints
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from rlframe import startup
 from rlframe.config import Config, ConfigError, build_config
 from rlframe.config.checks import RENAMED_KEYS, check_renamed_key, first_line, list_dotted_keys
+
+if TYPE_CHECKING:
+    from rlframe.interrupts import Interrupted
 
 BUILTIN_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 RECIPE_DIRS_ENV = "RLFRAME_RECIPE_DIRS"
@@ -194,28 +198,61 @@ def run(cfg: Config) -> None:
     from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
     from rlframe.envs import EnvError
-    from rlframe.interrupts import Interrupted, describe_interruption, install_interrupt_handlers
+    from rlframe.interrupts import (
+        Interrupted,
+        describe_position,
+        find_interruption,
+        install_interrupt_handlers,
+    )
     from rlframe.launch import run_training
     from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
     from rlframe.run_dir import lock_run_dir
-    from rlframe.save_failures import CheckpointError
+    from rlframe.save_failures import (
+        DISK_FULL_EXIT,
+        CheckpointError,
+        describe_full_disk,
+        find_full_disk,
+    )
 
     install_interrupt_handlers()
     try:
         lock_run_dir(cfg.trainer.output_dir)  # before anything reads or writes the folder
         inputs = check_run_inputs(cfg)
+        startup.DRIVER.mark("preflight")
         run_training(cfg, inputs)
     except ConfigError as e:
         say_error(f"rlframe: config error: {e}")
         sys.exit(2)
-    except (WorkerError, RewardError, EnvError, PlacementError, CheckpointError) as e:
+    except CheckpointError as e:
+        say_error(f"rlframe: {e}")
+        sys.exit(DISK_FULL_EXIT if e.disk_full else 1)
+    except (WorkerError, RewardError, EnvError, PlacementError) as e:
         say_error(f"rlframe: {e}")
         sys.exit(1)
     except Interrupted as e:
-        say_error(describe_interruption(cfg.trainer.output_dir))
-        sys.stdout.flush()
-        os._exit(e.exit_code)  # Ray's atexit hooks already ran in the launcher's teardown
+        exit_interrupted(cfg, e)
+    except Exception as e:
+        interrupted = find_interruption(e)
+        if interrupted is not None:
+            exit_interrupted(cfg, interrupted)
+        # A full disk anywhere in the run directory (metrics.jsonl, rollouts.jsonl, a resume
+        # config, TensorBoard events) is the user's to fix, not a bug: one line, no traceback.
+        full = find_full_disk(e)
+        if full is None:
+            raise
+        out = cfg.trainer.output_dir
+        say_error(describe_full_disk(full, out, *describe_position(out)))
+        sys.exit(DISK_FULL_EXIT)
+
+
+def exit_interrupted(cfg: Config, interrupted: Interrupted) -> NoReturn:
+    """Say where the interrupted run stands and exit 128 + the signal's number."""
+    from rlframe.interrupts import describe_interruption
+
+    say_error(describe_interruption(cfg.trainer.output_dir))
+    sys.stdout.flush()
+    os._exit(interrupted.exit_code)  # Ray's atexit hooks already ran in the launcher's teardown
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -236,10 +273,12 @@ def hydra_main(tree: DictConfig) -> None:
     except ConfigError as e:
         print(f"rlframe: config error: {e}", file=sys.stderr)
         sys.exit(2)
+    startup.DRIVER.mark("config")
     run(cfg)
 
 
 def main() -> None:
+    startup.begin_driver_clock()
     try:
         check_override_keys(sys.argv[1:])
         check_override_types(sys.argv[1:])

@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from rlframe import startup
 from rlframe.algorithms.registry import load_class
 from rlframe.config import Config, Placement
 from rlframe.config.placement import resolve_actor_worker_cls, rollout_pool, trainer_pool
@@ -83,6 +84,8 @@ class Launch:
     def start(
         self, pool: ResourcePool, role: str, path: str, model: str, tp: int = 1
     ) -> tuple[Any, type]:
+        """Start a group's actors without waiting for them: :meth:`wait_started` waits for
+        every group started so far, so their constructors (imports, engines) run at once."""
         worker_cls = load_class(path)
         group = WorkerGroup(
             pool,
@@ -92,9 +95,20 @@ class Launch:
             call_timeout_s=self.cfg.ray.call_timeout_s,
             env=self.env(pool.cpus_per_proc),
             rollout_tp_size=tp,
+            wait=False,
         )
         self.groups.append(group)
         return group, worker_cls
+
+    def wait_started(self) -> None:
+        """Wait for the constructors of every group started; record what each cost, from its
+        rank 0's own clock (Python, imports, engines)."""
+        waiting = [g for g in self.groups if g.started.outcome is None]
+        wait_calls(*(g.started for g in waiting))
+        for group in waiting:
+            if "report_startup" in group.methods:  # a user's class may not derive from Worker
+                report = group.report_startup()
+                startup.DRIVER.attach("workers", report, prefix=f"{group.role} ")
 
     def shutdown(self) -> None:
         for group in self.groups:
@@ -104,7 +118,7 @@ class Launch:
 
 
 def start_workers(launch: Launch) -> Workers:
-    """Create the pools, start every group and connect the weight seam."""
+    """Create the pools, start every group (all at once) and connect the weight seam."""
     cfg = launch.cfg
     # The critic and the reward model, when there are, share the training bundles.
     colocate = 1 + int(bool(cfg.critic.enable)) + int(launch.reward_model_path is not None)
@@ -113,30 +127,36 @@ def start_workers(launch: Launch) -> Workers:
     if cfg.rollout.placement is Placement.colocated:
         group, cls = launch.start(train, "actor", cfg.actor.worker_cls, launch.model_path, tp)
         hybrid = roles.bind_role(group, roles.HybridGroup, cls)
-        actor: roles.ActorGroup = hybrid
-        generate, sync, push = hybrid.generate, build_colocated_sync(hybrid), None
-        engines: roles.Group = hybrid
-    else:
-        group, cls = launch.start(
-            train, "actor", resolve_actor_worker_cls(cfg.rollout, cfg.actor), launch.model_path
+        critic, reward_model = start_critic(launch, train), start_reward_model(launch, train)
+        launch.wait_started()
+        return Workers(
+            hybrid,
+            critic,
+            reward_model,
+            hybrid.generate,
+            lambda prompts: hybrid.submit("generate", prompts),
+            build_colocated_sync(hybrid),
+            None,
         )
-        trainer = roles.bind_role(group, roles.TrainGroup, cls)
-        pool = launch.create_pool("rollout", 1)
-        group, cls = launch.start(pool, "rollout", cfg.rollout.worker_cls, launch.model_path, tp)
-        rollout = roles.bind_role(group, roles.RolloutGroup, cls)
-        join_weight_group(
-            trainer,
-            rollout,
-            pick_weight_group_spec(trainer, rollout, lambda: train.find_free_port(0)),
-        )
-        sync, push = build_broadcast_sync(trainer, rollout)
-        actor, generate, engines = trainer, rollout.generate, rollout
+    group, cls = launch.start(
+        train, "actor", resolve_actor_worker_cls(cfg.rollout, cfg.actor), launch.model_path
+    )
+    trainer = roles.bind_role(group, roles.TrainGroup, cls)
+    critic, reward_model = start_critic(launch, train), start_reward_model(launch, train)
+    pool = launch.create_pool("rollout", 1)
+    group, cls = launch.start(pool, "rollout", cfg.rollout.worker_cls, launch.model_path, tp)
+    rollout = roles.bind_role(group, roles.RolloutGroup, cls)
+    launch.wait_started()
+    join_weight_group(
+        trainer, rollout, pick_weight_group_spec(trainer, rollout, lambda: train.find_free_port(0))
+    )
+    sync, push = build_broadcast_sync(trainer, rollout)
     return Workers(
-        actor,
-        start_critic(launch, train),
-        start_reward_model(launch, train),
-        generate,
-        lambda prompts: engines.submit("generate", prompts),
+        trainer,
+        critic,
+        reward_model,
+        rollout.generate,
+        lambda prompts: rollout.submit("generate", prompts),
         sync,
         push,
     )

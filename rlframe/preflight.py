@@ -10,12 +10,13 @@ traceback after Ray and vLLM have started.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlframe.config import Config, ConfigError, Placement, first_line
+from rlframe.config import Config, ConfigError, Device, Placement, first_line
 from rlframe.data.prompts import PromptRecord
 
 
@@ -51,6 +52,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     model_path, tokenizer = load_model_files(cfg)
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
+    check_sequence_parallel(cfg, model_path)
     check_lora_targets(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:
@@ -184,8 +186,9 @@ def list_worker_roles(cfg: Config) -> list[tuple[str, str, type]]:
 
 
 def check_local_pools(cfg: Config) -> None:
-    """When this run starts its own one-machine Ray: the worker pools fit the machine."""
-    from rlframe.config.placement import check_pools_fit
+    """When this run starts its own one-machine Ray: the worker pools fit the machine (its
+    CPUs, and its GPUs when the run will train on them)."""
+    from rlframe.config.placement import check_pools_fit, check_pools_gpus
     from rlframe.controller.cluster import will_start_local_ray
 
     if not will_start_local_ray(cfg.ray):
@@ -195,6 +198,18 @@ def check_local_pools(cfg: Config) -> None:
     else:
         cpus, source = os.cpu_count() or 1, "this machine's CPUs; ray.num_cpus overrides"
         check_pools_fit(cfg.rollout, cfg.trainer, cpus, source)
+    gpus = count_local_gpus()
+    # trainer.device=auto trains on the GPUs the local Ray will find, if there are any.
+    if cfg.trainer.device is Device.cuda or (cfg.trainer.device is Device.auto and gpus > 0):
+        check_pools_gpus(cfg.rollout, cfg.trainer, gpus, "the GPUs this process can see")
+
+
+def count_local_gpus() -> int:
+    """GPUs a Ray started here will advertise: those CUDA_VISIBLE_DEVICES leaves visible.
+    torch counts them through NVML without creating a CUDA context."""
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def check_openai_entry(cfg: Config) -> None:
@@ -203,10 +218,26 @@ def check_openai_entry(cfg: Config) -> None:
 
     if not cfg.agent.entry:
         raise ConfigError("agent.entry", "rollout.agent=openai needs the agent's function")
+    check_server_port(cfg.agent.server_host, cfg.agent.server_port)
     try:
         load_function(cfg.agent.entry)
     except Exception as e:
         raise ConfigError("agent.entry", describe_load_error(e)) from None
+
+
+def check_server_port(host: str, port: int) -> None:
+    """A fixed ``agent.server_port`` is free on ``agent.server_host`` (0: the OS picks one)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio binds
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ConfigError(
+                "agent.server_port", f"cannot listen on {host}:{port}: {e.strerror or e}"
+            ) from None
 
 
 def check_agent(cfg: Config, tokenizer: Any) -> None:
@@ -284,6 +315,39 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
             "agent.max_obs_tokens" if is_multi_turn(cfg.rollout.agent) else "rollout.max_tokens",
             f"{parts} = {longest} tokens exceeds the model's {limit} positions",
         )
+
+
+def check_sequence_parallel(cfg: Config, model_path: str) -> None:
+    """Ulysses hands each rank of a group ``heads / size`` attention heads: the size must
+    divide the model's heads (key/value heads are repeated as needed). Sliding-window layers
+    are refused: the mask the exchange builds is the full causal one."""
+    sizes = {
+        "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size,
+        "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size,
+    }
+    sizes = {k: v for k, v in sizes.items() if v > 1}
+    if not sizes:
+        return
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except Exception:  # a model id whose config is not reachable: the workers will say
+        return
+    config = getattr(config, "text_config", config)
+    heads = getattr(config, "num_attention_heads", None)
+    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or [])
+    for key, size in sizes.items():
+        if heads is not None and heads % size:
+            raise ConfigError(
+                key, f"{size} must divide the model's {heads} attention heads ({model_path})"
+            )
+        if sliding:
+            raise ConfigError(
+                key, f"{size} > 1 is not supported for models with sliding-window layers"
+            )
 
 
 def describe_load_error(error: BaseException) -> str:

@@ -158,3 +158,15 @@ class Batch:
             raise ValueError("cannot pad an empty batch")
         index = np.concatenate([np.arange(len(self)), np.arange(pad) % len(self)])
         return self.rows(index), pad
+
+
+@dataclass
+class UpdateResult:
+    """What one rank's policy update returns to the driver."""
+
+    metrics: dict[str, float]
+    """``actor/*`` means over the update's micro-batches on this rank."""
+    own_logprobs: torch.Tensor | None = None
+    """An exactly on-policy update's own detached log-probs of this rank's rows ([rows, R],
+    in the order the rank got them): the batch's ``old_logprobs``. None when the batch
+    brought old log-probs (or the rollout's are the old policy)."""

@@ -7,7 +7,8 @@
   can be reused: a start that failed does not claim the folder.
 - Resuming compares the config with the one the checkpoint's run was launched with: every
   changed key is printed; a change that makes the checkpoint meaningless (the model, critic
-  on/off, the algorithm family) stops with one line unless ``trainer.resume_changes=allow``.
+  on/off, the algorithm family, the shape or scale of LoRA adapters) stops with one line
+  unless ``trainer.resume_changes=allow``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ HELD: dict[Path, int] = {}
 IGNORED_CHANGES = ("trainer.total_steps", "trainer.resume", "trainer.resume_changes")
 """Keys a resume is expected to change: not reported."""
 
+ADAPTER_KEYS = ("rank", "alpha", "target_modules")
+"""LoRA keys a checkpoint's adapters are made of: another rank or set of layers does not
+load; another alpha loads as another policy (the update is scaled by alpha / rank)."""
+
 
 def lock_run_dir(output_dir: str | Path) -> None:
     """Create the folder and take its lock, or raise ConfigError naming the live run's PID."""
@@ -52,6 +57,14 @@ def lock_run_dir(output_dir: str | Path) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     HELD[out] = fd
+
+
+def release_run_dir(output_dir: str | Path) -> None:
+    """Give up this process's lock on the folder (for a process that runs several runs one
+    after another, such as a notebook or the test harness; a CLI run keeps it until exit)."""
+    fd = HELD.pop(Path(output_dir).resolve(), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def never_finished_a_step(output_dir: Path) -> bool:
@@ -89,6 +102,16 @@ def family(advantage: Any) -> str:
     return "critic-based" if advantage in NEEDS_CRITIC else "critic-free"
 
 
+def list_adapter_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The adapter keys of each LoRA section that has adapters before or after the resume
+    (with rank 0 on both sides, alpha and the layers are unused)."""
+    keys = []
+    for section in ("model.lora", "critic.lora"):
+        if old.get(f"{section}.rank") or new.get(f"{section}.rank"):
+            keys += [f"{section}.{key}" for key in ADAPTER_KEYS]
+    return keys
+
+
 def check_resume_changes(cfg: Config, checkpoint: Path, step: int) -> None:
     """Print the keys changed since the checkpoint's launch; refuse the ones that make the
     checkpoint meaningless unless ``trainer.resume_changes=allow``."""
@@ -103,14 +126,12 @@ def check_resume_changes(cfg: Config, checkpoint: Path, step: int) -> None:
     ]
     if not changed:
         return
-    described = ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
-    print(f"rlframe: resuming {checkpoint} with changed keys: {described}", file=sys.stderr)
-    if cfg.trainer.resume_changes == "allow":
-        return
     fatal = [k for k in ("model.path", "critic.enable") if k in changed]
     if family(old.get("algorithm.advantage")) != family(new.get("algorithm.advantage")):
         fatal.append("algorithm.advantage")
-    if fatal:
+    fatal += [k for k in list_adapter_keys(old, new) if k in changed]
+    if fatal and cfg.trainer.resume_changes != "allow":
+        # One line: the refusal alone (the other changed keys are listed once it resumes).
         key = fatal[0]
         raise ConfigError(
             key,
@@ -118,3 +139,5 @@ def check_resume_changes(cfg: Config, checkpoint: Path, step: int) -> None:
             "weights and state do not fit; resume with the old value, choose a new "
             "trainer.output_dir, or pass trainer.resume_changes=allow",
         )
+    described = ", ".join(f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in changed)
+    print(f"rlframe: resuming {checkpoint} with changed keys: {described}", file=sys.stderr)

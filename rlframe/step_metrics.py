@@ -6,23 +6,25 @@ quantity means), ``response_length/*``, ``rollout/*``, ``timing_s/*``, ``perf/*`
 
 from __future__ import annotations
 
+import torch
+
 from rlframe.protocol import Batch
 from rlframe.tracking import StageTimer
 
 
 def collect_step_metrics(
-    batch: Batch, timer: StageTimer, trainer_logprobs: bool = True
+    batch: Batch,
+    timer: StageTimer,
+    trainer_logprobs: bool = True,
+    trainer_version: int | None = None,
 ) -> dict[str, float]:
     """The step's metrics: rewards, lengths, rollout/trainer agreement (only when the batch's
-    ``old_logprobs`` are the trainer's: ``trainer_logprobs``), timings."""
+    ``old_logprobs`` are the trainer's: ``trainer_logprobs``; see
+    :func:`compute_logprob_diffs` for ``trainer_version``), timings."""
     mask = batch["loss_mask"]
     # Sampled tokens only: tool observations in a multi-turn response are not the policy's.
     lengths = mask.sum(1)
     rewards = batch["reward"]
-    # Same tokens, same weights: any gap is numerics or a stale weight sync.
-    diff = (
-        (batch["rollout_logprobs"] - batch["old_logprobs"]).abs() * mask
-    ).sum() / mask.sum().clamp(min=1)
     metrics = {
         "reward/mean": float(rewards.mean()),
         "reward/max": float(rewards.max()),
@@ -36,12 +38,59 @@ def collect_step_metrics(
         "rollout/weights_version": read_weights_version(batch),
     }
     if trainer_logprobs:
-        metrics["rollout/logprob_diff"] = float(diff)
+        metrics |= compute_logprob_diffs(
+            batch["rollout_logprobs"],
+            batch["old_logprobs"],
+            mask,
+            read_token_versions(batch),
+            trainer_version,
+        )
     metrics |= collect_reward_metrics(batch)
     metrics |= timer.metrics()
     tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
     metrics["perf/tokens_per_s"] = tokens / metrics["timing_s/step"]
     return metrics
+
+
+def compute_logprob_diffs(
+    rollout_logprobs: torch.Tensor,
+    trainer_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    token_versions: torch.Tensor | None,
+    trainer_version: int | None,
+) -> dict[str, float]:
+    """The mean absolute gap between the rollout's and the trainer's log-probs of the same
+    tokens, split by the weights that sampled them.
+
+    ``rollout/logprob_diff`` covers the tokens sampled with the weights the trainer held when
+    it scored them (``token_versions == trainer_version``): any gap there is numerics or a
+    weight sync that did not deliver. ``rollout/logprob_diff_stale`` covers the others, whose
+    gap is the policy's own movement since (asynchronous training). With ``trainer_version``
+    None (lockstep) every token is current and there is no stale metric. Otherwise a metric
+    whose set has no tokens is left out: a step that trains only on stale tokens checks no
+    sync, and must not read as a clean one.
+    """
+    gap = (rollout_logprobs - trainer_logprobs).abs()
+    mask = mask.bool()
+    if trainer_version is None:
+        return {"rollout/logprob_diff": float(gap[mask].sum() / mask.sum().clamp(min=1))}
+    current = mask
+    if token_versions is not None:
+        current = mask & (token_versions == trainer_version)
+    stale = mask & ~current
+    sets = {"rollout/logprob_diff": current, "rollout/logprob_diff_stale": stale}
+    return {name: float(gap[s].mean()) for name, s in sets.items() if s.any()}
+
+
+def read_token_versions(batch: Batch) -> torch.Tensor | None:
+    """The weights version of each response token, ``[rows, width]``: ``token_version``
+    where the producer kept one per token, else each row's ``weights_version`` on all its
+    tokens; None when the batch carries neither."""
+    if "token_version" in batch.tensors:
+        return batch["token_version"]
+    if "weights_version" in batch.tensors:
+        return batch["weights_version"].unsqueeze(1).expand_as(batch["loss_mask"])
+    return None
 
 
 def collect_reward_metrics(batch: Batch) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -95,8 +96,7 @@ class Tracker:
         if "wandb" in self.loggers and self.wandb_run is None:
             self.start_wandb()
         if "jsonl" in self.loggers:
-            with self.metrics_path.open("a") as f:
-                f.write(json.dumps({"step": step, **metrics}) + "\n")
+            append_lines(self.metrics_path, json.dumps({"step": step, **metrics}) + "\n")
         if "console" in self.loggers:
             print(format_console_line(step, self.total_steps, metrics), flush=True)
             if any(key.startswith("val/") for key in metrics):
@@ -111,15 +111,32 @@ class Tracker:
             self.wandb_run.log(metrics, step=step)
 
     def log_rollouts(self, step: int, rows: list[dict[str, Any]]) -> None:
-        with self.rollouts_path.open("a") as f:
-            for row in rows:
-                f.write(json.dumps({"step": step, **row}) + "\n")
+        lines = "".join(json.dumps({"step": step, **row}) + "\n" for row in rows)
+        append_lines(self.rollouts_path, lines)
 
     def close(self) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.wandb_run is not None:
             self.wandb_run.finish()
+
+
+def append_lines(path: Path, text: str) -> None:
+    """Append ``text`` (whole lines) to ``path``, or nothing: a write the disk cannot hold is
+    taken back, so the file keeps whole lines for a resume to read, and the error names the
+    file (a buffered file's failing close names none)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        start = os.fstat(fd).st_size
+        left = memoryview(text.encode())
+        try:
+            while left:
+                left = left[os.write(fd, left) :]
+        except OSError as e:
+            os.ftruncate(fd, start)
+            raise OSError(e.errno, e.strerror, str(path)) from None
+    finally:
+        os.close(fd)
 
 
 def format_console_line(step: int, total: int, metrics: dict[str, float]) -> str:

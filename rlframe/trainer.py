@@ -17,12 +17,13 @@ import torch
 from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs, place_on_last_token
 from rlframe.algorithms.losses import KLController, apply_kl_penalty
 from rlframe.algorithms.mismatch import compute_mismatch_metrics
+from rlframe.algorithms.names import OffPolicyCorrection
 from rlframe.algorithms.off_policy import compute_off_policy_metrics, needs_old_logprob_pass
 from rlframe.checkpoint import Checkpointer
 from rlframe.config import Config
 from rlframe.controller.roles import ActorGroup, CriticGroup
 from rlframe.protocol import Batch
-from rlframe.rollout import ExperienceProducer
+from rlframe.rollout import Producer
 from rlframe.sequence_layout import balance_rows
 from rlframe.step_metrics import collect_step_metrics
 from rlframe.tracking import StageTimer, Tracker
@@ -49,7 +50,7 @@ class Trainer:
         cfg: Config,
         actor: ActorGroup,
         critic: CriticGroup | None,
-        experience: ExperienceProducer | None,
+        experience: Producer | None,
         sync_weights: Callable[[], int],
         tracker: Tracker | None,
         checkpointer: Checkpointer | None = None,
@@ -62,6 +63,8 @@ class Trainer:
         a = cfg.algorithm
         self.kl_ctrl = KLController(a.kl_reward_coef, a.kl_reward_ctrl, a.kl_target, a.kl_horizon)
         self.step_count = 0
+        self.weights_version = 0
+        """The version of the trainer's weights (the last sync's): what it scores batches with."""
         self.checkpointer, self.validator = checkpointer, validator
 
     def fit(self) -> list[dict[str, float]]:
@@ -96,10 +99,12 @@ class Trainer:
             "experience": self.experience.state_dict(),
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "tracker": self.tracker.state_dict(),
+            "weights_version": self.weights_version,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step_count = int(state["step"])
+        self.weights_version = int(state.get("weights_version", 0))
         self.experience.load_state_dict(state["experience"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.tracker.load_state_dict(state["tracker"])
@@ -110,6 +115,7 @@ class Trainer:
             # gen, reward (and baseline): prompts -> rewarded responses, by the configured agent.
             self.experience.submit()
             batch, metrics = self.experience.collect()
+            scored_with = self.weights_version
             batch = self.attach_old_logprobs(batch, timer)
             if self.use_ref:
                 with timer("ref"):
@@ -126,11 +132,14 @@ class Trainer:
                 with timer("update"):
                     batch, actor_metrics = self.update_actor(batch)
                 with timer("sync"):
-                    self.sync_weights()
+                    self.weights_version = self.sync_weights()
                 metrics |= actor_metrics
         self.log_rollouts(batch)
         metrics |= adv_metrics | self.collect_correction_metrics(batch)
-        return metrics | collect_step_metrics(batch, timer, self.has_trainer_logprobs)
+        # Lockstep scores every token with the weights that sampled it; asynchronous steps
+        # split the rollout/trainer gap by the tokens' versions.
+        version = scored_with if self.cfg.rollout.max_staleness > 0 else None
+        return metrics | collect_step_metrics(batch, timer, self.has_trainer_logprobs, version)
 
     def actor_updates(self) -> bool:
         """The actor updates (and syncs) every step, except while a critic learns alone
@@ -142,7 +151,7 @@ class Trainer:
         """The batch's old log-probs are the trainer's; with the rollout's as the old policy
         there is nothing to compare the rollout with (no ``rollout/logprob_diff``, no
         ``mismatch/*``)."""
-        return self.cfg.algorithm.off_policy_correction != "rollout"
+        return self.cfg.algorithm.off_policy_correction is not OffPolicyCorrection.rollout
 
     def collect_correction_metrics(self, batch: Batch) -> dict[str, float]:
         """``mismatch/*`` (trainer vs rollout) and ``off_policy/behav_weight_*`` (decoupled)."""
@@ -157,7 +166,7 @@ class Trainer:
         """The old policy's log-probs (``algorithm.off_policy_correction``): the rollout's own,
         the trainer's forward pass (timed as ``old_logprob``), or none yet when the update is
         exactly on-policy and returns its own."""
-        if self.cfg.algorithm.off_policy_correction == "rollout":
+        if self.cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout:
             return batch.with_tensors(old_logprobs=batch["rollout_logprobs"])
         if not self.needs_old_logprob_pass(len(batch)):
             return batch
@@ -183,8 +192,8 @@ class Trainer:
         become ``old_logprobs``."""
         order = balance_rows(batch, self.cfg.trainer.world_size, self.cfg.actor.mini_batch_size)
         per_rank = self.actor.update(batch.rows(order))
-        own = [m.pop("old_logprobs") for m in per_rank if "old_logprobs" in m]
-        metrics = average(per_rank)
+        metrics = average([r.metrics for r in per_rank])
+        own = [r.own_logprobs for r in per_rank if r.own_logprobs is not None]
         if "old_logprobs" in batch:
             return batch, metrics
         old = torch.empty(batch["response_mask"].shape)

@@ -120,7 +120,10 @@ def run_recipe(
 
     assert ray.is_initialized(), "run_recipe needs the ray_cluster fixture"
     args = [f"+recipe={recipe}", f"trainer.output_dir={run_dir}", *overrides]
-    code, stdout, stderr = call_main(args)
+    try:
+        code, stdout, stderr = call_main(args)
+    finally:
+        release_all_run_dirs()  # as a CLI run's exit would: the next run may take the folder
     result = RunResult(code, stdout, stderr, Path(run_dir))
     assert code == expect_exit, f"exit {code}, expected {expect_exit}:\n{stderr[-5000:]}"
     if code == 0:
@@ -170,10 +173,19 @@ def check_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
     try:
         code, stdout, stderr = call_main(list(args))
     finally:
+        release_all_run_dirs()
         rlframe.launch.run_training = saved_run
         os.environ.clear()
         os.environ.update(saved_env)
     return CliResult(code, stdout, stderr)
+
+
+def release_all_run_dirs() -> None:
+    """Drop the run-directory locks this process took (a CLI run drops them at exit)."""
+    from rlframe.run_dir import HELD, release_run_dir
+
+    for path in list(HELD):
+        release_run_dir(path)
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -18,7 +18,13 @@ from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import build_layout
 from workers.engines.checkpointing import load_engine, save_engine
-from workers.engines.fsdp import FSDPEngine, OptimizerSpec, resolve_packing, run_minibatch_updates
+from workers.engines.fsdp import (
+    FSDPEngine,
+    OptimizerSpec,
+    pick_dtype,
+    resolve_packing,
+    run_minibatch_updates,
+)
 from workers.train_role import (
     backward_summed_over_ranks,
     count_optimizer_steps,
@@ -60,9 +66,17 @@ class CriticWorker(Worker):
             count_optimizer_steps(cfg),
         )
         self.engine = FSDPEngine(
-            model_path, cfg.model, spec, device, head="value", lora=cfg.critic.lora
+            model_path,
+            cfg.model,
+            spec,
+            device,
+            head="value",
+            lora=cfg.critic.lora,
+            sequence_parallel_size=c.sequence_parallel_size,
         )
-        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
+        self.packed = resolve_packing(
+            cfg.actor.pack_sequences, device, pick_dtype(cfg.model.dtype, device)
+        )
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
     def compute_values(self, batch: Batch) -> Batch:
@@ -75,6 +89,7 @@ class CriticWorker(Worker):
     @dispatch(Dispatch.DP_SPLIT, reads=reads.VALUE_UPDATE)
     def update(self, batch: Batch) -> dict[str, float]:
         """Regress values on the returns, with the actor's mini-batch and micro-batch sizes."""
+        batch, _ = self.engine.gather_rows(batch, self.cfg.actor.mini_batch_size // self.world_size)
         return run_minibatch_updates(
             self.engine,
             batch,

@@ -14,7 +14,7 @@ from rlframe.config import Config
 from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
+from rlframe.protocol import Batch, UpdateResult
 from workers.rollout_role import RolloutRole
 from workers.train_role import TrainRole
 from workers.weight_sync import InProcessSink
@@ -27,13 +27,19 @@ class HybridWorker(Worker):
         super().__init__()
         # Before the engines: vLLM adopts this process group as its world.
         self.init_process_group(device)
+        self.startup.mark("process_group")
         torch.manual_seed(cfg.trainer.seed)
         self.train_role = TrainRole(cfg, model_path, device, self.world_size)
+        self.startup.mark("train_engine")
         self.rollout_role = RolloutRole(cfg, model_path, device, self.rank)
+        self.startup.mark("rollout_engine")
         self.sink = InProcessSink(self.rollout_role)
         # LoRA syncs are where engines silently keep old weights: check each one arrived.
         lora = cfg.model.lora
         self.verifies_sync = lora.enabled and lora.verify_sync
+        if self.verifies_sync:
+            # Same weights on both sides now: the probe gap measured here is pure noise.
+            self.rollout_role.calibrate_probe(self.train_role.compute_sync_probe())
         # The engine starts awake with the checkpoint's weights: the first stage is rollout.
         self.train_role.offload()
 
@@ -80,8 +86,10 @@ class HybridWorker(Worker):
 
     @dispatch(Dispatch.ROLLOUT_DP_SPLIT, reads=reads.GENERATE)
     def generate(self, prompts: Batch) -> Batch:
-        """See :meth:`RolloutRole.generate`; meta ``more_turns`` (an episode goes on) leaves
-        the engine awake for the next turn."""
+        """See :meth:`RolloutRole.generate`. Meta ``more_turns``: more calls of this
+        generation phase follow (an episode's next turn, a partial response's next chunk), so
+        the engine stays awake; the next training call (log-probs, update, sync) puts it to
+        sleep."""
         self.enter_rollout_mode()
         out = self.rollout_role.generate(prompts)
         if not prompts.meta.get("more_turns"):
@@ -101,7 +109,7 @@ class HybridWorker(Worker):
         return Batch({"ref_logprobs": self.train_role.compute_ref_logprobs(batch)})
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
-    def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+    def update(self, batch: Batch) -> UpdateResult:
         """See :meth:`TrainRole.update`."""
         self.enter_train_mode()
         return self.train_role.update(batch)

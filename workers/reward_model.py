@@ -23,6 +23,7 @@ from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.protocol import Batch
 from workers.engines.fsdp import apply_fsdp, pick_attention, pick_dtype, run_as_root_forward
+from workers.engines.rank0_load import load_rank0_state
 
 
 def render_conversation(
@@ -43,7 +44,7 @@ class RewardModelWorker(Worker):
 
     def __init__(self, cfg: Config, model_path: str, device: str) -> None:
         super().__init__()
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
         self.cfg, self.device = cfg, device
         self.init_process_group(device)
@@ -52,12 +53,19 @@ class RewardModelWorker(Worker):
             model_path, trust_remote_code=rm.trust_remote_code
         )
         dtype = pick_dtype(rm.dtype, device)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            model_path,
-            dtype=dtype,
-            attn_implementation=pick_attention(device),
-            trust_remote_code=rm.trust_remote_code,
-        )
+        kwargs = {
+            "dtype": dtype,
+            "attn_implementation": pick_attention(device, dtype),
+            "trust_remote_code": rm.trust_remote_code,
+        }
+        # With several ranks only rank 0 reads the weights (see the policy's build_train_model).
+        spread, rank0 = dist.get_world_size() > 1, dist.get_rank() == 0
+        if rank0 or not spread:
+            model = AutoModelForSequenceClassification.from_pretrained(model_path, **kwargs)
+        else:
+            config = AutoConfig.from_pretrained(model_path, trust_remote_code=rm.trust_remote_code)
+            with torch.device("meta"):
+                model = AutoModelForSequenceClassification.from_config(config, **kwargs)
         if model.config.num_labels != 1:
             raise ValueError(
                 f"reward model {model_path} has {model.config.num_labels} labels; "
@@ -67,9 +75,11 @@ class RewardModelWorker(Worker):
         if model.config.pad_token_id is None:
             model.config.pad_token_id = self.pad_id  # HF refuses batches > 1 without one
         model.eval()
-        # The policy's sharding (sharded on CPU; ``to(device)`` then moves only the shards).
+        # The policy's sharding. fully_shard moves each unit's full tensors to the device to
+        # cut them, so every rank passes one unit at a time through the device.
+        full_state = model.state_dict() if spread and rank0 else {}
         apply_fsdp(model, init_device_mesh(device, (dist.get_world_size(),)), dtype)
-        self.model = model.to(device)
+        self.model = load_rank0_state(model, full_state, device) if spread else model.to(device)
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.REWARD_MODEL)
     def compute_rm_scores(self, batch: Batch) -> Batch:

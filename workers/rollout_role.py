@@ -18,7 +18,14 @@ from rlframe.config.agent import compute_response_width
 from rlframe.protocol import Batch
 from workers.engines.base import RolloutEngine, RolloutSample, SamplingSpec
 from workers.engines.fsdp import pick_dtype
-from workers.sync_probe import ProbeReading, SyncProbe, check_probe, pick_probe_tolerance
+from workers.sync_probe import (
+    ProbeReading,
+    StaleWeightsError,
+    SyncProbe,
+    check_probe,
+    derive_probe_tolerance,
+    pick_probe_tolerance,
+)
 
 
 def build_rollout_engine(cfg: Config, model_path: str, device: str, rank: int) -> RolloutEngine:
@@ -88,7 +95,9 @@ class RolloutRole:
         self.weights_version = 0
         self.dtype = pick_dtype(cfg.model.dtype, device)
         self.last_probe: ProbeReading | None = None
-        """The engine's probe reading after the last verified sync."""
+        """The probe readings after the last verified sync."""
+        self.probe_tolerance = pick_probe_tolerance(self.dtype)
+        """The broken-sync tolerance: the dtype's floor until noise is measured."""
 
     def generate(self, prompts: Batch) -> Batch:
         """One sampled turn per row, in one engine call: ``response_ids``, ``response_mask``,
@@ -120,17 +129,37 @@ class RolloutRole:
     def verify_weights(self, probe: SyncProbe) -> None:
         """The receiver check after a sync: the engine's log-probs of the probe match the
         trainer's (raises :class:`~workers.sync_probe.StaleWeightsError`, naming what the
-        engine serves, when it still serves the previous version)."""
+        engine serves, when it still serves the previous version). At version 0 (the
+        checkpoint's weights on both sides, adapters still zero) it measures the noise
+        instead, which the tolerance is derived from."""
+        if self.weights_version == 0 and self.last_probe is None:
+            self.calibrate_probe(probe)
+            return
         engine = torch.tensor(self.engine.compute_prompt_logprobs(probe.ids))
         check_probe(
             engine,
             probe.logprobs,
             self.weights_version,
             self.last_probe,
-            pick_probe_tolerance(self.dtype),
+            self.probe_tolerance,
             self.engine.describe_weights(),
         )
-        self.last_probe = ProbeReading(self.weights_version, engine)
+        self.last_probe = ProbeReading(self.weights_version, engine, probe.logprobs)
+
+    def calibrate_probe(self, probe: SyncProbe) -> None:
+        """Measure the trainer-engine probe gap with the same weights on both sides (the
+        checkpoint's, before any update) and derive the sync check's tolerance from it."""
+        engine = torch.tensor(self.engine.compute_prompt_logprobs(probe.ids))
+        noise = engine - probe.logprobs
+        ceiling = 10 * pick_probe_tolerance(self.dtype)
+        if float(noise.abs().max()) > ceiling:
+            raise StaleWeightsError(
+                f"the rollout engine ({self.engine.describe_weights()}) and the trainer "
+                f"disagree on the probe by {float(noise.abs().max()):.3g} (> {ceiling:g}) "
+                "before any update: they did not load the same model"
+            )
+        self.probe_tolerance = derive_probe_tolerance(noise, self.dtype)
+        self.last_probe = ProbeReading(self.weights_version, engine, probe.logprobs)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Replace the engine's weights in place and record their version."""

@@ -24,16 +24,20 @@ class RolloutWorker(Worker):
     def __init__(self, cfg: Config, model_path: str, device: str) -> None:
         super().__init__()
         self.device = device
+        # A sync may wait behind one whole call of the other pool.
+        self.sync_timeout_s = cfg.ray.call_timeout_s
         # Before the engine: vLLM adopts this pool's process group as its world.
         self.init_process_group(device)
+        self.startup.mark("process_group")
         torch.manual_seed(cfg.trainer.seed)
         self.rollout_role = RolloutRole(cfg, model_path, device, self.rank)
+        self.startup.mark("rollout_engine")
         self.receiver: BroadcastReceiver | None = None
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def init_weight_group(self, spec: WeightGroupSpec) -> None:
         """Join the weight group after the trainer ranks. Blocks until every rank has joined."""
-        group = WeightGroup(spec, spec.trainer_world + self.rank, self.device)
+        group = WeightGroup(spec, spec.trainer_world + self.rank, self.device, self.sync_timeout_s)
         self.receiver = BroadcastReceiver(group)
 
     @dispatch(Dispatch.ONE_TO_ALL)

@@ -17,19 +17,12 @@ from functools import partial
 import torch
 from torch import nn
 
-from rlframe.algorithms.losses import (
-    POLICY_LOSSES,
-    LossScale,
-    PolicyLossInputs,
-    aggregate_loss,
-    compute_kl,
-    masked_mean,
-)
-from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
-from rlframe.algorithms.off_policy import compute_behaviour_weights
+from rlframe.algorithms.losses import POLICY_LOSSES, LossScale
+from rlframe.algorithms.names import OffPolicyCorrection
+from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
 from rlframe.config import ActorConfig, Config
 from rlframe.config.lora import LoraConfig, LoraSync
-from rlframe.protocol import Batch
+from rlframe.protocol import Batch, UpdateResult
 from rlframe.sequence_layout import SequenceLayout, build_layout
 from workers.engines.checkpointing import load_engine, save_engine
 from workers.engines.fsdp import (
@@ -79,14 +72,17 @@ def score_micro_batches(
     score: Callable[[SequenceLayout], torch.Tensor],
 ) -> torch.Tensor:
     """[B, R] per-token scores of the loss-mask tokens (0 elsewhere): ``score(layout)`` gives
-    the [N] values of one micro-batch's selected tokens (log-probs, values)."""
+    the [N] values of one micro-batch's selected tokens (log-probs, values). A
+    sequence-parallel group scores its ranks' rows together; each rank returns its own."""
     engine.model.eval()
+    batch, own_rows = engine.gather_rows(batch, block=len(batch))
     out = torch.zeros(batch["response_ids"].shape)
     batch = batch.with_tensors(row_index=torch.arange(len(batch)))
-    for micro in split_micro_batches(batch, sizes, engine.device, packed):
+    sp_size = engine.sequence_parallel_size
+    for micro in split_micro_batches(batch, sizes, engine.device, packed, sp_size):
         layout = build_layout(micro, packed)
         out[micro["row_index"]] = layout.to_grid(score(layout).cpu())
-    return out
+    return out[own_rows]
 
 
 def backward_summed_over_ranks(loss: torch.Tensor, world_size: int) -> None:
@@ -116,15 +112,20 @@ class TrainRole:
         self.cfg, self.device, self.world_size = cfg, device, world_size
         spec = build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg))
         self.lora = cfg.model.lora
-        self.actor = FSDPEngine(model_path, cfg.model, spec, device, lora=self.lora)
+        sp_size = cfg.actor.sequence_parallel_size
+        self.actor = FSDPEngine(
+            model_path, cfg.model, spec, device, lora=self.lora, sequence_parallel_size=sp_size
+        )
         # Under LoRA the reference is the policy with its adapters off: no second copy.
         self.ref = (
-            FSDPEngine(model_path, cfg.model, None, device)
+            FSDPEngine(model_path, cfg.model, None, device, sequence_parallel_size=sp_size)
             if cfg.algorithm.uses_reference and not self.lora.enabled
             else None
         )
         self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
-        self.packed = resolve_packing(cfg.actor.pack_sequences, device)
+        self.packed = resolve_packing(
+            cfg.actor.pack_sequences, device, pick_dtype(cfg.model.dtype, device)
+        )
         self.weights_version = 0
         """The version of the last published weights (0: the checkpoint's)."""
 
@@ -155,44 +156,47 @@ class TrainRole:
 
         return score_micro_batches(engine, batch, a, self.packed, score)
 
-    def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+    def update(self, batch: Batch) -> UpdateResult:
         """PPO-style updates (epochs x mini-batches x micro-batches) on this rank's share.
 
         A batch without ``old_logprobs`` is an exactly on-policy step (one epoch, one
-        mini-batch): the old log-probs are the update's own, detached, and come back as the
-        ``old_logprobs`` entry ([rows, R], this rank's rows in order) beside the metrics.
-        With ``algorithm.off_policy_correction=rollout`` the old log-probs are always the
-        batch's ``rollout_logprobs``.
+        mini-batch): the old log-probs are the update's own, detached, and come back as
+        ``own_logprobs`` ([rows, R], this rank's rows in order) beside the metrics. With
+        ``algorithm.off_policy_correction=rollout`` the old log-probs are always the batch's
+        ``rollout_logprobs``.
         """
         own: torch.Tensor | None = None
-        from_rollout = self.cfg.algorithm.off_policy_correction == "rollout"
-        if "old_logprobs" not in batch and not from_rollout:
+        from_rollout = self.cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout
+        needs_own = "old_logprobs" not in batch and not from_rollout
+        if needs_own:
             check_single_pass(len(batch), self.cfg.actor, self.world_size)
+        # A sequence-parallel group updates on its ranks' rows together, mini-batch by
+        # mini-batch as the ranks would have.
+        batch, own_rows = self.actor.gather_rows(
+            batch, block=self.cfg.actor.mini_batch_size // self.world_size
+        )
+        if needs_own:
             batch = batch.with_tensors(row_index=torch.arange(len(batch)))
             own = torch.zeros(batch["response_ids"].shape)
-        metrics: dict[str, float | torch.Tensor] = dict(
-            run_minibatch_updates(
-                self.actor,
-                batch,
-                self.cfg.actor,
-                self.world_size,
-                forward_backward=partial(self.forward_backward, own_logprobs=own),
-                prefix="actor",
-                packed=self.packed,
-            )
+        metrics = run_minibatch_updates(
+            self.actor,
+            batch,
+            self.cfg.actor,
+            self.world_size,
+            forward_backward=partial(self.forward_backward, own_logprobs=own),
+            prefix="actor",
+            packed=self.packed,
         )
-        if own is not None:
-            metrics["old_logprobs"] = own
-        return metrics
+        return UpdateResult(dict(metrics), None if own is None else own[own_rows])
 
     def forward_backward(
         self, micro: Batch, scale: LossScale, own_logprobs: torch.Tensor | None = None
     ) -> dict[str, float]:
-        """One micro-batch's loss and backward. ``own_logprobs`` ([rows, R] of the whole
-        update) receives this micro-batch's detached log-probs when the batch has no old ones."""
+        """One micro-batch's forward, its loss (:func:`compose_policy_loss`) and backward.
+        ``own_logprobs`` ([rows, R] of the whole update) receives this micro-batch's detached
+        log-probs when the batch has no old ones."""
         cfg, a = self.cfg.algorithm, self.cfg.actor
         layout = build_layout(micro, self.packed)
-        mask = micro["loss_mask"].to(self.device)
         token = self.actor.compute_token_logprobs(
             layout,
             self.cfg.rollout.temperature,
@@ -200,56 +204,28 @@ class TrainRole:
             with_entropy=True,
             entropy_grad=cfg.entropy_coef > 0,
         )
-        logprobs = layout.to_grid(token.logprobs)
-        if cfg.off_policy_correction == "rollout":
-            old_logprobs = micro["rollout_logprobs"].to(self.device)
-        elif "old_logprobs" in micro:
-            old_logprobs = micro["old_logprobs"].to(self.device)
-        else:
-            old_logprobs = logprobs.detach()
-            if own_logprobs is not None:
-                own_logprobs[micro["row_index"]] = old_logprobs.cpu()
-        out = self.policy_loss(
-            PolicyLossInputs(
-                logprobs=logprobs,
-                old_logprobs=old_logprobs,
+
+        def read(key: str) -> torch.Tensor | None:
+            return micro[key].to(self.device) if key in micro else None
+
+        composed = compose_policy_loss(
+            PolicyTerms(
+                logprobs=layout.to_grid(token.logprobs),
+                entropy=layout.to_grid(token.entropy),
                 advantages=micro["advantages"].to(self.device),
-                loss_mask=mask,
-                config=cfg,
-            )
+                loss_mask=micro["loss_mask"].to(self.device),
+                scale=scale,
+                old_logprobs=read("old_logprobs"),
+                rollout_logprobs=read("rollout_logprobs"),
+                ref_logprobs=read("ref_logprobs"),
+            ),
+            cfg,
+            self.policy_loss,
         )
-        token_loss = out.token_loss
-        if cfg.off_policy_correction == "decoupled":
-            # old_logprobs are the proximal policy's; the rollout's are the behaviour policy's.
-            weights = compute_behaviour_weights(
-                old_logprobs, micro["rollout_logprobs"].to(self.device), mask, cfg.behav_weight_cap
-            )
-            token_loss = token_loss * weights
-            out.metrics["behav_weight"] = weights
-        elif is_mismatch_correction_on(cfg):
-            weights = compute_mismatch_weights(
-                old_logprobs, micro["rollout_logprobs"].to(self.device), mask, cfg
-            )
-            token_loss = token_loss * weights
-            out.metrics["mismatch_weight"] = weights
-        loss = aggregate_loss(token_loss, mask, cfg.loss_agg, scale, cfg.loss_agg_norm)
-        metrics = {"actor/pg_loss": float(masked_mean(token_loss.detach(), mask))}
-        entropy = layout.to_grid(token.entropy)
-        if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * aggregate_loss(
-                entropy, mask, cfg.loss_agg, scale, cfg.loss_agg_norm
-            )
-        metrics["actor/entropy"] = float(masked_mean(entropy.detach(), mask))
-        if cfg.kl_coef > 0:
-            kl = compute_kl(logprobs, micro["ref_logprobs"].to(self.device), cfg.kl_estimator)
-            loss = loss + cfg.kl_coef * aggregate_loss(
-                kl, mask, cfg.loss_agg, scale, cfg.loss_agg_norm
-            )
-            metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
-        backward_summed_over_ranks(loss, self.world_size)
-        for name, value in out.metrics.items():
-            metrics[f"actor/{name}"] = float(masked_mean(value, mask))
-        return metrics
+        if own_logprobs is not None:
+            own_logprobs[micro["row_index"]] = composed.old_logprobs.cpu()
+        backward_summed_over_ranks(composed.loss, self.world_size)
+        return composed.metrics
 
     def weight_source(self) -> WeightSource:
         """The policy's weights in sync buckets, cast to the rollout engine's dtype."""
@@ -274,11 +250,17 @@ class TrainRole:
     def offload(self) -> None:
         """Free the device for the rollout engine (``actor.offload``; cuda only)."""
         if self.cfg.actor.offload:
-            self.actor.offload()
+            for engine in self.list_engines():
+                engine.offload()
 
     def reload(self) -> None:
         if self.cfg.actor.offload:
-            self.actor.reload()
+            for engine in self.list_engines():
+                engine.reload()
+
+    def list_engines(self) -> list[FSDPEngine]:
+        """The policy and, when there is one, the reference: both leave the device."""
+        return [self.actor] + ([self.ref] if self.ref is not None else [])
 
     def save(self, path: str) -> None:
         """This rank's shards of the policy, its optimizer and LR schedule, and the weights

@@ -13,7 +13,7 @@ from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
+from rlframe.protocol import Batch, UpdateResult
 from workers.train_role import TrainRole
 from workers.weight_sync import BroadcastSender, WeightGroup
 
@@ -24,16 +24,22 @@ class TrainWorker(Worker):
     def __init__(self, cfg: Config, model_path: str, device: str) -> None:
         super().__init__()
         self.device = device
+        # A sync may wait behind one whole call of the other pool (asynchronous separate
+        # mode: the rollout pool finishes its running call first).
+        self.sync_timeout_s = cfg.ray.call_timeout_s
         self.init_process_group(device)
+        self.startup.mark("process_group")
         torch.manual_seed(cfg.trainer.seed)
         self.train_role = TrainRole(cfg, model_path, device, self.world_size)
+        self.startup.mark("train_engine")
         self.sender: BroadcastSender | None = None
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def init_weight_group(self, spec: WeightGroupSpec) -> None:
         """Join the weight group as rank ``self.rank`` (trainer ranks come first). Blocks until
         every trainer and rollout rank has joined: call both pools' at the same time."""
-        self.sender = BroadcastSender(WeightGroup(spec, self.rank, self.device))
+        group = WeightGroup(spec, self.rank, self.device, self.sync_timeout_s)
+        self.sender = BroadcastSender(group)
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def send_weights(self, bump_version: bool = True) -> int:
@@ -62,7 +68,7 @@ class TrainWorker(Worker):
         return Batch({"ref_logprobs": self.train_role.compute_ref_logprobs(batch)})
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
-    def update(self, batch: Batch) -> dict[str, float | torch.Tensor]:
+    def update(self, batch: Batch) -> UpdateResult:
         """See :meth:`workers.train_role.TrainRole.update`."""
         return self.train_role.update(batch)
 

@@ -116,16 +116,43 @@ class WeightGroup:
         )
         prefixed = dist.PrefixStore("rlframe-weights", store)
         self.store = store  # the server lives as long as the group (trainer rank 0)
-        if device == "cuda":
-            self.group: dist.ProcessGroup = dist.ProcessGroupNCCL(prefixed, rank, self.world_size)
-        else:
-            self.group = dist.ProcessGroupGloo(prefixed, rank, self.world_size, timeout)
+        self.group = build_backend_group(device, prefixed, rank, self.world_size, timeout)
+
+    @property
+    def timeout(self) -> timedelta:
+        """How long a collective of this group may wait for its peers before it fails."""
+        return self.group.options._timeout
 
     def broadcast(self, tensor: torch.Tensor) -> None:
-        """Rank 0's ``tensor`` into every other rank's ``tensor`` (same shape and dtype)."""
+        """Rank 0's ``tensor`` into every other rank's ``tensor`` (same shape and dtype);
+        returns once the broadcast is done on this host, so a caller may free or reuse the
+        tensor and the sender holds one bucket at a time."""
         options = dist.BroadcastOptions()
         options.rootRank = 0
         self.group.broadcast([tensor], options).wait()
+        if tensor.is_cuda:
+            # NCCL's wait only orders the current stream after the broadcast; the host runs
+            # on. Without this the sender queues every bucket of the model at once.
+            torch.cuda.current_stream(tensor.device).synchronize()
+
+
+def build_backend_group(
+    device: str, store: dist.Store, rank: int, size: int, timeout: timedelta
+) -> dist.ProcessGroup:
+    """A standalone NCCL (cuda) or gloo (cpu) group whose collectives fail after ``timeout``.
+
+    NCCL keeps its own 10-minute default otherwise: a rollout call longer than that while
+    the trainer waits in a sync (asynchronous separate mode) would abort both processes.
+    """
+    if device == "cuda":
+        backend: type = dist.ProcessGroupNCCL
+        options = dist.ProcessGroupNCCL.Options()
+    else:
+        backend = dist.ProcessGroupGloo
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_default_device()]
+    options._timeout = timeout
+    return backend(store, rank, size, options)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +52,7 @@ def get_server(ctx: AgentContext) -> AgentServer:
         server = AgentServer(ctx.config, ctx.generate, ctx.tokenizer, ctx.config.model.path)
         server.start()
         ctx.resources[SERVER] = server
+        print(f"rlframe: {server.describe()}", file=sys.stderr, flush=True)
     return ctx.resources[SERVER]
 
 
@@ -79,7 +81,9 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     calls = [(closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions]
     agent = ctx.config.agent
     try:
-        outcomes = run_env_calls(calls, agent.step_timeout_s, agent.max_concurrent_envs)
+        outcomes = run_env_calls(
+            calls, agent.step_timeout_s, agent.max_concurrent_envs, agent.max_stuck_calls
+        )
     finally:
         for s in sessions:
             server.sessions.close(s.key)

@@ -4,14 +4,20 @@ aiohttp on its own event loop, on a daemon thread of the driver, bound to
 ``agent.server_host`` (127.0.0.1 by default: nothing outside this machine can reach it) and
 ``agent.server_port`` (0: an ephemeral port). Routes: ``POST /v1/chat/completions``
 (non-streaming, n=1) and ``GET /v1/models``. Every failure is an OpenAI-shaped error
-(``{"error": {"message", "type", "param", "code"}}``) with its HTTP status; nothing a
-client sends stops the run.
+(``{"error": {"message", "type", "param", "code"}}``) with its HTTP status (a bad request:
+4xx, typed ``invalid_request_error``); nothing a client sends stops the run. A connection
+has ``agent.server_header_timeout_s`` to send a request's headers and
+``agent.server_body_timeout_s`` for its body; open connections are capped
+(:mod:`rlframe.agent_server.guard`), and the server's own failures go to the driver's log,
+once a minute at most, not to the console.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import threading
 import time
 import uuid
@@ -21,11 +27,18 @@ from typing import Any
 from aiohttp import web
 
 from rlframe.agent_server.batching import GenerateBatcher
+from rlframe.agent_server.guard import (
+    BACKLOG,
+    ConnectionGuard,
+    QuietAiohttp,
+    RateLimitedLog,
+    plan_connection_cap,
+)
 from rlframe.agent_server.replies import ReplyBuilder
 from rlframe.agent_server.sessions import Session, SessionRegistry
-from rlframe.agent_server.trajectory import normalize_message
+from rlframe.agent_server.trajectory import Episode, normalize_message
 from rlframe.config import Config
-from rlframe.config.agent import compute_response_width
+from rlframe.config.agent import compute_response_width, is_loopback
 from rlframe.protocol import Batch
 from rlframe.rollout.multi_turn import mix_seed
 
@@ -34,8 +47,15 @@ ACCEPTED = {
     "max_completion_tokens", "stop", "n", "stream", "seed", "user", "top_p",
     "parallel_tool_calls", "metadata", "store",
 }  # fmt: skip
-ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error",
-               413: "invalid_request_error", 429: "rate_limit_error"}  # fmt: skip
+LINGER_S = 2.0
+ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_error"}
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
+              413: "request_too_large", 431: "request_header_fields_too_large"}  # fmt: skip
+
+
+def error_type(status: int) -> str:
+    """OpenAI's ``error.type`` for an HTTP status: every other 4xx is the request's fault."""
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
 
 
 class APIError(Exception):
@@ -48,25 +68,28 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
     body = {
         "error": {
             "message": message,
-            "type": ERROR_TYPES.get(status, "server_error"),
+            "type": error_type(status),
             "param": param,
             "code": code,
         }
     }
-    return web.json_response(body, status=status)
+    response = web.json_response(body, status=status)
+    if status == 408:  # the rest of a body that never came is not worth waiting for
+        response.force_close()
+    return response
 
 
-@web.middleware
-async def openai_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def answer_openai_style(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as e:
         return error_response(e.status, e.message, e.code, e.param)
     except web.HTTPException as e:  # 404 route, 405 method, 413 body too large
-        codes = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
-        return error_response(e.status, e.reason or str(e), codes.get(e.status, "http_error"))
+        code = HTTP_CODES.get(e.status, "http_error")
+        return error_response(e.status, e.reason or str(e), code)
     except Exception as e:  # the engine failed: the client hears of it, the server goes on
         return error_response(500, f"{type(e).__name__}: {e}", "server_error")
 
@@ -88,6 +111,10 @@ class AgentServer:
         self.in_flight = 0
         self.loop = asyncio.new_event_loop()
         self.runner: web.AppRunner | None = None
+        self.listener: asyncio.base_events.Server | None = None
+        self.guard: ConnectionGuard | None = None
+        self.failures = RateLimitedLog()
+        self.quiet = QuietAiohttp(self.failures)
         self.port = 0
 
     @property
@@ -95,6 +122,20 @@ class AgentServer:
         return f"http://{self.agent.server_host}:{self.port}/v1"
 
     # -- lifecycle ---------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """The start-up line: where the endpoint listens and what bounds it."""
+        assert self.guard is not None
+        reach = (
+            "reachable from other machines (agent.server_allow_remote)"
+            if self.agent.server_allow_remote and not is_loopback(self.agent.server_host)
+            else "this machine only"
+        )
+        return (
+            f"agent server: {self.base_url} ({reach}; at most {self.guard.cap} connections, "
+            f"{self.agent.server_header_timeout_s:g} s for headers, "
+            f"{self.agent.server_body_timeout_s:g} s for a body)"
+        )
 
     def start(self) -> None:
         ready, failure = threading.Event(), []
@@ -117,21 +158,53 @@ class AgentServer:
 
     async def listen(self) -> None:
         app = web.Application(
-            middlewares=[openai_errors], client_max_size=self.agent.max_request_bytes
+            middlewares=[self.middleware], client_max_size=self.agent.max_request_bytes
         )
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
-        self.runner = web.AppRunner(app, access_log=None)
+        # aiohttp's keep-alive timer also runs from a connection's opening and is not reset
+        # by partial headers: it is the time allowed to send a request's headers. After an
+        # answer sent before the whole body came (401, 408, 413), the rest is read and
+        # dropped for at most LINGER_S.
+        self.runner = web.AppRunner(
+            app,
+            access_log=None,
+            keepalive_timeout=self.agent.server_header_timeout_s,
+            lingering_time=min(LINGER_S, self.agent.server_body_timeout_s),
+        )
         await self.runner.setup()
-        site = web.TCPSite(self.runner, self.agent.server_host, self.agent.server_port)
-        await site.start()
-        self.port = int(self.runner.addresses[0][1])
+        assert self.runner.server is not None
+        cap = plan_connection_cap(self.agent.server_max_connections)
+        self.guard = ConnectionGuard(self.runner.server, cap)
+        self.loop.set_exception_handler(self.failures.loop_exception)
+        logging.getLogger("aiohttp.server").addFilter(self.quiet)
+        self.listener = await self.loop.create_server(
+            self.guard, self.agent.server_host, self.agent.server_port, backlog=BACKLOG
+        )
+        self.port = int(self.listener.sockets[0].getsockname()[1])
+
+    async def close_sockets(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+        if self.runner is not None:
+            await self.runner.cleanup()
 
     def stop(self) -> None:
         if self.runner is not None and self.loop.is_running():
-            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+            asyncio.run_coroutine_threadsafe(self.close_sockets(), self.loop).result(10)
             self.loop.call_soon_threadsafe(self.loop.stop)
+        logging.getLogger("aiohttp.server").removeFilter(self.quiet)
         self.batcher.close()
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """OpenAI-shaped errors, and the guard told which connections have a request."""
+        assert self.guard is not None
+        self.guard.request_started(request.protocol)
+        try:
+            return await answer_openai_style(request, handler)
+        finally:
+            self.guard.request_done(request.protocol)
 
     # -- routes ------------------------------------------------------------------------
 
@@ -153,7 +226,13 @@ class AgentServer:
 
     async def chat_completions(self, request: web.Request) -> web.Response:
         session = self.session_of(request)
-        raw = await request.read()
+        try:
+            raw = await asyncio.wait_for(request.read(), self.agent.server_body_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(
+                408, f"the body took more than agent.server_body_timeout_s="
+                f"{self.agent.server_body_timeout_s} s to arrive", "request_timeout",
+            ) from None  # fmt: skip
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -184,6 +263,8 @@ class AgentServer:
         for key, value in (("temperature", self.cfg.rollout.temperature),
                            ("top_p", self.cfg.rollout.top_p)):  # fmt: skip
             given = body.get(key)
+            if given is not None and (type(given) not in (int, float) or not math.isfinite(given)):
+                raise APIError(400, f"{key} must be a number", "invalid_request", key)
             if given is not None and abs(float(given) - value) > 1e-6:
                 raise APIError(
                     400, f"{key}={given} differs from the run's rollout.{key}={value}, which "
@@ -200,6 +281,8 @@ class AgentServer:
             )
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise APIError(400, "every message needs a 'role'", "invalid_request", "messages")
+        for m in messages:
+            check_tool_calls(m.get("tool_calls"))
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise APIError(400, "'tools' must be a list", "invalid_request", "tools")
@@ -213,13 +296,17 @@ class AgentServer:
         except Exception as e:  # the template cannot render these messages
             raise APIError(400, f"cannot render the messages: {e}", "invalid_request") from None
         max_tokens = self.allowed_tokens(plan, body)
+        if plan.new_row:
+            self.check_row_cap(episode)
         seed = mix_seed(session.seed, session.calls)
         session.calls += 1
         plan.row.busy = True
+        episode.new_rows_in_flight += int(plan.new_row)
         try:
             turn = await self.batcher.sample(plan.context, max_tokens, seed)
         finally:
             plan.row.busy = False
+            episode.new_rows_in_flight -= int(plan.new_row)
         if session.closed:
             raise APIError(401, "the episode ended while this call ran", "invalid_api_key")
         kept, reply, finish_reason = self.replies.build(turn, body, tools)
@@ -240,6 +327,21 @@ class AgentServer:
                 "total_tokens": prompt_tokens + len(kept[0]),
             },
         }
+
+    def check_row_cap(self, episode: Episode) -> None:
+        """A call that starts a row past ``agent.max_rows_per_episode`` gets a 400: each row
+        is a response of the prompt's group, so an agent that restarts its conversation
+        over and over multiplies the step's work (20 restarts: 5,120 rows, 6-8x slower)."""
+        cap = self.cfg.agent.max_rows_per_episode
+        if len(episode.rows) + episode.new_rows_in_flight >= cap:
+            raise APIError(
+                400,
+                f"this episode already has {cap} training rows (agent.max_rows_per_episode="
+                f"{cap}); a call that does not extend one of the episode's earlier "
+                "conversations starts another: continue a conversation, or raise the cap",
+                "invalid_request",
+                "messages",
+            )
 
     def allowed_tokens(self, plan: Any, body: dict[str, Any]) -> int:
         """The call's cap: what it asks, the per-call cap, and what is left of the row's
@@ -265,3 +367,22 @@ class AgentServer:
                 "context_length_exceeded", "messages",
             )  # fmt: skip
         return allowed
+
+
+def check_tool_calls(calls: Any) -> None:
+    """A message's ``tool_calls``: absent, or a list of ``{"function": {"name": str,
+    "arguments": str | object}}`` (what the chat template reads)."""
+    if calls is None:
+        return
+    bad = APIError(
+        400, "'tool_calls' must be a list of {'id', 'type', 'function': {'name', 'arguments'}}",
+        "invalid_request", "messages",
+    )  # fmt: skip
+    if not isinstance(calls, list):
+        raise bad
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise bad
+        if not isinstance(function.get("arguments", {}), str | dict):
+            raise bad

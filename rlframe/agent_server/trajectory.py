@@ -141,6 +141,8 @@ class Episode:
         self.tokenizer = tokenizer
         self.stop_ids = stop_ids
         self.rows: list[Row] = []
+        self.new_rows_in_flight = 0
+        """Calls sampling a row that is not in ``rows`` yet (it joins when they finish)."""
         self.formats: dict[str, ChatFormat] = {}
         self.tool_calls = 0
         self.tool_errors = 0

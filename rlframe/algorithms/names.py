@@ -7,6 +7,8 @@ other. Registered *functions* are looked up later, by ``rlframe.preflight``, bef
 
 from __future__ import annotations
 
+from enum import Enum
+
 LOSS_AGGREGATIONS = (
     "token-mean",
     "seq-mean-token-mean",
@@ -23,8 +25,20 @@ four (no ``+``) are the ones the in-reward penalty takes (no gradient flows thro
 MISMATCH_LEVELS = ("token", "sequence")
 """Granularity of the rollout/trainer mismatch corrections (TIS, masked IS)."""
 
-OFF_POLICY_CORRECTIONS = ("recompute", "rollout", "decoupled")
-"""Which log-probs are the update's old policy (see ``rlframe.algorithms.off_policy``)."""
+
+class OffPolicyCorrection(str, Enum):
+    """Which log-probs are the update's old policy (see ``rlframe.algorithms.off_policy``)."""
+
+    recompute = "recompute"
+    """The trainer's forward pass with the weights before the update."""
+    rollout = "rollout"
+    """The rollout engine's own log-probs; no forward pass."""
+    decoupled = "decoupled"
+    """AReaL's decoupled PPO: the recomputed proximal policy, tokens weighted by
+    pi_prox / pi_rollout."""
+
+
+OFF_POLICY_CORRECTIONS = tuple(c.value for c in OffPolicyCorrection)
 
 NEEDS_CRITIC = frozenset({"gae"})
 """Advantage estimators that need critic values."""

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlframe.algorithms.losses import MAX_LOG_RATIO
+from rlframe.algorithms.names import OffPolicyCorrection
 
 if TYPE_CHECKING:
     from rlframe.config import AlgorithmConfig, Config
@@ -38,7 +39,7 @@ def needs_old_logprob_pass(cfg: Config, rows: int, kl_in_reward: bool, actor_upd
     policy, or the update is exactly on-policy and takes its own. The in-reward KL reads the
     old log-probs before the update, and a step without an actor update (the actor waits for
     the critic) has no update to take them from."""
-    if cfg.algorithm.off_policy_correction == "rollout":
+    if cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout:
         return False
     return (
         cfg.algorithm.recompute_old_logprobs
@@ -75,7 +76,7 @@ def compute_off_policy_metrics(
     """Whole-batch ``off_policy/behav_weight_*`` metrics of the decoupled correction (none for
     the other modes): the weight's mean and max over loss tokens before the cap, and the share
     of loss tokens the cap drops."""
-    if cfg.off_policy_correction != "decoupled":
+    if cfg.off_policy_correction is not OffPolicyCorrection.decoupled:
         return {}
     mask = mask.to(proximal_logprobs.dtype)
     on = mask.bool()

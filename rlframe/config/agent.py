@@ -7,6 +7,7 @@ are resolved and checked by :mod:`rlframe.preflight`, before Ray starts.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,14 @@ class AgentConfig:
     max_concurrent_envs: int = 256
     """Env steps of one turn that run at once (threads for sync envs, tasks for async ones);
     for ``rollout.agent=openai``: episodes that run at once."""
+    max_stuck_calls: int = 256
+    """Sync env or agent calls abandoned at ``agent.step_timeout_s`` that may still be running
+    (a thread cannot be stopped; ``agent/stuck_calls``); past it the run stops with an
+    error. Async calls are cancelled at their timeout and never count."""
+    max_rows_per_episode: int = 8
+    """Training rows one ``rollout.agent=openai`` episode may make (a call that does not
+    extend an earlier conversation of the episode starts a row); past it the call gets
+    HTTP 400 (``agent/rows_per_episode/max``)."""
     entry: str = ""
     """The agent of ``rollout.agent=openai``: ``pkg.module:fn`` or ``path/to/file.py:fn``,
     sync or async, called as ``fn(base_url, api_key, sample)`` once per episode; returns the
@@ -56,9 +65,22 @@ class AgentConfig:
     the whole episode."""
     server_host: str = "127.0.0.1"
     """Address the OpenAI-compatible server binds (``rollout.agent=openai``); the default
-    keeps it unreachable from other machines."""
+    keeps it unreachable from other machines. Any other than a loopback address needs
+    ``agent.server_allow_remote=true``."""
+    server_allow_remote: bool = False
+    """Allow ``agent.server_host`` to be reachable from other machines (0.0.0.0, a LAN
+    address): anyone who can reach it can open connections, and only an episode's key
+    guards its calls."""
     server_port: int = 0
-    """Port of the server; 0: an ephemeral port chosen by the OS."""
+    """Port of the server; 0: an ephemeral port chosen by the OS (printed at start)."""
+    server_header_timeout_s: float = 10.0
+    """Longest a connection may take to send a request's headers, from its opening or from
+    its previous response; it is then closed."""
+    server_body_timeout_s: float = 30.0
+    """Longest a request's body may take to arrive once its headers have (HTTP 408)."""
+    server_max_connections: int = 1024
+    """Open connections the server holds (at most half the file descriptors the process has
+    left): past it, the oldest one with no request in progress is closed."""
     tool_parser: str = "hermes"
     """Tool-call parser for the server's replies (:mod:`rlframe.envs.tool_parsers`)."""
     batch_wait_ms: float = 20.0
@@ -83,6 +105,8 @@ class AgentConfig:
         require_positive(self.step_timeout_s, "agent.step_timeout_s")
         require_choice(self.on_env_error, ENV_ERROR_POLICIES, "agent.on_env_error")
         require_positive(self.max_concurrent_envs, "agent.max_concurrent_envs")
+        require_positive(self.max_stuck_calls, "agent.max_stuck_calls")
+        require_positive(self.max_rows_per_episode, "agent.max_rows_per_episode")
         self.entry = absolutize(self.entry) if self.entry else ""
         require(
             0 <= self.server_port < 65536,
@@ -93,7 +117,26 @@ class AgentConfig:
             self.batch_wait_ms >= 0, "agent.batch_wait_ms", f"must be >= 0: {self.batch_wait_ms}"
         )
         require_positive(self.max_pending_requests, "agent.max_pending_requests")
+        require_positive(self.server_header_timeout_s, "agent.server_header_timeout_s")
+        require_positive(self.server_body_timeout_s, "agent.server_body_timeout_s")
+        require_positive(self.server_max_connections, "agent.server_max_connections")
+        require(
+            self.server_allow_remote or is_loopback(self.server_host),
+            "agent.server_host",
+            f"{self.server_host} is reachable from other machines, where anyone can flood "
+            "the endpoint; set agent.server_allow_remote=true if that is meant",
+        )
         require_positive(self.max_request_bytes, "agent.max_request_bytes")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        return False
 
 
 def is_multi_turn(agent: str) -> bool:

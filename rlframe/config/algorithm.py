@@ -9,6 +9,7 @@ from rlframe.algorithms.names import (
     LOSS_AGGREGATIONS,
     MISMATCH_LEVELS,
     OFF_POLICY_CORRECTIONS,
+    OffPolicyCorrection,
 )
 from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_choice, require_positive
@@ -93,7 +94,7 @@ class AlgorithmConfig:
     """Always run the old-log-prob forward pass. Off: a step whose update is exactly on-policy
     (actor.epochs=1, one mini-batch per step, no in-reward KL, rollout.max_staleness=0) skips
     it and takes the update's own log-probs, detached, as the old ones (the same numbers)."""
-    off_policy_correction: str = "recompute"
+    off_policy_correction: OffPolicyCorrection = OffPolicyCorrection.recompute
     """Which log-probs are the update's old policy. recompute: the trainer's forward pass
     (tis_cap / mismatch_mask correct the rollout gap). rollout: the rollout engine's own, with
     no forward pass. decoupled: AReaL's decoupled PPO, the clip against the recomputed proximal
@@ -114,6 +115,7 @@ class AlgorithmConfig:
         require_choice(
             self.off_policy_correction, OFF_POLICY_CORRECTIONS, "algorithm.off_policy_correction"
         )
+        self.off_policy_correction = OffPolicyCorrection(self.off_policy_correction)
         require_choice(self.mismatch_mask, ("off", *MISMATCH_LEVELS), "algorithm.mismatch_mask")
         require(
             0 <= self.clip_low <= 1, "algorithm.clip_low", f"must be in [0, 1], got {self.clip_low}"
@@ -156,6 +158,7 @@ class AlgorithmConfig:
     def check_off_policy_correction(self) -> None:
         """Combinations that contradict the chosen old policy fail before Ray starts."""
         mode = self.off_policy_correction
+        rollout = mode is OffPolicyCorrection.rollout
         require(
             self.behav_weight_cap == 0 or self.behav_weight_cap > 1,
             "algorithm.behav_weight_cap",
@@ -165,19 +168,19 @@ class AlgorithmConfig:
         # rollout: old == rollout, so the mismatch ratio is 1 and TIS / masking do nothing.
         # decoupled: its behaviour weight is that same ratio; a second weight would square it.
         require(
-            mode == "recompute" or not mismatch_on,
+            mode is OffPolicyCorrection.recompute or not mismatch_on,
             "algorithm.off_policy_correction",
-            f"{mode} cannot be combined with algorithm.tis_cap / algorithm.mismatch_mask: "
+            f"{mode.value} cannot be combined with algorithm.tis_cap / algorithm.mismatch_mask: "
             + (
                 "the old policy is the rollout's, so their ratio is always 1"
-                if mode == "rollout"
+                if rollout
                 else "decoupled already weights each token by pi_prox / pi_rollout (its cap is "
                 "algorithm.behav_weight_cap)"
             )
             + "; set tis_cap=0 and mismatch_mask=off, or off_policy_correction=recompute",
         )
         require(
-            mode != "rollout" or not self.recompute_old_logprobs,
+            not rollout or not self.recompute_old_logprobs,
             "algorithm.off_policy_correction",
             "rollout takes the rollout's log-probs as the old ones and runs no old-log-prob "
             "pass, but algorithm.recompute_old_logprobs=true asks for one: drop one of them",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from rlframe.config.checks import require
+from rlframe.config.checks import ConfigError, require
 from rlframe.config.rollout import Placement, RolloutConfig
 from rlframe.config.sections import ActorConfig, TrainerConfig
 
@@ -116,4 +116,32 @@ def check_pools_fit(r: RolloutConfig, t: TrainerConfig, cpus: int, source: str) 
         f"{pools[-1].section}.cpus_per_proc",
         f"{names} = {need} CPUs, but the Ray this run starts has {cpus} ({source}); lower "
         f"{' / '.join(f'{p.section}.cpus_per_proc' for p in pools)} or the procs_per_node",
+    )
+
+
+def check_pools_gpus(r: RolloutConfig, t: TrainerConfig, gpus: int, source: str) -> None:
+    """Before a local (one-node) Ray starts on a GPU machine: every bundle is one whole GPU,
+    and the pools together fit ``gpus``.
+
+    A separate rollout pool cannot share the trainer's GPUs: its engines and the trainer
+    ranks join one NCCL weight group, and NCCL refuses two ranks on one device. Colocated
+    placement shares each GPU between training and rollout in one process.
+    """
+    pools = list_pools(r, t)
+    need = sum(p.world_size for p in pools)
+    if need <= gpus:
+        return
+    if r.placement is Placement.separate and trainer_pool(t).world_size <= gpus:
+        raise ConfigError(
+            "rollout.placement",
+            f"separate puts the rollout engines on GPUs of their own (NCCL cannot hold two "
+            f"ranks of the weight group on one GPU): trainer pool "
+            f"{trainer_pool(t).world_size} + rollout pool {rollout_pool(r, t).world_size} = "
+            f"{need} GPUs, but the Ray this run starts has {gpus} ({source}); use "
+            "rollout.placement=colocated, which shares each GPU, or lower rollout.procs_per_node",
+        )
+    raise ConfigError(
+        "trainer.procs_per_node",
+        f"is {t.procs_per_node}: one GPU per process, but the Ray this run starts has {gpus} "
+        f"({source}); lower it or join a cluster (ray.address)",
     )

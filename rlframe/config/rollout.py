@@ -134,13 +134,49 @@ class RolloutConfig:
         )
 
 
-def check_async(r: RolloutConfig, dynamic_sampling: bool, advantage: str) -> None:
+MAX_ROWS_AHEAD = 65536
+"""Responses the asynchronous producer may hold ahead of the trainer: ``(max_staleness + 1)
+* data.batch_size * rollout.n`` past it is refused (each holds its token ids and log-probs
+in the driver and the rollout worker)."""
+
+
+def check_async(
+    r: RolloutConfig, dynamic_sampling: bool, advantage: str, batch_size: int, total_steps: int
+) -> None:
     """Asynchronous training (``rollout.max_staleness >= 1``) produces experience group by
     group: single-turn responses continue across engine calls, other agents' episodes run
     whole in a driver thread. What needs a whole batch drawn at once (DAPO's sampling rounds,
-    ReMax's greedy baseline) is not built for it yet, nor the ``openai`` agent's server."""
+    ReMax's greedy baseline) is not built for it yet, nor the ``openai`` agent's server.
+    The bound itself must fit the run: no more versions than its steps, no more responses
+    ahead than :data:`MAX_ROWS_AHEAD`. In lockstep (0) the async-only keys are refused."""
     if r.max_staleness == 0:
+        require(
+            r.partial_chunk_tokens == 0,
+            "rollout.partial_chunk_tokens",
+            f"has no effect at rollout.max_staleness=0 (lockstep: every request runs whole), "
+            f"got {r.partial_chunk_tokens}; set it 0 or rollout.max_staleness >= 1",
+        )
+        require(
+            r.stale_groups == StaleGroups.wait,
+            "rollout.stale_groups",
+            "has no effect at rollout.max_staleness=0 (no group is ever stale); leave it wait "
+            "or set rollout.max_staleness >= 1",
+        )
         return
+    require(
+        r.max_staleness <= total_steps,
+        "rollout.max_staleness",
+        f"{r.max_staleness} exceeds the run's trainer.total_steps={total_steps}: the producer "
+        "would generate for steps that never come",
+    )
+    ahead = (r.max_staleness + 1) * batch_size * r.n
+    require(
+        ahead <= MAX_ROWS_AHEAD,
+        "rollout.max_staleness",
+        f"{r.max_staleness} lets the producer hold (max_staleness + 1) * data.batch_size * "
+        f"rollout.n = {ahead} responses ahead, more than {MAX_ROWS_AHEAD}; at most "
+        f"{MAX_ROWS_AHEAD // (batch_size * r.n) - 1} here",
+    )
     why = "rollout.max_staleness >= 1 (asynchronous training) supports"
     require(
         r.agent != "openai",

@@ -65,7 +65,13 @@ class Config:
         check_lora(self.model.lora, "model.lora")
         check_lora(self.critic.lora, "critic.lora")
         check_adapter_sync(self.model.lora, self.rollout.engine.value, self.rollout.sleep_level)
-        check_async(self.rollout, a.dynamic_sampling, a.advantage)
+        check_async(
+            self.rollout,
+            a.dynamic_sampling,
+            a.advantage,
+            self.data.batch_size,
+            self.trainer.total_steps,
+        )
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",
@@ -128,15 +134,28 @@ def check_batch_sizes(cfg: Config) -> None:
         f"{mini} must be a multiple of the number of ranks, trainer.nnodes * "
         f"trainer.procs_per_node = {world}",
     )
+    for key, size in (
+        ("actor.sequence_parallel_size", cfg.actor.sequence_parallel_size),
+        ("critic.sequence_parallel_size", cfg.critic.sequence_parallel_size),
+    ):
+        require(
+            world % size == 0,
+            key,
+            f"{size} must divide the number of ranks, trainer.nnodes * trainer.procs_per_node "
+            f"= {world} (the ranks form a data x sequence mesh)",
+        )
     budget = cfg.actor.max_tokens_per_micro_batch
     if budget > 0:
-        # Micro-batches are cut by tokens: micro_batch_size is not used.
+        # Micro-batches are cut by tokens: micro_batch_size is not used. The budget is a
+        # rank's share of a sequence-parallel group's micro-batch.
         longest = cfg.data.max_prompt_length + cfg.rollout.max_tokens
+        sp = cfg.actor.sequence_parallel_size
         require(
-            budget >= longest,
+            budget * sp >= longest,
             "actor.max_tokens_per_micro_batch",
             f"{budget} cannot hold the longest row, "
-            f"data.max_prompt_length + rollout.max_tokens = {longest}",
+            f"data.max_prompt_length + rollout.max_tokens = {longest}"
+            + (f" (over actor.sequence_parallel_size = {sp} ranks)" if sp > 1 else ""),
         )
         return
     require(

@@ -78,10 +78,20 @@ class ActorConfig:
     max_tokens_per_micro_batch: int = 0
     """> 0: micro-batches are filled with rows up to this many tokens (prompt + response;
     the padded width when rows are not packed) instead of ``micro_batch_size`` rows.
-    Must hold the longest row, data.max_prompt_length + rollout.max_tokens. 0 = off."""
+    Must hold the longest row, data.max_prompt_length + rollout.max_tokens. 0 = off.
+    Under sequence parallelism the budget is a rank's share: a group of S ranks takes rows
+    of up to S times as many tokens."""
+    sequence_parallel_size: int = 1
+    """Ulysses sequence parallelism of the policy and the reference: groups of this many
+    consecutive ranks share each micro-batch, every rank holding a contiguous slice of the
+    sequence (an all-to-all around attention trades it for a slice of the heads). Ranks form
+    a data x sequence mesh of (world / S) x S; the batch-size keys keep their meaning per
+    data-parallel group. Must divide the ranks and the model's attention heads. Training
+    only: the rollout is unaffected."""
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "actor.lr")
+        require_positive(self.sequence_parallel_size, "actor.sequence_parallel_size")
         require(
             self.logprob_chunk_size >= 0,
             "actor.logprob_chunk_size",
@@ -143,9 +153,12 @@ class CriticConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Adapters on the critic's backbone (its value head always trains in full). Off by
     default: ``model.lora`` applies to the policy only, the critic trains in full."""
+    sequence_parallel_size: int = 1
+    """Ulysses sequence parallelism of the critic (see ``actor.sequence_parallel_size``)."""
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "critic.lr")
+        require_positive(self.sequence_parallel_size, "critic.sequence_parallel_size")
         require(
             self.actor_wait_steps >= 0,
             "critic.actor_wait_steps",

@@ -14,11 +14,9 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from rlframe.protocol import Batch
+from rlframe.protocol import Batch, UpdateResult
 
 if TYPE_CHECKING:
-    import torch
-
     from rlframe.controller.weight_group import WeightGroupSpec
     from rlframe.controller.worker_group import CallHandle
 
@@ -41,7 +39,7 @@ class ActorGroup(Group, Protocol):
 
     def compute_ref_logprobs(self, batch: Batch) -> Batch: ...
 
-    def update(self, batch: Batch) -> list[dict[str, float | torch.Tensor]]: ...
+    def update(self, batch: Batch) -> list[UpdateResult]: ...
 
     def save_checkpoint(self, path: str) -> list[None]: ...
 

@@ -14,7 +14,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.logs import route_worker_logs
+from rlframe.startup import StartupClock
 
 RENDEZVOUS_FILE_ENV = "RLFRAME_RENDEZVOUS_FILE"
 
@@ -29,12 +31,20 @@ class Worker:
     """Rank bookkeeping and the process group; roles subclass it and add ``@dispatch`` methods."""
 
     def __init__(self) -> None:
+        # From the process start: Python, Ray's worker set-up and this class's imports.
+        self.startup = StartupClock()
+        self.startup.mark("boot")
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.role = os.environ.get("RLFRAME_ROLE", type(self).__name__)
         # Before any engine starts: its output belongs in the run's logs/, not the console.
         self.log_path = route_worker_logs(self.role, self.rank)
+
+    @dispatch(Dispatch.RANK_ZERO)
+    def report_startup(self) -> dict[str, float]:
+        """Rank 0's start-up phases (seconds): ``boot`` then those its class marked."""
+        return dict(self.startup.phases)
 
     def init_process_group(self, device: str, timeout_s: float = 1800.0) -> None:
         """Join the group's default process group: nccl on cuda, gloo on cpu.

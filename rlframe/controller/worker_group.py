@@ -39,15 +39,25 @@ from rlframe.controller.dispatch import (
     select_reads,
     split_call,
 )
+from rlframe.controller.liveness import find_stopped_ranks
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker import RENDEZVOUS_FILE_ENV
+
+WAIT_SLICE_S = 1.0
+"""Longest single ``ray.wait`` of :func:`wait_calls`. Ctrl-C or SIGTERM during a wait runs
+the driver's handler inside Ray, whose exception only surfaces when that ``ray.wait``
+returns: one unbounded wait for worker start-up held an interrupted run 12 s."""
 
 
 class WorkerError(RuntimeError):
     """A worker call failed: the worker raised, died or did not answer in time."""
 
-    def __init__(self, role: str, rank: int | None, method: str, detail: str) -> None:
+    def __init__(
+        self, role: str, rank: int | None, method: str, detail: str, died: bool = False
+    ) -> None:
         self.role, self.rank, self.method, self.detail = role, rank, method, detail
+        self.died = died
+        """The rank's process died: it is the cause, whatever its peers were doing."""
         who = f"rank {rank}" if rank is not None else "ranks"
         super().__init__(f"{role} worker {who} failed in {method}(): {detail}")
 
@@ -64,6 +74,7 @@ class WorkerGroup:
         start_timeout_s: the longest wait for the actors to start (imports, model loading).
         env: extra environment variables for every worker process.
         rollout_tp_size: ranks per rollout tensor-parallel group, for ``ROLLOUT_DP_SPLIT``.
+        wait: wait for every actor's constructor before returning (else see ``started``).
     """
 
     def __init__(
@@ -77,6 +88,7 @@ class WorkerGroup:
         start_timeout_s: float = 900.0,
         env: dict[str, str] | None = None,
         rollout_tp_size: int = 1,
+        wait: bool = True,
     ) -> None:
         self.role = role
         self.world_size = pool.world_size
@@ -88,7 +100,11 @@ class WorkerGroup:
             setattr(self, name, partial(self.call, name))
         # Constructor errors surface here, named as such, not at the first real call.
         ready = {a.__ray_ready__.remote(): r for r, a in enumerate(self.actors)}
-        CallHandle(self.role, "__init__", ready, start_timeout_s).result()
+        self.started = CallHandle(self.role, "__init__", ready, start_timeout_s, self.actors)
+        """The actors' construction; ``wait=False`` leaves it to the caller (several groups
+        then start at once: :func:`wait_calls` on their ``started``)."""
+        if wait:
+            self.started.result()
 
     def start_actors(
         self, pool: ResourcePool, worker_cls: type, init_args: tuple[Any, ...], env: dict[str, str]
@@ -151,7 +167,9 @@ class WorkerGroup:
             getattr(self.actors[c.rank], method).remote(*c.args, **c.kwargs): c.rank
             for c in fan_out.calls
         }
-        return CallHandle(self.role, method, refs, self.call_timeout_s, spec.mode, fan_out)
+        return CallHandle(
+            self.role, method, refs, self.call_timeout_s, self.actors, spec.mode, fan_out
+        )
 
     def shutdown(self) -> None:
         """Kill every actor of the group (stuck collectives included)."""
@@ -184,14 +202,17 @@ class CallHandle:
         method: str,
         refs: dict[Any, int],
         timeout_s: float,
+        actors: list[Any],
         mode: Dispatch | None = None,
         fan_out: FanOut | None = None,
     ) -> None:
         self.role, self.method, self.refs, self.timeout_s = role, method, refs, timeout_s
-        self.mode, self.fan_out = mode, fan_out
+        self.actors, self.mode, self.fan_out = actors, mode, fan_out
         self.deadline = time.monotonic() + timeout_s
         self.values: dict[int, Any] = {}
         self.pending = set(refs)
+        self.silent: set[Any] = set()
+        """Refs of the ranks that had neither answered nor failed when the call failed."""
         self.outcome: tuple[bool, Any] | None = None
         """(True, result) or (False, the WorkerError) once settled."""
 
@@ -211,7 +232,7 @@ class CallHandle:
         except RayActorError as e:
             # The full text carries the creation task's traceback when a constructor raised.
             detail = f"the worker process died: {str(e).strip()}"
-            self.fail(WorkerError(self.role, rank, self.method, detail))
+            self.fail(WorkerError(self.role, rank, self.method, detail, died=True))
         except GetTimeoutError:
             detail = "result could not be fetched in time"
             self.fail(WorkerError(self.role, rank, self.method, detail))
@@ -229,8 +250,14 @@ class CallHandle:
         )
 
     def fail(self, error: WorkerError) -> None:
+        self.silent = set(self.pending)
         self.outcome, self.pending = (False, error), set()
         raise error
+
+    def silent_ranks(self) -> dict[int, Any]:
+        """rank -> actor of the ranks that have neither answered nor failed."""
+        refs = self.pending if self.outcome is None else self.silent
+        return {self.refs[ref]: self.actors[self.refs[ref]] for ref in refs}
 
     def settle(self) -> Any:
         """The collected result once every rank answered (call with nothing pending)."""
@@ -255,16 +282,43 @@ def wait_calls(*handles: CallHandle) -> list[Any]:
     collective with it and would never answer.
     """
     owner = {ref: h for h in handles if h.outcome is None for ref in h.pending}
-    while owner:
-        now = time.monotonic()
-        for handle in {id(h): h for h in owner.values()}.values():
-            if handle.deadline <= now:
-                handle.expire()
-        timeout = min(h.deadline for h in owner.values()) - now
-        ready, _ = ray.wait(list(owner), num_returns=1, timeout=max(timeout, 0))
-        for ref in ready:
-            owner.pop(ref).fetch(ref)
+    try:
+        while owner:
+            now = time.monotonic()
+            for handle in {id(h): h for h in owner.values()}.values():
+                if handle.deadline <= now:
+                    handle.expire()
+            timeout = min(min(h.deadline for h in owner.values()) - now, WAIT_SLICE_S)
+            ready, _ = ray.wait(list(owner), num_returns=1, timeout=max(timeout, 0))
+            for ref in ready:
+                owner.pop(ref).fetch(ref)
+    except WorkerError as error:
+        stopped = find_stopped_peer(error, handles)
+        if stopped is None:
+            raise
+        raise stopped from None
     return [h.settle() for h in handles]
+
+
+def find_stopped_peer(error: WorkerError, handles: tuple[CallHandle, ...]) -> WorkerError | None:
+    """The error to raise instead of ``error`` when a rank still silent in one of the calls
+    waited on together (the failed one included) is a stopped process (see
+    :mod:`rlframe.controller.liveness`): the failure of a rank that waited for it, or of the
+    whole call at its deadline, is then a symptom. None when there is none."""
+    if error.died:
+        return None
+    for handle in handles:
+        silent = handle.silent_ranks()
+        stopped = find_stopped_ranks(silent) if silent else {}
+        if stopped:
+            rank, pid = min(stopped.items())
+            waited = f"{error.role} {error.method}() failed waiting for it: {first_line(error)}"
+            detail = (
+                f"the worker process (pid {pid}) is stopped (SIGSTOP, or held by a debugger) "
+                f"and did not answer; {waited}"
+            )
+            return WorkerError(handle.role, rank, handle.method, detail)
+    return None
 
 
 def describe_task_error(error: RayTaskError) -> str:

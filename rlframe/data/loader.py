@@ -20,7 +20,9 @@ class PromptLoader:
 
     def __init__(self, records: list[PromptRecord], batch_size: int, seed: int) -> None:
         if len(records) < batch_size:
-            raise ValueError(f"data.batch_size={batch_size} exceeds the {len(records)} prompts available")
+            raise ValueError(
+                f"data.batch_size={batch_size} exceeds the {len(records)} prompts available"
+            )
         self.records, self.batch_size = records, batch_size
         self.rng = random.Random(seed)
         self.order: list[int] = []
@@ -36,20 +38,27 @@ class PromptLoader:
     def state_dict(self) -> dict[str, Any]:
         """The rest of the current pass and the shuffling generator (JSON-serialisable)."""
         version, internal, gauss = self.rng.getstate()
-        return {"order": list(self.order), "rng": [version, list(internal), gauss], "num_records": len(self.records)}
+        return {
+            "order": list(self.order),
+            "rng": [version, list(internal), gauss],
+            "num_records": len(self.records),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["num_records"] != len(self.records):
             raise ValueError(
-                f"the checkpoint's prompt loader ran over {state['num_records']} prompts, this run has "
-                f"{len(self.records)}: resume with the same data files and data.max_prompt_length"
+                f"the checkpoint's prompt loader ran over {state['num_records']} prompts, "
+                f"this run has {len(self.records)}: resume with the same data files and "
+                "data.max_prompt_length"
             )
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.order = list(state["order"])
 
 
-def build_prompt_batch(records: list[PromptRecord], n: int, first_group: int, pad_token_id: int, seed: int) -> Batch:
+def build_prompt_batch(
+    records: list[PromptRecord], n: int, first_group: int, pad_token_id: int, seed: int
+) -> Batch:
     """``n`` interleaved copies of each prompt, left-padded, with group ids and sample seeds.
 
     Row ``i`` gets seed ``(seed, group, copy)`` mixed into 31 bits, so sampling does not
@@ -65,7 +74,8 @@ def build_prompt_batch(records: list[PromptRecord], n: int, first_group: int, pa
     batch = Batch(
         {"prompt_ids": ids, "prompt_mask": mask, "group": groups},
         {
-            "prompt": [r.prompt for r in records], "ground_truth": [r.ground_truth for r in records],
+            "prompt": [r.prompt for r in records],
+            "ground_truth": [r.ground_truth for r in records],
             "extra": [r.extra for r in records],
             # Synthetic prompts have no turns of their own: the prompt text is one user turn.
             "messages": [r.messages or [{"role": "user", "content": r.prompt}] for r in records],

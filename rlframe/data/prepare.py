@@ -38,13 +38,13 @@ def extract_last_boxed(solution: str) -> str:
         raise ValueError(f"MATH solution without \\boxed{{}}: {solution[-80:]!r}")
     brace = solution.find("{", start)
     if brace < 0:
-        raise ValueError(f"\\boxed without braces: {solution[start:start + 40]!r}")
+        raise ValueError(f"\\boxed without braces: {solution[start : start + 40]!r}")
     depth = 0
     for i in range(brace, len(solution)):
         depth += {"{": 1, "}": -1}.get(solution[i], 0)
         if depth == 0:
             return solution[brace + 1 : i].strip()
-    raise ValueError(f"unbalanced braces after \\boxed: {solution[start:start + 80]!r}")
+    raise ValueError(f"unbalanced braces after \\boxed: {solution[start : start + 80]!r}")
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,9 @@ def find_local_files(source: Path) -> dict[str, str]:
     """``{split: file}`` for the ``train``/``test`` files in ``source``."""
     files = {}
     for split in SPLITS:
-        found = sorted(p for p in source.glob(f"{split}*") if p.suffix in (".jsonl", ".json", ".parquet"))
+        found = sorted(
+            p for p in source.glob(f"{split}*") if p.suffix in (".jsonl", ".json", ".parquet")
+        )
         if not found:
             raise ValueError(f"{source}: no {split}.jsonl, {split}.json or {split}.parquet")
         files[split] = str(found[0])
@@ -116,7 +118,10 @@ def prepare(name: str, out: Path, source: Path | None = None) -> dict[str, int]:
     counts = {}
     for split in SPLITS:
         converted = splits[split].map(
-            recipe.make_row, with_indices=True, remove_columns=splits[split].column_names, desc=f"{name} {split}"
+            recipe.make_row,
+            with_indices=True,
+            remove_columns=splits[split].column_names,
+            desc=f"{name} {split}",
         )
         converted.to_parquet(str(out / f"{split}.parquet"))
         counts[split] = len(converted)
@@ -124,18 +129,26 @@ def prepare(name: str, out: Path, source: Path | None = None) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rlframe.data.prepare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rlframe.data.prepare", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("name", choices=sorted(DATA_SETS), help="data set to prepare")
-    parser.add_argument("--out", type=Path, required=True, help="folder for train.parquet and test.parquet")
-    parser.add_argument("--source", type=Path, default=None, help="local folder with the raw train/test files")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="folder for train.parquet and test.parquet"
+    )
+    parser.add_argument(
+        "--source", type=Path, default=None, help="local folder with the raw train/test files"
+    )
     args = parser.parse_args(argv)
     try:
         counts = prepare(args.name, args.out, args.source)
     except (ValueError, FileNotFoundError) as e:
         print(f"rlframe.data.prepare: {e}", file=sys.stderr)
         sys.exit(2)
-    print(f"rlframe.data.prepare: wrote {args.out}/train.parquet ({counts['train']} rows) and "
-          f"{args.out}/test.parquet ({counts['test']} rows)")
+    print(
+        f"rlframe.data.prepare: wrote {args.out}/train.parquet ({counts['train']} rows) and "
+        f"{args.out}/test.parquet ({counts['test']} rows)"
+    )
 
 
 if __name__ == "__main__":

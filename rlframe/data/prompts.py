@@ -47,7 +47,10 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
         raise ValueError(f"{path}: the file holds no rows")
     bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
     if bad is not None:
-        raise ValueError(f"{path} row {bad}: a row must be an object with named columns, got {type(rows[bad]).__name__}")
+        raise ValueError(
+            f"{path} row {bad}: a row must be an object with named columns, "
+            f"got {type(rows[bad]).__name__}"
+        )
     return rows
 
 
@@ -73,11 +76,16 @@ def parse_rows(path: Path) -> list[Any]:
 
 
 def read_messages(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
-    """A row's chat turns: its ``messages``, a ``prompt`` list, or a ``prompt`` text as one user turn."""
+    """A row's chat turns: its ``messages``, a ``prompt`` list, or a ``prompt`` text as one
+    user turn."""
     if "messages" in row:
         return row["messages"]
     if "prompt" in row:
-        return row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": row["prompt"]}]
+        return (
+            row["prompt"]
+            if isinstance(row["prompt"], list)
+            else [{"role": "user", "content": row["prompt"]}]
+        )
     raise ValueError(f"{where}: a row needs a 'prompt' or 'messages' column; it has {sorted(row)}")
 
 
@@ -97,7 +105,9 @@ class PromptSet:
     """Prompts left out for being longer than the prompt-length limit."""
 
 
-def read_prompt_rows(files: list[str], task: str, seed: int, synthetic_size: int = 4096) -> list[tuple[dict[str, Any], str]]:
+def read_prompt_rows(
+    files: list[str], task: str, seed: int, synthetic_size: int = 4096
+) -> list[tuple[dict[str, Any], str]]:
     """Every row with where it came from (``file row i`` or ``task name #i``), columns checked."""
     rows: list[tuple[dict[str, Any], str]] = []
     if files:
@@ -105,18 +115,25 @@ def read_prompt_rows(files: list[str], task: str, seed: int, synthetic_size: int
             rows += [(row, f"{name} row {i}") for i, row in enumerate(read_rows(Path(name)))]
     else:
         rows = [
-            ({"prompt": e.prompt, "ground_truth": e.ground_truth, "task": e.task}, f"task {task} #{i}")
+            (
+                {"prompt": e.prompt, "ground_truth": e.ground_truth, "task": e.task},
+                f"task {task} #{i}",
+            )
             for i, e in enumerate(generate_examples(task, synthetic_size, seed))
         ]
     for row, where in rows:
         if "prompt" not in row and "messages" not in row:
-            raise ValueError(f"{where}: a row needs a 'prompt' or 'messages' column; it has {sorted(row)}")
+            raise ValueError(
+                f"{where}: a row needs a 'prompt' or 'messages' column; it has {sorted(row)}"
+            )
         if "ground_truth" not in row:
             raise ValueError(f"{where}: a row needs a 'ground_truth' column; it has {sorted(row)}")
     return rows
 
 
-def tokenize_prompts(rows: list[tuple[dict[str, Any], str]], tokenizer: Any, max_prompt_length: int) -> PromptSet:
+def tokenize_prompts(
+    rows: list[tuple[dict[str, Any], str]], tokenizer: Any, max_prompt_length: int
+) -> PromptSet:
     """Render and tokenise every row; rows longer than ``max_prompt_length`` tokens are counted
     and left out."""
     records = []
@@ -124,16 +141,30 @@ def tokenize_prompts(rows: list[tuple[dict[str, Any], str]], tokenizer: Any, max
         text = render_prompt(row, tokenizer, where)
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) <= max_prompt_length:
-            extra = {k: v for k, v in row.items() if k not in ("prompt", "messages", "ground_truth")}
-            records.append(PromptRecord(text, ids, str(row["ground_truth"]), extra, read_messages(row, where)))
+            extra = {
+                k: v for k, v in row.items() if k not in ("prompt", "messages", "ground_truth")
+            }
+            records.append(
+                PromptRecord(text, ids, str(row["ground_truth"]), extra, read_messages(row, where))
+            )
     return PromptSet(records, len(rows) - len(records))
 
 
 def load_prompt_records(
-    files: list[str], task: str, tokenizer: Any, max_prompt_length: int, seed: int, synthetic_size: int = 4096
+    files: list[str],
+    task: str,
+    tokenizer: Any,
+    max_prompt_length: int,
+    seed: int,
+    synthetic_size: int = 4096,
 ) -> list[PromptRecord]:
     """All prompts, tokenised; those longer than ``max_prompt_length`` tokens are dropped."""
-    prompts = tokenize_prompts(read_prompt_rows(files, task, seed, synthetic_size), tokenizer, max_prompt_length)
+    prompts = tokenize_prompts(
+        read_prompt_rows(files, task, seed, synthetic_size), tokenizer, max_prompt_length
+    )
     if not prompts.records:
-        raise ValueError(f"all {prompts.dropped} prompts are longer than data.max_prompt_length={max_prompt_length} tokens")
+        raise ValueError(
+            f"all {prompts.dropped} prompts are longer than "
+            f"data.max_prompt_length={max_prompt_length} tokens"
+        )
     return prompts.records

@@ -63,7 +63,8 @@ def make_guess(rng: random.Random) -> tuple[str, str]:
 ENV_TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"guess": make_guess}
 """Tasks scored by an environment rather than a rule; not part of ``mixed``."""
 TASK_NAMES = (*TASKS, "mixed", *ENV_TASKS)
-"""What ``data.task`` accepts: each task, ``mixed`` (the rule-scored ones in turn), or an env task."""
+"""What ``data.task`` accepts: each task, ``mixed`` (the rule-scored ones in turn), or an env
+task."""
 
 
 def generate_examples(task: str, count: int, seed: int) -> list[Example]:

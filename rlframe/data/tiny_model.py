@@ -12,9 +12,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 TINY_PREFIX = "tiny:"
@@ -66,11 +66,17 @@ def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
         )
     if not is_tiny_model(path):
         return path
-    return resolve_tiny_build(path, TINY_PREFIX, "tiny-qwen2", [CHARACTERS], build_tiny_model, cache_dir)
+    return resolve_tiny_build(
+        path, TINY_PREFIX, "tiny-qwen2", [CHARACTERS], build_tiny_model, cache_dir
+    )
 
 
 def resolve_tiny_build(
-    path: str, prefix: str, folder: str, key_parts: list[Any], build: Callable[[TinyModelSpec, Path], None],
+    path: str,
+    prefix: str,
+    folder: str,
+    key_parts: list[Any],
+    build: Callable[[TinyModelSpec, Path], None],
     cache_dir: Path | None,
 ) -> str:
     """The cached folder of the tiny model ``<prefix><seed>``, built by ``build`` on first use.

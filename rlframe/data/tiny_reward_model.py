@@ -34,7 +34,12 @@ def resolve_reward_model_path(path: str, cache_dir: Path | None = None) -> str:
     if not is_tiny_reward_model(path):
         return path
     return resolve_tiny_build(
-        path, TINY_RM_PREFIX, "tiny-qwen2-rm", [CHARACTERS, CHAT_TEMPLATE], build_tiny_reward_model, cache_dir
+        path,
+        TINY_RM_PREFIX,
+        "tiny-qwen2-rm",
+        [CHARACTERS, CHAT_TEMPLATE],
+        build_tiny_reward_model,
+        cache_dir,
     )
 
 

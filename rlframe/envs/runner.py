@@ -1,9 +1,11 @@
 """Run one turn's env calls concurrently, each under a timeout.
 
 Sync methods run on their own daemon threads, ``async`` ones as tasks of one event loop,
-so 64 envs that each wait 1 s finish a turn in about 1 s. Threads are daemons because a
-sync call that never returns cannot be killed: after its timeout it is abandoned, and a
-daemon thread does not keep the process alive at exit (a thread pool's would).
+so 64 envs that each wait 1 s finish a turn in about 1 s. An ``async`` call past its timeout
+is cancelled. A sync one cannot be stopped: it is abandoned on its daemon thread (which does
+not keep the process alive at exit, as a thread pool's would) and counted while it runs on
+(``agent/stuck_calls``); more than ``agent.max_stuck_calls`` of them stop the run, where
+they used to pile up by hundreds a step.
 """
 
 from __future__ import annotations
@@ -14,6 +16,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from rlframe.envs.base import EnvError
+
+STUCK: set[threading.Thread] = set()
+"""Threads of sync calls abandoned at their timeout (this process, every run)."""
+STUCK_LOCK = threading.Lock()
+
+
+def count_stuck_calls() -> int:
+    """Sync calls abandoned at their timeout that are still running."""
+    with STUCK_LOCK:
+        STUCK.difference_update([t for t in STUCK if not t.is_alive()])
+        return len(STUCK)
 
 
 @dataclass
@@ -34,7 +49,7 @@ def settle(future: asyncio.Future, value: Any, error: BaseException | None) -> N
 
 def run_on_thread(
     loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: tuple[Any, ...]
-) -> asyncio.Future:
+) -> tuple[asyncio.Future, threading.Thread]:
     future = loop.create_future()
 
     def target() -> None:
@@ -48,10 +63,11 @@ def run_on_thread(
         except RuntimeError:  # the loop closed after a timeout: nobody waits any more
             pass
 
-    threading.Thread(
+    thread = threading.Thread(
         target=target, daemon=True, name=f"env-{getattr(fn, '__qualname__', 'call')}"
-    ).start()
-    return future
+    )
+    thread.start()
+    return future, thread
 
 
 EnvCall = tuple[Callable[..., Any], tuple[Any, ...]]
@@ -63,10 +79,17 @@ async def run_one(
 ) -> CallOutcome:
     async with gate:
         loop = asyncio.get_running_loop()
-        work = fn(*args) if inspect.iscoroutinefunction(fn) else run_on_thread(loop, fn, args)
+        thread = None
+        if inspect.iscoroutinefunction(fn):
+            work = fn(*args)
+        else:
+            work, thread = run_on_thread(loop, fn, args)
         try:
             return CallOutcome(value=await asyncio.wait_for(work, timeout_s))
         except TimeoutError:
+            if thread is not None and thread.is_alive():
+                with STUCK_LOCK:
+                    STUCK.add(thread)
             return CallOutcome(
                 error=f"TimeoutError: no answer within {timeout_s:g} s (agent.step_timeout_s)"
             )
@@ -79,9 +102,22 @@ async def run_all(calls: list[EnvCall], timeout_s: float, limit: int) -> list[Ca
     return list(await asyncio.gather(*(run_one(fn, args, timeout_s, gate) for fn, args in calls)))
 
 
-def run_env_calls(calls: list[EnvCall], timeout_s: float, limit: int) -> list[CallOutcome]:
+def run_env_calls(
+    calls: list[EnvCall], timeout_s: float, limit: int, max_stuck: int
+) -> list[CallOutcome]:
     """``fn(*args)`` for every call, at most ``limit`` at once; one outcome per call, in order.
-    Never raises for a call's failure: the caller decides (error or failed episode)."""
+    Never raises for a call's failure: the caller decides (error or failed episode). Raises
+    EnvError when more than ``max_stuck`` abandoned sync calls are still running after."""
     if not calls:
         return []
-    return asyncio.run(run_all(calls, timeout_s, limit))
+    outcomes = asyncio.run(run_all(calls, timeout_s, limit))
+    stuck = count_stuck_calls()
+    if stuck > max_stuck:
+        name = getattr(calls[0][0], "__qualname__", "the env")
+        raise EnvError(
+            f"{stuck} sync calls (such as {name}) that ran past agent.step_timeout_s="
+            f"{timeout_s:g} are still running, more than agent.max_stuck_calls={max_stuck}: "
+            "a thread cannot be stopped, so each one that hangs is kept for good; make the "
+            "env or agent return (or make it async: a timed-out coroutine is cancelled)"
+        )
+    return outcomes

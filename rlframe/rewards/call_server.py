@@ -4,13 +4,15 @@
 proxies of the program's names. Each call or attribute read a proxy makes arrives here as
 one JSON line on fd 0; the answer goes back as one JSON line on fd 1: the result as the
 ``repr`` of plain data (numbers, strings, bytes, None and lists, tuples, sets and dicts of
-them, exact types only), or a handle for anything else, or the exception's text. Each
+them, exact types only), or a handle for anything else, or the exception raised: its
+nearest built-in type, the ``repr`` of its arguments when they are plain, and its text. Each
 request carries a nonce the answer must echo, so answers written before a request cannot
 match it. The program's own stdin is empty and its prints go to stderr: it never sees the
 asserts or their expected values, and nothing it does here can make an assert pass except
 returning the right plain values.
 """
 
+import builtins
 import importlib.util
 import json
 import math
@@ -19,6 +21,12 @@ import sys
 
 PLAIN_SCALARS = (int, float, complex, str, bytes, bool, type(None))
 PLAIN_CONTAINERS = (list, tuple, set, frozenset)
+# Taken before the program loads: it may replace names in builtins.
+BUILTIN_EXCEPTIONS = {
+    id(kind): name
+    for name, kind in vars(builtins).items()
+    if isinstance(kind, type) and issubclass(kind, BaseException)
+}
 
 
 def is_plain(value, depth=0):
@@ -60,8 +68,22 @@ def main():
         try:
             answer.update(serve(request, module, handles))
         except BaseException as e:
-            answer["error"] = f"{type(e).__name__}: {e}"
+            answer["error"] = describe_error(e)
         answers.write(json.dumps(answer) + "\n")
+
+
+def describe_error(error):
+    """The exception as data: the first built-in type in its class's MRO, its arguments."""
+    kind = next(
+        (BUILTIN_EXCEPTIONS[id(k)] for k in type(error).__mro__ if id(k) in BUILTIN_EXCEPTIONS),
+        "BaseException",
+    )
+    try:
+        text = str(error)[:1000]
+        args = repr(error.args) if is_plain(error.args) else None
+    except BaseException:
+        text, args = "(an error whose text cannot be read)", None
+    return {"type": kind, "name": type(error).__name__, "args": args, "text": text}
 
 
 def serve(request, module, handles):

@@ -1,24 +1,34 @@
 """Assert-style test cases, checked outside the sandbox against the program's values.
 
 The program runs in the sandbox under :mod:`rlframe.rewards.call_server`, which loads it and
-answers calls. The assert runs here, in the reward worker, with every name the program
-defined bound to a :class:`Remote` proxy: ``add(1, 2)`` sends the call into the sandbox and
-comes back as plain data read with ``ast.literal_eval`` (or as another proxy for an object).
-The assert's comparison, its expected values and its success all live in this process, so a
-case passes only if the assert ran to its end, and no exit code, exception hook, builtin
-override, printed text or equality-faking object of the program's can change that. A proxy
-refuses truth tests and comparisons: ``assert solve()`` on an object fails.
+answers calls. The assert runs here, in the reward worker. It sees the program only through
+its *free names* (read from the compiled assert: names it uses but does not bind itself)
+that are neither builtins nor standard modules: each such name the program defines is bound
+to a :class:`Remote` proxy, so ``add(1, 2)`` sends the call into the sandbox and comes back
+as plain data read with ``ast.literal_eval`` (or as another proxy for an object). ``set``,
+``abs``, ``sorted``... are always this process's builtins and ``math.isclose`` this
+process's ``math``, whatever the program defines under those names. The assert's
+comparison, its expected values and its success all live in this process, so a case passes
+only if the assert ran to its end, and no exit code, exception hook, builtin override,
+shadowed builtin, printed text or equality-faking object of the program's can change that.
+A proxy refuses truth tests and comparisons: ``assert solve()`` on an object fails. An
+exception the program raises reaches the assert as the nearest built-in exception type with
+the same arguments (``ValueError("b is 0")``), so an assert that expects one can pass;
+``StopIteration`` arrives as ``RuntimeError``, so it cannot end the assert's loops early.
 """
 
 from __future__ import annotations
 
 import ast
 import builtins
+import importlib
 import json
 import os
 import secrets
 import select
 import subprocess
+import symtable
+import sys
 import tempfile
 from pathlib import Path
 from typing import IO, Any
@@ -81,13 +91,85 @@ class Session:
         if answer.get("nonce") != nonce:
             raise CaseFailed("an answer that does not belong to the request")
         if "error" in answer:
-            raise RuntimeError(f"the program raised {answer['error']}")
+            raise rebuild_error(answer["error"])
         if "h" in answer:
             return Remote(self, ("handle", int(answer["h"])))
         try:
             return ast.literal_eval(str(answer["v"]))
         except (KeyError, ValueError, SyntaxError, MemoryError, RecursionError):
             raise CaseFailed("an answer that is not plain data") from None
+
+
+UNRAISABLE = (StopIteration, StopAsyncIteration)
+"""Exceptions that would end the assert's own loops (``all(map(f, xs))`` on an empty rest)."""
+
+
+def rebuild_error(error: Any) -> Exception:
+    """The program's exception as this process's built-in type with the same arguments; the
+    sandbox's description is data, so only a built-in ``Exception`` type is rebuilt."""
+    if not isinstance(error, dict):
+        return RuntimeError(f"the program raised {str(error)[:1000]}")
+    text = str(error.get("text", ""))[:1000]
+    raised = RuntimeError(f"the program raised {str(error.get('name'))[:100]}: {text}")
+    kind = getattr(builtins, str(error.get("type")), None)
+    if not (isinstance(kind, type) and issubclass(kind, Exception)) or issubclass(kind, UNRAISABLE):
+        return raised
+    try:
+        args = ast.literal_eval(str(error["args"]))
+        if type(args) is tuple:
+            return kind(*args)
+    except Exception:  # not plain data, or arguments the type refuses
+        pass
+    try:
+        return kind(text)
+    except Exception:
+        return raised
+
+
+def read_free_names(check: str) -> tuple[set[str], set[str]]:
+    """The names the assert uses but does not bind (globals of its compiled code, in every
+    nested scope), and those of them it calls directly (``name(...)``)."""
+    table = symtable.symtable(check, "<test case>", "exec")
+    bound: set[str] = set()
+    used: set[str] = set()
+    tables = [table]
+    while tables:
+        scope = tables.pop()
+        tables += scope.get_children()
+        for symbol in scope.get_symbols():
+            name = symbol.get_name()
+            top = scope is table
+            if (top or symbol.is_global()) and (symbol.is_assigned() or symbol.is_imported()):
+                bound.add(name)
+            elif (top or symbol.is_global()) and symbol.is_referenced():
+                used.add(name)
+    called = {
+        node.func.id
+        for node in ast.walk(ast.parse(check))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    free = used - bound
+    return free, free & called
+
+
+def build_scope(check: str, program_names: list[str], session: Session) -> dict[str, Any]:
+    """The assert's globals: builtins, the standard modules it names (never called: a module
+    cannot be), and proxies for the program's names among the rest of its free names."""
+    free, called = read_free_names(check)
+    scope: dict[str, Any] = {"__builtins__": builtins}
+    defined = set(program_names)
+    for name in sorted(free):
+        if hasattr(builtins, name):
+            continue
+        if name in sys.stdlib_module_names and name not in called:
+            try:
+                scope[name] = importlib.import_module(name)
+                continue
+            except ImportError:
+                pass
+        if name in defined:
+            scope[name] = Remote(session, ("name", name))
+    return scope
 
 
 def encode(value: Any) -> dict[str, Any]:
@@ -142,21 +224,19 @@ def run_assert_case(program: str, check: str, limits: SandboxLimits) -> bool:
             err,
         )
         try:
-            return run_check(Session(box), code)
+            return run_check(Session(box), check, code)
         finally:
             box.close()
             for pipe in (box.proc.stdin, box.proc.stdout):
                 close_quietly(pipe)
 
 
-def run_check(session: Session, code: Any) -> bool:
+def run_check(session: Session, check: str, code: Any) -> bool:
     try:
         names = session.read_line().get("ready")
         if not isinstance(names, list):
             return False  # the program failed to load (or exited while loading)
-        scope: dict[str, Any] = {"__builtins__": builtins}
-        scope.update({str(n): Remote(session, ("name", str(n))) for n in names})
-        exec(code, scope)
+        exec(code, build_scope(check, [str(n) for n in names], session))
     except Exception:  # CaseFailed, AssertionError, and whatever the assert raised
         return False
     return True

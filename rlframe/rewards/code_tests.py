@@ -8,9 +8,10 @@ JSON string or already parsed), in one of two styles:
   (compared line by line, trailing spaces ignored);
 - assert: ``{"asserts": ["assert add(1, 2) == 3", ...]}`` or a plain list of such strings:
   each runs in the reward worker, outside the sandbox, against proxies of the program's
-  names (:mod:`rlframe.rewards.code_calls`): a case passes only when the assert itself ran
-  to its end on plain values the program returned. Exiting early, exception hooks,
-  overridden builtins or a forged harness's output cannot make it pass.
+  names among the assert's free names that are not builtins or standard modules
+  (:mod:`rlframe.rewards.code_calls`): a case passes only when the assert itself ran to its
+  end on plain values the program returned. Exiting early, exception hooks, overridden or
+  shadowed builtins or a forged harness's output cannot make it pass.
 
 The score is the fraction of test cases passed; each case is one sandboxed run (see
 :mod:`rlframe.rewards.sandbox`) of at most ``time_limit_s`` seconds (a row's

@@ -8,8 +8,12 @@ The boundary is bubblewrap (``bwrap``, Debian's ``bubblewrap`` package). Every r
   ``/tmp`` and ``/dev/shm``. Nothing else of the host exists in it: no ``/root``, ``/home``,
   ``/etc``, ``/work``, run directories, ``/tmp/ray`` or host ``/dev/shm`` segments, so no
   host Unix socket can be reached by path either;
-- empty network, IPC, UTS and PID namespaces (no interface, not even loopback; no abstract
-  Unix socket of the host; other processes invisible; everything dies with the sandbox);
+- empty network, IPC, UTS and PID namespaces (only a loopback interface of its own; no
+  abstract Unix socket of the host; other processes invisible; everything dies with the
+  sandbox);
+- no new user namespaces (:mod:`.sandbox_seccomp`: a seccomp filter refuses
+  ``unshare``/``clone`` with ``CLONE_NEWUSER``, ``setns`` and ``clone3``), so the program
+  cannot give itself capabilities in a namespace of its own;
 - as root, a switch to the unprivileged host uid/gid 65534 (``setpriv``) with no capabilities,
   no supplementary groups and ``no_new_privs``: permission bits apply even if a path leaks;
 - ``python -I -S``: no site-packages at all (no ``ray``, no ``torch``), unless the caller
@@ -47,6 +51,7 @@ from rlframe.rewards.sandbox_cgroups import (
     make_sandbox_cgroup,
     remove_orphaned_cgroups,
 )
+from rlframe.rewards.sandbox_seccomp import build_filter
 
 WORK = "/sandbox"
 PACKAGES = "/packages"
@@ -132,10 +137,15 @@ class Isolation:
             else "memory per process only (RLIMIT_AS; no writable memory cgroup)"
         )
         cpu = "cpu quota per sandbox" if "cpu" in self.controllers else "cpu per process only"
+        userns = (
+            "no new user namespaces (seccomp)"
+            if build_filter() is not None
+            else "new user namespaces NOT blocked (no seccomp filter for this architecture)"
+        )
         return (
             f"rlframe: sandbox: {self.reason}: minimal read-only root, private /sandbox /tmp "
-            f"/dev/shm (tmpfs), no network, {who}, no site-packages; {memory}, processes by "
-            f"{self.process_cap}, {cpu}"
+            f"/dev/shm (tmpfs), no network but its own loopback, {who}, {userns}, no "
+            f"site-packages; {memory}, processes by {self.process_cap}, {cpu}"
         )
 
 
@@ -223,12 +233,16 @@ def build_command(
     packages: Sequence[str],
     nproc: int,
     ready_fd: int | None = None,
+    seccomp_fd: int | None = None,
 ) -> list[str]:
-    """The bwrap command line; ``files`` maps a name in /sandbox to a readable fd, and the
-    launcher writes one byte to ``ready_fd`` (when given) just before the program starts."""
+    """The bwrap command line; ``files`` maps a name in /sandbox to a readable fd, the
+    launcher writes one byte to ``ready_fd`` (when given) just before the program starts,
+    and bwrap reads the seccomp filter from ``seccomp_fd`` (when given)."""
     python, prefix = interpreter()
     command = ["bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
     command += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+    if seccomp_fd is not None:
+        command += ["--seccomp", str(seccomp_fd)]
     as_root = os.geteuid() == 0
     if as_root:
         # bwrap does the mounts as root; setpriv then drops to nobody for good.
@@ -257,6 +271,17 @@ def build_command(
     }
     command += [python, "-I", "-S", "-c", LAUNCHER, json.dumps(per_process), script]
     return command
+
+
+def seccomp_file() -> IO[bytes] | None:
+    """The seccomp filter in a file to hand bwrap, or None on an architecture without one."""
+    program = build_filter()
+    if program is None:
+        return None
+    file = tempfile.TemporaryFile()
+    file.write(program)
+    file.seek(0)
+    return file
 
 
 def pick_nproc(isolation: Isolation, limits: SandboxLimits) -> int:
@@ -299,13 +324,15 @@ class Sandbox:
         )
         nproc = pick_nproc(self.isolation, limits)
         sources = [tempfile.TemporaryFile() for _ in files]
+        seccomp = seccomp_file()
         ready, ready_w = os.pipe()
         try:
             for source, text in zip(sources, files.values()):
                 source.write(text.encode())
                 source.seek(0)
             fds = {name: s.fileno() for name, s in zip(files, sources)}
-            command = build_command(fds, script, limits, packages, nproc, ready_w)
+            seccomp_fd = seccomp.fileno() if seccomp is not None else None
+            command = build_command(fds, script, limits, packages, nproc, ready_w, seccomp_fd)
             if self.cgroup is not None:
                 # The shell joins the groups, then becomes bwrap: everything it starts stays in.
                 join = 'for p in $0; do echo $$ > "$p" || exit 125; done; exec "$@"'
@@ -316,7 +343,7 @@ class Sandbox:
                 stdin=stdin,
                 stdout=stdout,
                 stderr=stderr,
-                pass_fds=(*fds.values(), ready_w),
+                pass_fds=(*fds.values(), ready_w, *([seccomp_fd] if seccomp_fd else [])),
                 start_new_session=True,
                 preexec_fn=die_with_parent,
             )
@@ -329,6 +356,8 @@ class Sandbox:
             os.close(ready_w)
             for source in sources:
                 source.close()
+            if seccomp is not None:
+                seccomp.close()
         self.deadline = self.wait_ready(ready) + limits.wall_s
 
     def wait_ready(self, ready: int) -> float:
@@ -424,17 +453,24 @@ def probe_sandbox(isolation: Isolation) -> str:
     """Run ``print(uid)`` in a sandbox by hand (detect_isolation is not cached yet): the
     error text, or empty when it worked."""
     limits = SandboxLimits()
+    seccomp = seccomp_file()
     with tempfile.TemporaryFile() as source:
         source.write(b"import os\nprint(os.getuid())\n")
         source.seek(0)
         nproc = pick_nproc(isolation, limits)
-        command = build_command({"main.py": source.fileno()}, f"{WORK}/main.py", limits, (), nproc)
+        seccomp_fd = seccomp.fileno() if seccomp is not None else None
+        files = {"main.py": source.fileno()}
+        command = build_command(files, f"{WORK}/main.py", limits, (), nproc, None, seccomp_fd)
+        passed = (source.fileno(), *([seccomp_fd] if seccomp_fd is not None else []))
         try:
             done = subprocess.run(
-                command, capture_output=True, text=True, timeout=30, pass_fds=(source.fileno(),)
+                command, capture_output=True, text=True, timeout=30, pass_fds=passed
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             return str(e)
+        finally:
+            if seccomp is not None:
+                seccomp.close()
     expected = str(SANDBOX_UID) if isolation.uid is not None else None
     if done.returncode != 0 or (expected is not None and done.stdout.strip() != expected):
         return (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]

@@ -208,8 +208,11 @@ class AsyncProducer:
         if not todo:
             return None
         r = self.cfg.rollout
+        # One generation phase runs chunk after chunk: a colocated engine stays awake through
+        # them all and sleeps only when the trainer's next call needs the device.
+        meta = self.meta | {"more_turns": True}
         batch = build_continuation(
-            todo, r.max_tokens, r.partial_chunk_tokens, self.tokenizer.pad_token_id, self.meta
+            todo, r.max_tokens, r.partial_chunk_tokens, self.tokenizer.pad_token_id, meta
         )
         return (self.submit_generate(batch), todo, time.perf_counter())
 

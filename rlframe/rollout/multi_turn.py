@@ -234,7 +234,10 @@ class EpisodeRunner:
     def call_envs(
         self, calls: list[tuple[Any, tuple[Any, ...]]], method: str, rows: list[int], turn: int = -1
     ) -> list[CallOutcome]:
-        outcomes = run_env_calls(calls, self.agent.step_timeout_s, self.agent.max_concurrent_envs)
+        agent = self.agent
+        outcomes = run_env_calls(
+            calls, agent.step_timeout_s, agent.max_concurrent_envs, agent.max_stuck_calls
+        )
         if self.agent.on_env_error == "raise":
             for row, outcome in zip(rows, outcomes):
                 if outcome.error is not None:

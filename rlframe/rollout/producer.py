@@ -10,16 +10,44 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
+
+import torch
 
 from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlframe.config import Config
 from rlframe.data.loader import PromptLoader, build_prompt_batch
+from rlframe.envs.runner import count_stuck_calls
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.agents import AGENTS, AgentContext
 from rlframe.rollout.sampling import run_sampling_rounds
 from rlframe.tracking import StageTimer
+
+
+class Producer(Protocol):
+    """What the trainer, the validator and the launcher use of an experience producer: the
+    lockstep :class:`ExperienceProducer` or the asynchronous ones
+    (:mod:`rlframe.rollout.async_producer`, :mod:`rlframe.rollout.async_episodes`)."""
+
+    def submit(self) -> None:
+        """Start the next step's experience (the asynchronous producers run ahead anyway)."""
+
+    def collect(self) -> tuple[Batch, dict[str, float]]:
+        """The step's scored Batch and the metrics of producing it."""
+        ...
+
+    def generate(self, prompts: Batch) -> Batch:
+        """The prompt rows with their responses, blocking (validation)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None:
+        """Stop what the producer started (the reward stage's processes)."""
+
 
 PROMPT_KEYS = (
     "prompt_ids",
@@ -37,7 +65,7 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
     """``agent/*`` metrics of a batch from an agent that reports them (empty otherwise)."""
     if "agent_turns" not in batch:
         return {}
-    return {
+    metrics = {
         "agent/turns/mean": float(batch["agent_turns"].mean()),
         "agent/tool_calls/mean": float(batch["agent_tool_calls"].mean()),
         "agent/tool_errors": float(batch["agent_tool_errors"].sum()),
@@ -45,7 +73,14 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
         "agent/obs_truncated": float(batch["agent_obs_cut"].sum()),
         "agent/env_failures": float(batch["env_failed"].sum()),
         "agent/env_reward/mean": float(batch["env_reward"].mean()),
+        "agent/stuck_calls": float(count_stuck_calls()),
     }
+    if "agent_episode" in batch:  # an openai episode can make several rows
+        rows = torch.bincount(batch["agent_episode"])
+        rows = rows[rows > 0]
+        metrics["agent/rows_per_episode/mean"] = float(rows.float().mean())
+        metrics["agent/rows_per_episode/max"] = float(rows.max())
+    return metrics
 
 
 class ExperienceProducer:

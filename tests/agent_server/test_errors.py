@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import socket
 from typing import Any
 
@@ -70,6 +72,47 @@ def test_bad_requests_get_400_404_413(plain: Served) -> None:
     assert reply.choices[0].message.role == "assistant"
 
 
+def test_malformed_values_get_400_and_a_wrong_method_405(plain: Served) -> None:
+    key = plain.open().key
+    for body in (
+        {"messages": USER, "temperature": "hot"},
+        {"messages": USER, "top_p": [1]},
+        {"messages": [{"role": "assistant", "content": "", "tool_calls": "call"}]},
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": "f"}]}]},
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": 3}}]}]},
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f",
+                                                                         "arguments": 3}}]}]},
+    ):  # fmt: skip
+        response = post(plain, key, json.dumps(body))
+        assert response.status_code == 400, (body, response.text)
+        assert response.json()["error"]["type"] == "invalid_request_error"
+    got = httpx.get(
+        f"{plain.server.base_url}/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=60,
+    )
+    assert_error(got, 405, "method_not_allowed")
+    assert got.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_oversized_header_is_a_4xx_without_a_traceback(
+    plain: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = plain.open().key
+    with caplog.at_level(logging.DEBUG):
+        response = httpx.post(
+            f"{plain.server.base_url}/chat/completions",
+            content=b"{}",
+            headers={"Authorization": f"Bearer {key}", "X-Big": "x" * 20000},
+            timeout=60,
+        )
+    assert 400 <= response.status_code < 500
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+    assert not loud, [r.getMessage() for r in loud]
+    noted = [r.getMessage() for r in caplog.records if r.name == "rlframe.agent_server"]
+    assert any("Error handling request" in m for m in noted), noted
+
+
 def test_too_many_concurrent_requests_get_429(plain: Served) -> None:
     keys = [plain.open().key for _ in range(3)]
     agent = plain.server.agent
@@ -96,7 +139,8 @@ def test_too_many_concurrent_requests_get_429(plain: Served) -> None:
 
 
 def test_listens_on_loopback_only(plain: Served) -> None:
-    host, port = plain.server.runner.addresses[0][:2]
+    assert plain.server.listener is not None
+    host, port = plain.server.listener.sockets[0].getsockname()[:2]
     assert host == "127.0.0.1"
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     probe.connect(("10.255.255.255", 1))  # no packet is sent: picks the outward interface

@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from openai import OpenAI
+import pytest
+from openai import BadRequestError, OpenAI
 
 from rlframe.agent_server.trajectory import normalize_message
 from rlframe.envs.chat import ChatFormat
@@ -89,6 +90,30 @@ def test_rewritten_history_forks_a_row(plain: Served) -> None:
     chat = ChatFormat(plain.tokenizer)
     assert rows[1].prompt_ids == chat.prompt_ids(summary)
     assert rows[0].prompt_ids == chat.prompt_ids(messages[:1])
+
+
+def test_a_row_past_the_episode_s_cap_gets_400(
+    plain: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each restart of the conversation starts a row; the one past agent.max_rows_per_episode
+    is refused with an OpenAI-shaped 400 naming the key, and extending a row still works."""
+    monkeypatch.setattr(plain.server.cfg.agent, "max_rows_per_episode", 2)
+    session = plain.open()
+    client = client_for(plain, session.key)
+    first = [{"role": "user", "content": "1+1=?"}]
+    reply = client.chat.completions.create(model="tiny", messages=first, max_tokens=2)
+    client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "2+2=?"}], max_tokens=2
+    )
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "3+3=?"}], max_tokens=2
+        )
+    assert refused.value.body["param"] == "messages"  # type: ignore[index]
+    assert "(agent.max_rows_per_episode=2)" in refused.value.body["message"]  # type: ignore[index]
+    extended = [*first, reply.choices[0].message.model_dump(), {"role": "user", "content": "?"}]
+    client.chat.completions.create(model="tiny", messages=extended, max_tokens=2)
+    assert [r.calls for r in session.episode.rows] == [2, 1]
 
 
 def test_concurrent_sessions_stay_apart_and_share_engine_calls(plain: Served) -> None:

@@ -1,35 +1,33 @@
-"""Asynchronous training with multi-turn episodes (``rlframe.rollout.async_episodes``) through
-the CLI: agent_tiny learns at staleness 1 on a separate rollout pool, and a run resumed from a
-checkpoint holding finished, not yet trained episodes matches the straight run."""
+"""Asynchronous training with multi-turn episodes (``rlframe.rollout.async_episodes``):
+agent_tiny learns at staleness 1 on a separate rollout pool (``matrix`` tier: the default tier
+proves async learning with grpo_tiny and multi-turn learning in lockstep), and a run resumed
+from a checkpoint holding finished, not yet trained episodes matches the straight run."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_async_training import PLACEMENTS
-from tests.e2e.test_long_runs import clean_env, deterministic, read_metrics
-from tests.e2e.test_quickstart import REPO, run_cli
+from tests.e2e.async_cases import PLACEMENTS, resume_from_copy
+from tests.harness import deterministic, mean_reward_gain, read_metrics, run_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 ASYNC = ["rollout.max_staleness=1", "algorithm.off_policy_correction=decoupled"]
 
 
+@pytest.mark.matrix
 def test_agent_tiny_learns_at_staleness_one(tmp_path: Path) -> None:
-    metrics = run_cli(
-        f"trainer.output_dir={tmp_path / 'run'}",
+    metrics = run_recipe(
+        tmp_path / "run",
         "trainer.total_steps=60",
         *ASYNC,
         *PLACEMENTS["separate"],
         recipe="agent_tiny",
-    )
-    rewards = [m["reward/mean"] for m in metrics]
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    ).metrics
+    first, last = mean_reward_gain(metrics)
     print(f"agent_tiny at staleness 1: reward first 5 {first:.3f} -> last 5 {last:.3f}")
     assert last - first >= 0.2
     stale = [m["off_policy/staleness_max"] for m in metrics]
@@ -40,31 +38,19 @@ def test_agent_tiny_learns_at_staleness_one(tmp_path: Path) -> None:
     assert all("off_policy/behav_weight_mean" in m for m in metrics)
 
 
-def run(out: Path, *overrides: str) -> str:
-    small = ["+recipe=agent_tiny", "data.batch_size=8", "rollout.n=8", "trainer.save_every=2"]
-    small += ["actor.mini_batch_size=64", "actor.micro_batch_size=64"]
-    result = subprocess.run(
-        [sys.executable, "-m", "rlframe.main", *small, *ASYNC, f"trainer.output_dir={out}"]
-        + [*overrides, *PLACEMENTS["separate"]],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=clean_env(),
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    return result.stdout
+SMALL = ["data.batch_size=8", "rollout.n=8", "trainer.save_every=2", "trainer.total_steps=4"]
+SMALL += ["actor.mini_batch_size=64", "actor.micro_batch_size=64", *ASYNC]
 
 
 def test_resume_with_episodes_in_flight_matches_straight_run(tmp_path: Path) -> None:
+    """Two runs: four steps saved at 2 and 4; a copy resumed from the step-2 checkpoint."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run(straight, "trainer.total_steps=4", "trainer.save_every=0")
-    run(resumed, "trainer.total_steps=2")
-    saved = resumed / "checkpoints" / "step_00000002" / "driver_state.json"
-    in_flight = json.loads(saved.read_text())["experience"]["groups"]
+    run_recipe(straight, *SMALL, *PLACEMENTS["separate"], recipe="agent_tiny")
+    saved = resume_from_copy(straight, resumed, 2)
+    in_flight = json.loads((saved / "driver_state.json").read_text())["experience"]["groups"]
     # The episodes run during step 2's update are in the checkpoint, whole, with their rows.
     assert in_flight and all(g["episode"]["tensors"]["response_ids"]["data"] for g in in_flight)
-    out = run(resumed, "trainer.total_steps=4")
+    out = run_recipe(resumed, *SMALL, *PLACEMENTS["separate"], recipe="agent_tiny").stdout
     assert "at step 2" in out
     a, b = read_metrics(straight), read_metrics(resumed)
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4]

@@ -19,11 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+from tests.checkpoints import assert_identical, load_shards
+from tests.harness import REPO, check_cli, clean_env, cli_command, deterministic, read_metrics
+from tests.harness import run_recipe as run_in_process
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+
 SMALL = [
-    "+recipe=grpo_tiny",
     "trainer.total_steps=6",
     "data.batch_size=8",
     "rollout.n=8",
@@ -36,46 +38,15 @@ SMALL = [
     "val.temperature=1.0",
     "data.val_size=16",
 ]
-# Wall-clock figures: everything else a step logs must match bit for bit.
-VARYING = ("timing_s/", "perf/")
 
 
-def cli(out: Path, *overrides: str) -> list[str]:
-    return [sys.executable, "-m", "rlframe.main", *SMALL, f"trainer.output_dir={out}", *overrides]
-
-
-def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return env | (extra or {})
-
-
-def run(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        cli(out, *overrides), capture_output=True, text=True, timeout=600, env=clean_env(), cwd=REPO
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    return result
-
-
-def read_metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def deterministic(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if not k.startswith(VARYING)}
-
-
-def load_shards(checkpoint: Path, scratch: Path) -> dict:
-    """The full (unsharded) actor state of a checkpoint: model, optimizer, schedule."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    target = scratch / (str(checkpoint).replace("/", "_") + ".pt")
-    dcp_to_torch_save(checkpoint / "actor", target)
-    return torch.load(target, weights_only=False)
+def run(out: Path, *overrides: str) -> str:
+    """A small grpo_tiny run in the test process; its console."""
+    return run_in_process(out, *SMALL, *overrides).stdout
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def straight(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Path:
     """Six steps in one go, with an HF export in each checkpoint."""
     out = tmp_path_factory.mktemp("straight") / "run"
     run(out, "trainer.export_hf=true")
@@ -90,9 +61,11 @@ def test_resume_after_kill_during_save_matches_straight_run(tmp_path: Path, stra
     #    its folder exists while the workers write their shards and the HF export (asked
     #    for here so that the save lasts seconds) is converted, before the rename.
     ckpts, log = out / "checkpoints", tmp_path / "killed.log"
+    # The process is the subject here: it is killed, so it runs in a child of its own.
     with log.open("w") as sink:
         proc = subprocess.Popen(
-            cli(out, "trainer.export_hf=true"),
+            cli_command("+recipe=grpo_tiny", *SMALL, f"trainer.output_dir={out}")
+            + ["trainer.export_hf=true"],
             stdout=sink,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -124,9 +97,9 @@ def test_resume_after_kill_during_save_matches_straight_run(tmp_path: Path, stra
     ]  # the killed run had logged 4-6
 
     # 3. The same command resumes from step 3 (the previous checkpoint) and redoes 4-6.
-    result = run(out)
-    assert f"resumed from {ckpts / 'step_00000003'} at step 3" in result.stdout
-    assert "dropped 3 lines" in result.stdout
+    console = run(out)
+    assert f"resumed from {ckpts / 'step_00000003'} at step 3" in console
+    assert "dropped 3 lines" in console
     assert (ckpts / "latest").read_text() == "step_00000006"
     assert not (ckpts / ".tmp_step_00000006").exists()
     assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000003", "step_00000006"]
@@ -148,22 +121,6 @@ def test_resume_after_kill_during_save_matches_straight_run(tmp_path: Path, stra
     theirs = load_shards(straight / "checkpoints" / "step_00000006", tmp_path)
     assert mine["extra"]["weights_version"] == 6 and mine["scheduler"]["last_epoch"] == 12
     assert_identical(mine, theirs, "actor")
-
-
-def assert_identical(a: object, b: object, where: str) -> None:
-    """Nested dicts/lists of tensors and plain values, equal bit for bit."""
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), where
-        for key in a:
-            assert_identical(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    else:
-        assert a == b, where
 
 
 def test_export_loads_in_transformers_and_vllm_with_the_trainers_logprobs(
@@ -230,18 +187,10 @@ def test_run_directory_in_use_is_refused_before_ray(tmp_path: Path) -> None:
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1}\n')
     for resume in ("auto", "never"):
-        start = time.monotonic()
-        result = subprocess.run(
-            cli(out, f"trainer.resume={resume}"),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env=clean_env(),
-            cwd=REPO,
+        result = check_cli(
+            "+recipe=grpo_tiny", *SMALL, f"trainer.output_dir={out}", f"trainer.resume={resume}"
         )
         assert result.returncode == 2
         assert f"trainer.output_dir: {out} already holds a run (metrics.jsonl)" in result.stderr
-        # Ray's own start-up line goes to logs/driver.log now; the summary names the cluster.
         assert "rlframe: ray" not in result.stdout and not (out / "logs").exists()
-        assert time.monotonic() - start < 60
     assert (out / "metrics.jsonl").read_text() == '{"step": 1}\n'  # untouched

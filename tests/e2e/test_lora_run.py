@@ -1,11 +1,15 @@
-"""LoRA runs through the CLI on the tiny model: a LoRA checkpoint holds the adapters (not the
-base), resumes exactly, and exports as a peft adapter folder and as a merged model that
-transformers and vLLM load with the trainer's log-probs; the separate placement syncs and
-verifies the adapters."""
+"""LoRA runs on the tiny model: a LoRA checkpoint holds the adapters (not the base), resumes
+exactly, and exports as a peft adapter folder and as a merged model that transformers and vLLM
+load with the trainer's log-probs; adapters serve multi-turn agents, validation and the KL
+reference. Each sync mode in each placement (separate, rollout tensor parallelism) is the
+``matrix`` tier: the syncs themselves are proven per mode by ``tests/workers/test_lora_sync.py``
+and ``tests/workers/test_lora_adapter_sync.py``, the transports by
+``tests/ray/test_weight_transport.py`` and ``tests/ray/test_rollout_tp.py``."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,19 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.e2e.test_long_runs import (
-    REPO,
-    assert_identical,
-    clean_env,
-    deterministic,
-    load_shards,
-    read_metrics,
-)
+from tests.checkpoints import assert_identical, load_shards
+from tests.harness import REPO, clean_env, deterministic, read_metrics, run_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 LORA_SMALL = [
-    "+recipe=grpo_tiny_lora",
     "trainer.total_steps=6",
     "data.batch_size=8",
     "rollout.n=8",
@@ -36,32 +33,26 @@ LORA_SMALL = [
 ]
 
 
-def run_cli(out: Path, *overrides: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", "rlframe.main", *overrides, f"trainer.output_dir={out}"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=clean_env(),
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    return result
+def run_lora(out: Path, *overrides: str, recipe: str = "grpo_tiny_lora") -> str:
+    return run_recipe(out, *LORA_SMALL, *overrides, recipe=recipe).stdout
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def straight(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Path:
     out = tmp_path_factory.mktemp("lora_straight") / "run"
-    run_cli(out, *LORA_SMALL)
+    run_lora(out)
     return out
 
 
 def test_lora_checkpoint_holds_adapters_and_resumes_exactly(tmp_path: Path, straight: Path) -> None:
+    """Resume from a copy of the straight run's step-3 checkpoint redoes steps 4-6 exactly."""
     out = tmp_path / "run"
-    run_cli(out, *LORA_SMALL, "trainer.total_steps=3")
-    result = run_cli(out, *LORA_SMALL)
+    shutil.copytree(straight, out, symlinks=True, ignore=shutil.ignore_patterns(".lock"))
+    shutil.rmtree(out / "checkpoints" / "step_00000006")
     ckpts = out / "checkpoints"
-    assert f"resumed from {ckpts / 'step_00000003'} at step 3" in result.stdout
+    (ckpts / "latest").write_text("step_00000003")
+    console = run_lora(out)
+    assert f"resumed from {ckpts / 'step_00000003'} at step 3" in console
     resumed, reference = read_metrics(out), read_metrics(straight)
     assert [m["step"] for m in resumed] == [m["step"] for m in reference] == [1, 2, 3, 4, 5, 6]
     for a, b in zip(resumed, reference):
@@ -125,15 +116,15 @@ def test_lora_exports_load_in_peft_transformers_and_vllm(tmp_path: Path, straigh
     assert all(gap <= 1e-5 for gap in gaps.values()), gaps
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("sync", ["merged", "adapter"])
 def test_lora_separate_placement_syncs_and_verifies(tmp_path: Path, sync: str) -> None:
     """One trainer rank and one rollout rank: the adapters (or merged weights) cross the
     broadcast, the rollout worker runs the receiver check on every push, and the rollout
     samples with the weights just sent."""
     out = tmp_path / "run"
-    run_cli(
+    run_lora(
         out,
-        *LORA_SMALL,
         "trainer.total_steps=3",
         "trainer.save_every=0",
         f"model.lora.sync={sync}",
@@ -155,9 +146,8 @@ def test_lora_adapters_serve_multi_turn_agents_validation_and_the_kl_reference(
     policy with its adapters off) and validation: every turn and every validation prompt
     samples from the adapter just synced."""
     out = tmp_path / "run"
-    run_cli(
+    run_recipe(
         out,
-        "+recipe=agent_tiny",
         "model.path=tiny-lora:0",
         "model.lora.rank=16",
         "model.lora.sync=adapter",
@@ -170,6 +160,7 @@ def test_lora_adapters_serve_multi_turn_agents_validation_and_the_kl_reference(
         "trainer.val_every=3",
         "data.val_size=16",
         "val.n=2",
+        recipe="agent_tiny",
     )
     metrics = read_metrics(out)
     assert [m["rollout/weights_version"] for m in metrics] == [0, 1, 2]
@@ -178,14 +169,14 @@ def test_lora_adapters_serve_multi_turn_agents_validation_and_the_kl_reference(
     assert "val/reward/mean" in metrics[-1]
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("sync", ["merged", "adapter"])
 def test_lora_with_rollout_tensor_parallelism(tmp_path: Path, sync: str) -> None:
     """Two hybrid ranks holding one vLLM engine sharded in two: each rank streams the same
     tensors (merged) or registers the same adapter (adapter), and keeps its shard."""
     out = tmp_path / "run"
-    run_cli(
+    run_lora(
         out,
-        *LORA_SMALL,
         "trainer.total_steps=2",
         "trainer.save_every=0",
         "actor.micro_batch_size=16",

@@ -4,37 +4,34 @@ exactly as two ranks on one node do (same seeds, same data, same reductions)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.harness import REPO, clean_env, read_metrics, run_recipe
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+
 STEPS = 6
 COMMON = [
-    "+recipe=grpo_tiny",
     f"trainer.total_steps={STEPS}",
     "trainer.cpus_per_proc=1",
     "actor.micro_batch_size=64",
 ]
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_two_nodes_place_one_rank_each_and_learn_like_one_node(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    """Over 120 s: a two-node cluster of its own (two raylets) must start, and two 6-step
+    runs compared (the one-node run on the session's cluster, in-process)."""
     result_path = tmp_path / "two_nodes.json"
     subprocess.run(
         [
             sys.executable,
             str(REPO / "tests" / "e2e" / "two_node_cluster.py"),
             str(result_path),
+            "+recipe=grpo_tiny",
             *COMMON,
             "trainer.nnodes=2",
             "trainer.procs_per_node=1",
@@ -42,7 +39,7 @@ def test_two_nodes_place_one_rank_each_and_learn_like_one_node(tmp_path: Path) -
         ],
         check=True,
         timeout=1200,
-        env=env,
+        env=clean_env(),
         cwd=REPO,
     )
     result = json.loads(result_path.read_text())
@@ -56,23 +53,8 @@ def test_two_nodes_place_one_rank_each_and_learn_like_one_node(tmp_path: Path) -
     assert result["returncode"] == 0, result["stderr"]
     assert "2 rank(s) = 2 node(s) x 1" in result["stdout"]
 
-    one = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlframe.main",
-            *COMMON,
-            "trainer.procs_per_node=2",
-            f"trainer.output_dir={tmp_path / 'one'}",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-        env=env,
-        cwd=REPO,
-    )
-    assert one.returncode == 0, one.stderr[-3000:]
+    # The same run on one node: in-process, on the test session's cluster.
+    run_recipe(tmp_path / "one", *COMMON, "trainer.procs_per_node=2")
     two_nodes, one_node = read_metrics(tmp_path / "two"), read_metrics(tmp_path / "one")
     for key in ("reward/mean", "actor/pg_loss", "actor/grad_norm", "rollout/logprob_diff"):
         a, b = [m[key] for m in two_nodes], [m[key] for m in one_node]

@@ -1,19 +1,18 @@
-"""Whole runs of the CLI on the tiny model: the README's quickstart, and two ranks."""
+"""Whole runs of the tiny recipes (in-process, on the session's Ray cluster): the README's
+quickstart learns, PPO with a critic learns, two ranks with user plug-ins, and the stages only
+some algorithms run."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.harness import REPO, deterministic, mean_reward_gain, run_recipe
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+
 REQUIRED = [
     "reward/mean",
     "response_length/mean",
@@ -34,41 +33,17 @@ CRITIC = ["critic/value_loss", "critic/grad_norm", "critic/vf_clipfrac", "critic
 ACTOR_WAIT_STEPS = 2  # steps in which ppo_tiny's actor waits for the critic
 
 
-def run_cli(*overrides: str, recipe: str = "grpo_tiny") -> list[dict]:
-    out_dir = Path(
-        next(o.split("=", 1)[1] for o in overrides if o.startswith("trainer.output_dir="))
-    )
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    result = subprocess.run(
-        [sys.executable, "-m", "rlframe.main", f"+recipe={recipe}", *overrides],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-        env=env,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    steps = [line for line in result.stdout.splitlines() if line.startswith("step ")]
-    assert steps, "no progress line on the console"
-    assert (out_dir / "config.json").exists() and (out_dir / "rollouts.jsonl").stat().st_size > 0
-    metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(1, len(metrics) + 1))
-    for m in metrics:  # a NaN or inf anywhere (losses, critic values, timings) is a broken run
-        bad = {k: v for k, v in m.items() if isinstance(v, float) and not math.isfinite(v)}
-        assert not bad, f"step {m['step']}: {bad}"
-    return metrics
-
-
 @pytest.mark.parametrize("recipe", ["grpo_tiny", "ppo_tiny"])
 def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
+    """The default tier's learning proofs of lockstep GRPO and of PPO with a critic: the
+    whole 150-step recipes, since learning is the claim (PPO over 120 s: a critic update and
+    a value pass a step)."""
     ppo = recipe == "ppo_tiny"
     wait = ACTOR_WAIT_STEPS if ppo else 0
-    metrics = run_cli(
-        f"trainer.output_dir={tmp_path / 'run'}",
-        *([f"critic.actor_wait_steps={wait}"] if ppo else []),
-        recipe=recipe,
+    run = run_recipe(
+        tmp_path / "run", *([f"critic.actor_wait_steps={wait}"] if ppo else []), recipe=recipe
     )
+    metrics = run.metrics
     for m in metrics:
         for key in REQUIRED + (CRITIC if ppo else []):
             assert key in m, (m["step"], key)
@@ -77,8 +52,8 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
         updated = m["step"] > wait
         assert all((key in m) == updated for key in ACTOR_UPDATE), m
         assert m["rollout/weights_version"] == max(0, m["step"] - 1 - wait)
-    rewards = [m["reward/mean"] for m in metrics]
-    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert (tmp_path / "run" / "rollouts.jsonl").stat().st_size > 0
+    first, last = mean_reward_gain(metrics)
     worst_gap = max(m["rollout/logprob_diff"] for m in metrics)
     seconds = sum(m["timing_s/step"] for m in metrics)
     print(
@@ -89,20 +64,68 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
     assert last - first >= 0.2
     # fp32 on CPU: a healthy sync is within ~1e-6; a stale one is off by 1e-2 and more.
     assert worst_gap < 1e-4
+    check_startup_and_closing_lines(run.stdout, metrics, tmp_path / "run", ppo)
 
 
-def test_two_ranks_with_kl_and_user_plugins(tmp_path: Path) -> None:
-    plugins = REPO / "tests" / "plugins" / "my_algorithms.py"
-    metrics = run_cli(
-        f"trainer.output_dir={tmp_path / 'run2'}",
-        "trainer.total_steps=3",
-        "trainer.procs_per_node=2",
-        "trainer.cpus_per_proc=1",
-        "actor.micro_batch_size=64",
-        "algorithm.kl_coef=0.01",
-        f"algorithm.advantage={plugins}:compute_sign_advantages",
-        f"algorithm.policy_loss={plugins}:compute_reinforce_loss",
+def check_startup_and_closing_lines(
+    console: str, metrics: list[dict], run_dir: Path, critic: bool
+) -> None:
+    """Once, before step 1: when it began and what the start-up was made of; at the end: the
+    steps, the wall time, the reward trend (the logged one) and where the outputs are."""
+    lines = console.splitlines()
+    began = [line for line in lines if line.startswith("rlframe: step 1 began ")]
+    assert len(began) == 1 and lines.index(began[0]) < lines.index(run_steps(lines)[0])
+    phases = ("config ", "preflight ", "ray ", "workers ", "(actor boot ", "actor rollout_engine")
+    for phase in phases:
+        assert phase in began[0], phase
+    assert ("critic boot" in began[0]) == critic
+    first, last = mean_reward_gain(metrics)
+    assert lines[-1].startswith(f"rlframe: done: {len(metrics)} step(s) in ")
+    assert lines[-1].endswith(
+        f"; reward {first:.3f} (first 5) -> {last:.3f} (last 5); outputs in {run_dir.resolve()}"
     )
+
+
+def test_sequence_parallel_ranks_train_as_data_parallel_ranks(
+    tmp_path: Path, two_ranks: list[dict]
+) -> None:
+    """The same two ranks as one sequence-parallel group (Ulysses, fp32): every logged figure
+    but the wall-clock ones equals the data-parallel run's, to float tolerance."""
+    run = run_recipe(tmp_path / "sp", *TWO_RANKS, "actor.sequence_parallel_size=2")
+    assert "1 data x 2 sequence" in run.stdout
+    sequence = run.metrics
+    assert len(sequence) == len(two_ranks) == 3
+    for step, (a, b) in enumerate(zip(two_ranks, sequence), start=1):
+        a, b = deterministic(a), deterministic(b)
+        assert a.keys() == b.keys(), step
+        for key in a:
+            assert math.isclose(a[key], b[key], rel_tol=1e-5, abs_tol=1e-6), (step, key, a, b)
+    assert two_ranks[0]["actor/grad_norm"] > 0
+
+
+def run_steps(lines: list[str]) -> list[str]:
+    return [line for line in lines if line.startswith("step ")]
+
+
+TWO_RANKS = [
+    "trainer.total_steps=3",
+    "trainer.procs_per_node=2",
+    "trainer.cpus_per_proc=1",
+    "actor.micro_batch_size=64",
+    "algorithm.kl_coef=0.01",
+    f"algorithm.advantage={REPO / 'tests/plugins/my_algorithms.py'}:compute_sign_advantages",
+    f"algorithm.policy_loss={REPO / 'tests/plugins/my_algorithms.py'}:compute_reinforce_loss",
+]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> list[dict]:
+    """Two data-parallel ranks with a KL term and the user's advantage and loss."""
+    return run_recipe(tmp_path_factory.mktemp("two_ranks") / "run", *TWO_RANKS).metrics
+
+
+def test_two_ranks_with_kl_and_user_plugins(two_ranks: list[dict]) -> None:
+    metrics = two_ranks
     assert len(metrics) == 3
     assert all("actor/kl" in m and m["rollout/logprob_diff"] < 1e-4 for m in metrics)
     for m in metrics:
@@ -123,8 +146,8 @@ def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
         0.1,
         10000,
     )  # grpo_tiny + below
-    metrics = run_cli(
-        f"trainer.output_dir={tmp_path / 'run3'}",
+    metrics = run_recipe(
+        tmp_path / "run3",
         "trainer.total_steps=3",
         "algorithm.advantage=remax",
         "algorithm.dynamic_sampling=true",
@@ -141,7 +164,7 @@ def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
         f"algorithm.max_sampling_rounds={max_rounds}",
         f"algorithm.kl_target={target}",
         f"algorithm.kl_horizon={horizon}",
-    )
+    ).metrics
     for m in metrics:
         for key in ("timing_s/baseline", "mismatch/tis_clipfrac", "actor/kl", "actor/reward_kl"):
             assert key in m, key

@@ -199,3 +199,8 @@ def test_address_auto_joins_the_running_cluster(head: str, tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr[-3000:]
     assert "rlframe: ray      joined 127.0.0.1:" in result.stdout
     assert "Started a local Ray instance" not in result.stdout + result.stderr
+    assert (
+        "Started a local Ray instance" not in (tmp_path / "run" / "logs" / "driver.log").read_text()
+    )
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text())["step"] == 1
+    # The joined cluster outlives the run: the job submitted next still runs on it.

@@ -1,52 +1,38 @@
-"""A whole CLI run with a reward model beside a flaky rule reward in the pool, TensorBoard on,
+"""A whole run with a reward model beside a flaky rule reward in the pool, TensorBoard on,
 then its curves drawn."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.harness import REPO, run_recipe
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 
-def test_reward_model_with_flaky_rule_reward(tmp_path: Path) -> None:
+def test_reward_model_with_flaky_rule_reward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "run"
     plugin = REPO / "tests" / "plugins" / "flaky_rewards.py"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
-        "RLFRAME_CACHE": str(tmp_path / "cache")
-    }
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlframe.main",
-            "+recipe=grpo_tiny",
-            f"trainer.output_dir={out}",
-            "trainer.total_steps=3",
-            "trainer.loggers=[console,jsonl,tensorboard]",
-            f"reward.fn={plugin}:char_match_or_fail",
-            "reward.on_error=zero",
-            "reward.timeout_s=0.5",
-            "reward.num_workers=2",
-            "reward.model.path=tiny-rm:0",
-            "reward.model.weight=0.5",
-            "reward.weight=2.0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    monkeypatch.setenv("RLFRAME_CACHE", str(tmp_path / "cache"))
+    metrics = run_recipe(
+        out,
+        "trainer.total_steps=3",
+        "trainer.loggers=[console,jsonl,tensorboard]",
+        f"reward.fn={plugin}:char_match_or_fail",
+        "reward.on_error=zero",
+        "reward.timeout_s=0.5",
+        "reward.num_workers=2",
+        "reward.model.path=tiny-rm:0",
+        "reward.model.weight=0.5",
+        "reward.weight=2.0",
+    ).metrics
     assert len(metrics) == 3
     for m in metrics:
         # The score is the weighted sum of its parts (no overlong shaping here).

@@ -4,12 +4,13 @@ updates. One trainer rank + one rollout rank (1 CPU each) against one hybrid ran
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_quickstart import run_cli
+from tests.harness import run_recipe
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 STEPS = 3
 # Same samples: rewards, lengths, clip ratio. Same updates: losses, entropy, gradient norm.
@@ -31,15 +32,12 @@ COMPARED = [
 ]
 
 
-def test_separate_placement_gives_the_colocated_metrics(tmp_path) -> None:
+def test_separate_placement_gives_the_colocated_metrics(tmp_path: Path) -> None:
     common = [f"trainer.total_steps={STEPS}", "trainer.cpus_per_proc=1", "ray.num_cpus=2"]
-    colocated = run_cli(*common, f"trainer.output_dir={tmp_path / 'colocated'}")
-    separate = run_cli(
-        *common,
-        "rollout.placement=separate",
-        "rollout.cpus_per_proc=1",
-        f"trainer.output_dir={tmp_path / 'separate'}",
-    )
+    colocated = run_recipe(tmp_path / "colocated", *common).metrics
+    separate = run_recipe(
+        tmp_path / "separate", *common, "rollout.placement=separate", "rollout.cpus_per_proc=1"
+    ).metrics
     assert len(colocated) == len(separate) == STEPS
     for step, (c, s) in enumerate(zip(colocated, separate), start=1):
         for key in COMPARED:

@@ -1,19 +1,15 @@
-"""A user's agent (``rollout.agent=path/to/file.py:fn``) run end to end through the CLI: the
+"""A user's agent (``rollout.agent=path/to/file.py:fn``) run end to end: the
 responses the run trains on and logs are the ones the agent returned."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.harness import run_recipe
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 AGENT = '''
 from pathlib import Path
@@ -34,29 +30,14 @@ def test_user_agent_file_runs_end_to_end(tmp_path: Path) -> None:
     agent = tmp_path / "my_agent.py"
     agent.write_text(AGENT)
     out = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlframe.main",
-            "+recipe=grpo_tiny",
-            f"trainer.output_dir={out}",
-            "trainer.total_steps=2",
-            f"rollout.agent={agent}:one_token_agent",
-            # A user's agent may take turns: the response width reserves observations for
-            # agent.max_turns, more than the tiny model's 512 positions with the defaults.
-            "agent.max_turns=1",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=600,
-        env=env,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    metrics = run_recipe(
+        out,
+        "trainer.total_steps=2",
+        f"rollout.agent={agent}:one_token_agent",
+        # A user's agent may take turns: the response width reserves observations for
+        # agent.max_turns, more than the tiny model's 512 positions with the defaults.
+        "agent.max_turns=1",
+    ).metrics
     assert [m["step"] for m in metrics] == [1, 2]
     assert (tmp_path / "calls.txt").read_text() == "2"
     # grpo_tiny samples up to 3 tokens; the cap of 1 the agent set is what the run saw.

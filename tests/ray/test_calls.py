@@ -3,6 +3,8 @@ on a real local Ray cluster."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -82,6 +84,32 @@ def test_wait_on_two_groups_names_the_one_that_died(make_group, dead_first: bool
         wait_calls(*((dying, alive) if dead_first else (alive, dying)))
     assert time.monotonic() - start < 30
     assert (info.value.role, info.value.rank, info.value.method) == ("echo1", 0, "die_on")
+
+
+@pytest.mark.parametrize("sender_call", [("sleep", 600), ("fail_on", 0)], ids=["expires", "raises"])
+def test_a_stopped_rank_is_named_not_the_peer_that_waited_for_it(
+    make_group, sender_call: tuple[str, int]
+) -> None:
+    """A weight sync with a rollout rank stopped (SIGSTOP): the sender is blocked until the
+    deadline (or its collective raises, as gloo's timeout does) while the stopped receiver
+    stays silent. The stopped rank is named (the rollout's receive_weights), not the sender
+    (the trainer's send_weights), and the sender's failure is said after it."""
+    sender, receiver = make_group(1, roles=2, colocate=2, timeout=4)
+    (info,) = receiver.describe()
+    os.kill(info["pid"], signal.SIGSTOP)
+    try:
+        waiting = sender.submit(*sender_call)
+        stopped = receiver.submit("sleep", 0)
+        with pytest.raises(WorkerError) as failure:
+            wait_calls(waiting, stopped)
+    finally:
+        os.kill(info["pid"], signal.SIGCONT)
+    error = failure.value
+    assert (error.role, error.rank, error.method) == ("echo1", 0, "sleep")
+    assert error.detail.startswith(
+        f"the worker process (pid {info['pid']}) is stopped (SIGSTOP, or held by a debugger) "
+        f"and did not answer; echo0 {sender_call[0]}() failed waiting for it: echo0 worker "
+    )
 
 
 def test_wait_on_two_groups_reports_a_raise_on_either(make_group) -> None:

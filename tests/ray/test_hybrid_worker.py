@@ -47,7 +47,7 @@ def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(
         old_logprobs=before, advantages=torch.linspace(-1, 1, len(batch))[:, None] * mask
     ).union(group.compute_ref_logprobs(batch))
     metrics = group.update(train)
-    assert len(metrics) == world and all(m["actor/grad_norm"] > 0 for m in metrics)
+    assert len(metrics) == world and all(m.metrics["actor/grad_norm"] > 0 for m in metrics)
 
     # Before the sync the engine still samples from the old weights: the gap shows it.
     stale_prompts = prompts_for(3)

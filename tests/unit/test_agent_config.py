@@ -74,3 +74,50 @@ def test_multi_turn_needs_an_env_and_widens_responses() -> None:
     assert RolloutConfig(agent="my_agents.py:run").agent.startswith(
         "/"
     )  # paths made absolute for workers
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "192.168.1.7", "example.org", "::"])
+def test_a_server_reachable_from_other_machines_must_be_asked_for(host: str) -> None:
+    with pytest.raises(ConfigError, match="agent.server_host: .* agent.server_allow_remote=true"):
+        AgentConfig(server_host=host)
+    assert AgentConfig(server_host=host, server_allow_remote=True).server_host == host
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "localhost"])
+def test_loopback_hosts_need_nothing_more(host: str) -> None:
+    assert AgentConfig(server_host=host).server_host == host
+
+
+def test_a_taken_server_port_fails_before_ray() -> None:
+    import socket
+
+    from rlframe.preflight import check_server_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(
+            ConfigError, match=f"agent.server_port: cannot listen on 127.0.0.1:{port}"
+        ):
+            check_server_port("127.0.0.1", port)
+    check_server_port("127.0.0.1", port)  # free again
+    check_server_port("127.0.0.1", 0)
+
+
+def test_the_agents_http_client_lines_stay_out_of_the_driver_log(tmp_path: Path) -> None:
+    import logging
+
+    from rlframe.logs import route_driver_logs
+
+    routing = route_driver_logs(tmp_path, "warning")
+    try:
+        logging.getLogger("httpx").info("HTTP Request: POST http://127.0.0.1:1/v1 200 OK")
+        logging.getLogger("httpx").warning("a client warning")
+        logging.getLogger("rlframe").info("a line of the run's")
+    finally:
+        routing.close()
+    text = (tmp_path / "logs" / "driver.log").read_text()
+    assert "HTTP Request" not in text and "a client warning" in text
+    assert "a line of the run's" in text
+    assert logging.getLogger("httpx").level == logging.NOTSET  # put back by close()

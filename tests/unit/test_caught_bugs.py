@@ -208,3 +208,53 @@ def test_rloo_group_of_two_scales_by_n_over_n_minus_one() -> None:
     """With two responses the baseline of each is the other's reward: 1 - 0 and 0 - 1."""
     adv, _ = advantages("rloo", [1.0, 0.0, 0.5], [0, 0, 1], torch.ones(3, 1))
     assert adv[:, 0].tolist() == [1.0, -1.0, 0.0]
+
+
+# --- breakages a second review found unnoticed (issue 35) ---------------------------------
+
+
+def test_grpo_passk_reads_a_reward_of_exactly_one_half_as_wrong() -> None:
+    """Right means a reward above 0.5: of 0.5 and 0.50001 only the second is right, so the
+    group holds one right answer (n = 4, k = 2: A+ = 1, A- = -1/3 as above)."""
+    adv, _ = advantages(
+        "grpo_passk", [0.5, 0.50001, 0.0, 0.0], [0, 0, 0, 0], torch.ones(4, 1), pass_k=2
+    )
+    torch.testing.assert_close(adv[:, 0], torch.tensor([-1 / 3, 1.0, -1 / 3, -1 / 3]))
+
+
+def test_kl_cov_penalises_the_size_of_a_negative_log_ratio() -> None:
+    """log p - log p_old = -0.5 on every token: the selected token pays +coef * 0.5 (a signed
+    penalty would pay it back), and its gradient is -A r - coef, pulling log p up."""
+    logp = torch.tensor([[-1.0, -2.0, -0.5, 0.0]])
+    old = logp + 0.5
+    adv = torch.tensor([[1.0, 2.0, 4.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    token_loss, grad, metrics = policy_loss("kl_cov", logp, old, adv, mask, kl_cov_coef=2.0)
+    selected = metrics["cov_selected_frac"]
+    assert selected.tolist() == [[0.0, 0.0, 1.0, 0.0]]  # the highest covariance, 10/9
+    ratio = math.exp(-0.5)
+    torch.testing.assert_close(token_loss * mask, (-adv * ratio + selected * 1.0) * mask)
+    torch.testing.assert_close(grad * mask, (-adv * ratio - selected * 2.0) * mask)
+
+
+def test_k3_is_clamped_at_ten_where_the_reference_finds_the_token_far_likelier() -> None:
+    """k3 = e^(q-p) - (q-p) - 1: 142.4 at q - p = 5 is clamped to 10 (no gradient through
+    the clamp); 4.39 at q - p = 2 is kept; the straight-through k3+ keeps the clamped value."""
+    logp = torch.tensor([-6.0, -3.0], requires_grad=True)
+    ref = torch.tensor([-1.0, -1.0])
+    kl = compute_kl(logp, ref, "k3")
+    torch.testing.assert_close(kl.detach(), torch.tensor([10.0, math.exp(2) - 3]))
+    kl.sum().backward()
+    assert logp.grad is not None
+    torch.testing.assert_close(logp.grad, torch.tensor([0.0, 1 - math.exp(2)]))
+    plus = compute_kl(logp.detach(), ref, "k3+")
+    torch.testing.assert_close(plus, torch.tensor([10.0, math.exp(2) - 3]))
+
+
+def test_masked_mean_divides_by_the_tokens_it_counts() -> None:
+    from rlframe.algorithms.losses import masked_mean
+
+    values = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    assert masked_mean(values, mask).item() == 2.0  # not 6 / 4
+    assert masked_mean(values, torch.zeros(2, 2)).item() == 0.0

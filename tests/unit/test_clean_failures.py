@@ -1,8 +1,10 @@
-"""Failures at the edges end with one clear line: a full disk, a wrong-typed value, a model
-folder without weights, an interruption; no colour codes off a terminal."""
+"""Failures at the edges end with one clear line: a full disk (a checkpoint, metrics.jsonl,
+driver.log), a wrong-typed value, a model folder without weights, an interruption; no colour
+codes off a terminal."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -45,6 +47,7 @@ def test_a_full_disk_names_the_path_and_the_intact_checkpoint(small_disk: Path) 
     previous = out / "checkpoints" / "step_00000001"
     with pytest.raises(CheckpointError) as failed:
         Checkpointer(out, 2, {}, write_blob(3_000_000), export_hf=False).save(2, {"seed": 0})
+    assert failed.value.disk_full  # the run exits with DISK_FULL_EXIT, not 1
     assert str(failed.value) == (
         f"could not save checkpoint step_00000002 in {out / 'checkpoints'}: no space left on "
         f"device ({out / 'checkpoints'}); the partial save was removed; the previous "
@@ -60,8 +63,9 @@ def test_a_failed_save_that_is_not_a_full_disk_says_what_failed(tmp_path: Path) 
         dest.mkdir()
         raise RuntimeError("rank 0 died\nlast line of its traceback")
 
-    with pytest.raises(CheckpointError, match=r"RuntimeError: last line of its traceback; .*"):
+    with pytest.raises(CheckpointError, match=r"RuntimeError: last line of its traceback; .*") as e:
         Checkpointer(tmp_path, 2, {}, broken, export_hf=False).save(1, {})
+    assert not e.value.disk_full
     assert not list((tmp_path / "checkpoints").glob(".tmp_*"))
 
 
@@ -76,6 +80,82 @@ def test_interruption_line_names_the_step_and_where_it_resumes(tmp_path: Path) -
     assert describe_interruption(tmp_path) == (
         "rlframe: interrupted at step 5; the same command resumes from step 2"
     )
+
+
+def fill(disk: Path) -> None:
+    """Take every free page of ``disk``."""
+    with (disk / "filler").open("wb", buffering=0) as filler:
+        try:
+            while filler.write(b"\0" * 4096):
+                pass
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+
+
+def test_metrics_jsonl_on_a_full_disk_keeps_whole_lines_and_names_itself(small_disk: Path) -> None:
+    from rlframe.tracking import Tracker
+
+    tracker = Tracker(small_disk, ["jsonl"], 9, None, "p", "e")
+    tracker.log(1, {"reward/mean": 0.5})
+    kept = (small_disk / "metrics.jsonl").read_bytes()
+    fill(small_disk)
+    # Three pages: the first fills what the file's last page has left, the rest cannot go.
+    with pytest.raises(OSError) as failed:
+        tracker.log(2, {f"key_{i}": float(i) for i in range(800)})
+    assert failed.value.errno == errno.ENOSPC
+    assert failed.value.filename == str(small_disk / "metrics.jsonl")
+    assert (small_disk / "metrics.jsonl").read_bytes() == kept
+
+
+def test_driver_log_drops_what_a_full_disk_cannot_take_without_a_traceback(
+    small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import logging
+
+    from rlframe.logs import DriverLogFile
+
+    handler = DriverLogFile(small_disk / "driver.log")
+    fill(small_disk)
+    for _ in range(4):
+        handler.emit(logging.makeLogRecord({"msg": "x" * 20_000, "levelno": logging.INFO}))
+    handler.close()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_full_disk_ends_the_run_in_one_line_with_its_own_exit_status(
+    small_disk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry point's handling: the training loop (here the real Tracker writing steps,
+    without Ray) hits a full disk at its metrics.jsonl; the run ends in one line, no
+    traceback, with DISK_FULL_EXIT."""
+    import rlframe.launch
+    from rlframe.config import Config
+    from rlframe.preflight import RunInputs
+    from rlframe.save_failures import DISK_FULL_EXIT
+    from rlframe.tracking import Tracker
+    from tests.harness import call_main, release_all_run_dirs
+
+    out = small_disk / "run"
+
+    def train_until_full(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
+        tracker = Tracker(out, ["jsonl"], cfg.trainer.total_steps, cfg, "p", "e")
+        tracker.log(1, {"reward/mean": 0.5})
+        fill(small_disk)
+        for step in range(2, cfg.trainer.total_steps + 1):
+            tracker.log(step, {f"key_{i}": float(i) for i in range(800)})
+        return []
+
+    monkeypatch.setattr(rlframe.launch, "run_training", train_until_full)
+    try:
+        code, _, stderr = call_main(["+recipe=grpo_tiny", f"trainer.output_dir={out}"])
+    finally:
+        release_all_run_dirs()
+    assert code == DISK_FULL_EXIT == 74
+    assert stderr.strip().splitlines() == [
+        f"rlframe: no space left on device writing {out / 'metrics.jsonl'}; the run stopped at "
+        "step 2; no checkpoint was saved (trainer.save_every=0), so rerun with a new "
+        "trainer.output_dir once there is room"
+    ]
 
 
 def test_a_wrong_type_exits_2_with_one_line(tmp_path: Path) -> None:
@@ -95,6 +175,30 @@ def test_error_lines_carry_no_colour_codes_off_a_terminal(capsys: pytest.Capture
 
     say_error("rlframe: \x1b[36mray::actor.update()\x1b[39m failed")
     assert capsys.readouterr().err == "rlframe: ray::actor.update() failed\n"
+
+
+def test_ray_s_raylet_lines_carry_no_colour_codes_off_a_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line Ray prints for a worker's death, as it prints it in the driver, once the
+    run's logs are routed with stdout and stderr not terminals (pytest's capture)."""
+    import io
+
+    from ray._private.worker import print_worker_logs
+
+    from rlframe.logs import route_driver_logs
+
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")  # so that the test leaves what it found
+    monkeypatch.delenv("RAY_COLOR_PREFIX")
+    death = {"pid": "raylet", "ip": "127.0.0.1", "localhost": "127.0.0.1"}
+    death["lines"] = ["A worker died or was killed while executing a task."]  # type: ignore[assignment]
+    coloured = io.StringIO()
+    print_worker_logs(death, coloured)
+    assert "\x1b[" in coloured.getvalue()  # Ray's default
+    route_driver_logs(tmp_path, "warning").close()
+    plain = io.StringIO()
+    print_worker_logs(death, plain)
+    assert plain.getvalue() == "(raylet) A worker died or was killed while executing a task.\n"
 
 
 def test_a_model_folder_without_loadable_weights_fails_in_preflight(tmp_path: Path) -> None:

@@ -129,6 +129,8 @@ def test_recipe_specifics() -> None:
     )
     assert drgrpo.algorithm.loss_agg_norm == drgrpo.rollout.max_tokens == 1024
     assert compose("ppo_tiny").critic.enable and compose("grpo_tiny").critic.enable is False
+    long = compose("grpo_qwen3_long")  # validated: the mesh, the budget over 4 ranks
+    assert long.actor.sequence_parallel_size == 4 and long.rollout.max_tokens >= 16384
     agent = compose("openai_agent_qwen")
     assert agent.rollout.agent == "openai"
     assert agent.agent.entry.endswith("calculator_openai.py:solve")

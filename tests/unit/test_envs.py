@@ -140,6 +140,18 @@ def test_calculator_is_safe_and_scores_answers_when_asked() -> None:
     assert ENVS.get("calculator") is CalculatorEnv
 
 
+def test_tool_env_keeps_the_conversation_s_own_system_prompt() -> None:
+    """The env's system prompt opens a conversation that has none; a conversation with its
+    own keeps that one alone (two system messages confuse chat templates)."""
+    env = ToolEnv([lookup], system_prompt="Use the tools.")
+    own = [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "q"}]
+    assert env.reset({"prompt": "q", "messages": own}) == own
+    assert env.reset({"prompt": "q"}) == [
+        {"role": "system", "content": "Use the tools."},
+        {"role": "user", "content": "q"},
+    ]
+
+
 def test_guess_number_gives_higher_lower_feedback() -> None:
     env = GuessNumberEnv(hint_format=" {hint}:")
     env.reset({"prompt": "guess 0-9:", "ground_truth": "6"})

@@ -6,6 +6,7 @@ estimators across observations."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from rlframe.algorithms.advantages import (
 )
 from rlframe.config import AgentConfig, AlgorithmConfig
 from rlframe.envs import EnvError, StepResult
+from rlframe.envs.runner import count_stuck_calls
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import combine_rewards
 from rlframe.rollout import collect_agent_metrics
@@ -195,6 +197,77 @@ def test_env_timeouts_end_as_errors() -> None:
     with pytest.raises(EnvError, match=r"TimeoutError: no answer within 0.2 s"):
         run(cfg, policy, make_prompts(["a:"], ["0"]))
     assert time.perf_counter() - start < 2
+
+
+RELEASE = threading.Event()
+"""Lets HangingEnv's steps return."""
+
+
+class HangingEnv(SleepyEnv):
+    def step(self, action: str) -> StepResult:
+        RELEASE.wait(60)
+        return super().step(action)
+
+
+def wait_for_no_stuck_calls() -> None:
+    """Sync calls abandoned by earlier tests (SleepyEnv's 3 s) end before ours are counted."""
+    deadline = time.monotonic() + 10
+    while count_stuck_calls() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert count_stuck_calls() == 0
+
+
+def test_timed_out_sync_env_calls_are_counted_and_capped() -> None:
+    """A sync step past agent.step_timeout_s keeps its thread (a thread cannot be stopped):
+    agent/stuck_calls counts it until it returns, and more than agent.max_stuck_calls stop
+    the run naming the key. An async step past its timeout is cancelled and never counts."""
+    wait_for_no_stuck_calls()
+    prompts = make_prompts(["a:", "b:"], ["0", "0"])
+    env = "tests.unit.test_multi_turn:HangingEnv"
+    cfg = make_config(
+        env, 2, max_tokens=4, step_timeout_s=0.2, on_env_error="fail_episode", max_stuck_calls=3
+    )
+    RELEASE.clear()
+    try:
+        batch = run(cfg, ScriptedPolicy(["a:", "b:"], [["1"], ["2"]], width=4), prompts)
+        assert batch["env_failed"].tolist() == [1.0, 1.0]
+        assert collect_agent_metrics(batch)["agent/stuck_calls"] == 2
+        with pytest.raises(EnvError, match=r"^4 sync calls .* agent.max_stuck_calls=3: "):
+            run(cfg, ScriptedPolicy(["a:", "b:"], [["1"], ["2"]], width=4), prompts)
+    finally:
+        RELEASE.set()
+    wait_for_no_stuck_calls()  # a released call is no longer counted
+    cfg = make_config(
+        "tests.unit.test_multi_turn:AsyncSleepyEnv",
+        2,
+        max_tokens=4,
+        env_kwargs={"seconds": 30},
+        step_timeout_s=0.2,
+        on_env_error="fail_episode",
+        max_stuck_calls=1,
+    )
+    batch = run(cfg, ScriptedPolicy(["a:", "b:"], [["1"], ["2"]], width=4), prompts)
+    assert batch["env_failed"].tolist() == [1.0, 1.0]
+    assert collect_agent_metrics(batch)["agent/stuck_calls"] == 0
+
+
+def test_rows_per_episode_are_reported_where_episodes_make_several() -> None:
+    """The openai agent's batches say which episode each row is of (agent_episode)."""
+    batch = Batch(
+        {
+            "agent_turns": torch.ones(4),
+            "agent_tool_calls": torch.zeros(4),
+            "agent_tool_errors": torch.zeros(4),
+            "agent_obs_tokens": torch.zeros(4),
+            "agent_obs_cut": torch.zeros(4),
+            "env_failed": torch.zeros(4),
+            "env_reward": torch.zeros(4),
+            "agent_episode": torch.tensor([0, 0, 0, 2]),
+        }
+    )
+    metrics = collect_agent_metrics(batch)
+    assert metrics["agent/rows_per_episode/max"] == 3
+    assert metrics["agent/rows_per_episode/mean"] == 2  # episodes 0 and 2; 1 is not in it
 
 
 def test_rewards_combine_with_weights_and_the_overlong_penalty_stays() -> None:

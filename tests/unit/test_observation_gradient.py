@@ -3,7 +3,8 @@
 The actor's real loss step (``TrainRole.forward_backward``: policy loss, entropy bonus,
 KL penalty, mismatch weights) runs on the tiny model without FSDP: tokens with loss mask 0
 must not move the weights however wrong their advantages and log-probs are, while they
-still feed the later turns as context."""
+still feed the later turns as context. The same step's entropy bonus is checked for its sign
+here too: it is the one place the bonus enters the loss."""
 
 from __future__ import annotations
 
@@ -57,15 +58,18 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
     return resolve_model_path("tiny:0", cache_dir=tmp_path_factory.mktemp("tiny"))
 
 
-def parameter_grads(model_path: str, batch: Batch, loss: str) -> list[torch.Tensor]:
+def parameter_grads(
+    model_path: str, batch: Batch, loss: str, **terms: float | str
+) -> list[torch.Tensor]:
+    """Gradients of one ``forward_backward``; ``terms`` replace the default extra terms."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    algorithm = AlgorithmConfig(
-        policy_loss=loss, entropy_coef=0.01, kl_coef=0.1, kl_estimator="k3", tis_cap=2.0
-    )
+    extra = {"entropy_coef": 0.01, "kl_coef": 0.1, "kl_estimator": "k3", "tis_cap": 2.0} | terms
+    algorithm = AlgorithmConfig(policy_loss=loss, **extra)
     cfg = Config(rollout=RolloutConfig(temperature=1.0), algorithm=algorithm)
-    # The engine's log-prob path on a plain (unsharded) model: it only reads .model and .device.
-    actor = SimpleNamespace(model=model, device="cpu")
+    # The engine's log-prob path on a plain (unsharded) model: it reads .model, .device and
+    # .sp (no sequence parallelism).
+    actor = SimpleNamespace(model=model, device="cpu", sp=None)
     actor.compute_token_logprobs = MethodType(FSDPEngine.compute_token_logprobs, actor)
     worker = SimpleNamespace(
         cfg=cfg,
@@ -113,3 +117,24 @@ def test_logprob_gradient_is_zero_exactly_on_observations(model_path: str) -> No
     ).backward()
     assert torch.equal(logprobs.grad * (1 - LOSS_MASK), torch.zeros_like(logprobs))
     assert (logprobs.grad[LOSS_MASK.bool()] != 0).all()
+
+
+def test_entropy_bonus_is_subtracted_from_the_loss(model_path: str) -> None:
+    """Zero advantages and no KL: the step's only gradient is the entropy bonus's, which is
+    -coef times the gradient of the token-mean entropy (the loss falls as entropy rises)."""
+    batch = make_batch(3, obs_noise=0.0).with_tensors(advantages=torch.zeros_like(LOSS_MASK))
+    grads = parameter_grads(model_path, batch, "ppo_clip", entropy_coef=0.5, kl_coef=0.0)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    layout = build_layout(batch, packed=False)
+    token = compute_layout_logprobs(
+        model, layout, 1.0, chunk=0, with_entropy=True, entropy_grad=True
+    )
+    assert token.entropy is not None
+    entropy = layout.to_grid(token.entropy)
+    aggregate_loss(
+        entropy, LOSS_MASK, "token-mean", LossScale(float(LOSS_MASK.sum()), 2.0)
+    ).backward()
+    expected = [-0.5 * p.grad for p in model.parameters()]
+    assert sum(float(g.abs().sum()) for g in expected) > 0
+    for got, want in zip(grads, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8)

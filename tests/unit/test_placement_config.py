@@ -126,5 +126,5 @@ def test_startup_summary_shows_both_pools() -> None:
     )
     assert lines["rollout devices"] == "cuda, 1 GPU + 1 CPU(s) per rank"
     colocated = describe_pools(config(), "cpu")
-    assert set(colocated) == {"world", "devices"}
+    assert set(colocated) == {"world", "mesh", "devices"}
     assert "training + rollout (colocated)" in colocated["world"]

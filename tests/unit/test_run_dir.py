@@ -124,3 +124,73 @@ def test_resume_prints_changed_keys_and_refuses_another_model(
     capsys.readouterr()
     resolve_resume(make_config(out, n=8))
     assert "changed keys" not in capsys.readouterr().err
+
+
+def lora_config(out: Path, **lora: object) -> Config:
+    from rlframe.config.lora import LoraConfig
+
+    adapters = {"rank": 16, "alpha": 32.0} | lora
+    return Config(
+        model=ModelConfig(path="tiny-lora:0", lora=LoraConfig(**adapters)),  # type: ignore[arg-type]
+        trainer=TrainerConfig(output_dir=str(out)),
+    )
+
+
+@pytest.mark.parametrize(
+    "change,key",
+    [
+        ({"rank": 8}, "model.lora.rank=16, not 8"),
+        ({"rank": 0}, "model.lora.rank=16, not 0"),
+        ({"alpha": 16.0}, "model.lora.alpha=32.0, not 16.0"),
+        ({"target_modules": ["q_proj"]}, "model.lora.target_modules=[], not ['q_proj']"),
+    ],
+)
+def test_resume_refuses_other_adapters_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict, key: str
+) -> None:
+    out = tmp_path / "run"
+    checkpoint = make_run(out, lora_config(out))
+    with pytest.raises(ConfigError) as refused:
+        resolve_resume(lora_config(out, **change))
+    assert str(refused.value) == (
+        f"{key.split('=')[0]}: {checkpoint} was saved with {key!s}: its weights and state do "
+        "not fit; resume with the old value, choose a new trainer.output_dir, or pass "
+        "trainer.resume_changes=allow"
+    )
+    assert capsys.readouterr().err == ""  # the refusal is the only line
+
+
+def test_resume_accepts_adapter_settings_that_leave_the_weights_as_saved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlframe.config.lora import LoraSync
+
+    out = tmp_path / "run"
+    checkpoint = make_run(out, lora_config(out))
+    assert resolve_resume(lora_config(out, dropout=0.1, sync=LoraSync.adapter)) == checkpoint
+    assert "model.lora.dropout 0.0 -> 0.1" in capsys.readouterr().err
+    # Without adapters before or after, their alpha and layers are unused.
+    plain = tmp_path / "plain"
+    make_run(plain, lora_config(plain, rank=0))
+    assert resolve_resume(lora_config(plain, rank=0, alpha=8.0)) is not None
+
+
+def test_a_lora_resume_with_another_rank_stops_before_ray_in_one_line(tmp_path: Path) -> None:
+    """From the command line: exit 2 and the refusal alone, where the launcher (Ray) is never
+    reached (it used to pass the check and fail after Ray started, 67 lines)."""
+    import yaml
+
+    from rlframe.config import build_config
+    from tests.harness import check_cli
+
+    out = tmp_path / "run"
+    recipe = ("+recipe=grpo_tiny_lora", f"trainer.output_dir={out}")
+    composed = check_cli(*recipe, "--cfg", "job")
+    checkpoint = make_run(out, build_config(yaml.safe_load(composed.stdout)))
+    result = check_cli(*recipe, "model.lora.rank=8")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"rlframe: config error: model.lora.rank: {checkpoint} was saved with "
+        "model.lora.rank=16, not 8: its weights and state do not fit; resume with the old "
+        "value, choose a new trainer.output_dir, or pass trainer.resume_changes=allow"
+    ]

@@ -143,6 +143,22 @@ def test_sockets_reach_nothing() -> None:
     assert result.stdout.split().count("refused") == 2
 
 
+def test_no_user_namespace_can_be_made_inside() -> None:
+    code = (
+        "import ctypes, subprocess, threading\n"
+        "tool = subprocess.run(['unshare', '-U', '-r', 'true'], capture_output=True)\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "call = libc.unshare(0x10000000)\n"  # CLONE_NEWUSER
+        "print(tool.returncode, call, ctypes.get_errno())\n"
+        "thread = threading.Thread(target=print, args=('thread',))\n"
+        "thread.start()\nthread.join()\n"
+        "print(subprocess.run(['true']).returncode)\n"  # clone without CLONE_NEWUSER: fine
+    )
+    result = run_python(code)
+    assert result.ok, result.stderr
+    assert result.stdout.split() == ["1", "-1", "1", "thread", "0"]  # EPERM
+
+
 def test_a_killed_reward_worker_takes_its_sandbox_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

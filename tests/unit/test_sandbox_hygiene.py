@@ -1,20 +1,28 @@
 """What the sandbox says about itself and what it leaves behind: the start-up line, the
-reason a probe fails, the output cap, the process limit where a pids cgroup holds, and no
-file descriptor or cgroup left after a run, even one refused before it starts."""
+reason a probe fails, the output cap, the process limit where a pids cgroup holds, no
+file descriptor or cgroup left after a run, even one refused before it starts, and the
+sandbox's own hold on its processes (parent-death signal, the whole group killed)."""
 
 from __future__ import annotations
 
 import gc
 import os
 import resource
+import signal
+import subprocess
 import sys
+import threading
+import time
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from rlframe.rewards import sandbox
 from rlframe.rewards.sandbox import (
     Isolation,
+    Sandbox,
     SandboxLimits,
     SandboxUnavailable,
     detect_isolation,
@@ -31,12 +39,14 @@ def test_the_start_up_line_says_what_holds() -> None:
     full = Isolation(True, "bubblewrap 0.8.0", "pids cgroup", 65534, ("cpu", "memory", "pids"))
     assert full.describe() == (
         "rlframe: sandbox: bubblewrap 0.8.0: minimal read-only root, private /sandbox /tmp "
-        "/dev/shm (tmpfs), no network, uid 65534, no site-packages; memory per sandbox "
-        "(cgroup), processes by pids cgroup, cpu quota per sandbox"
+        "/dev/shm (tmpfs), no network but its own loopback, uid 65534, no new user "
+        "namespaces (seccomp), no site-packages; memory per sandbox (cgroup), processes by "
+        "pids cgroup, cpu quota per sandbox"
     )
     bare = Isolation(True, "bubblewrap 0.8.0", "RLIMIT_NPROC", None, ())
     assert bare.describe().endswith(
-        "no network, the caller's uid (not root), no site-packages; memory per process only "
+        "the caller's uid (not root), no new user namespaces (seccomp), no site-packages; "
+        "memory per process only "
         "(RLIMIT_AS; no writable memory cgroup), processes by RLIMIT_NPROC, cpu per process only"
     )
 
@@ -147,3 +157,64 @@ def test_folders_above_the_interpreter_cannot_be_listed() -> None:
     )
     result = run_python(code)
     assert result.stdout.splitlines() == [f"denied {p}" for p in parents], result.stderr
+
+
+def start_plain_sandbox(monkeypatch: pytest.MonkeyPatch, shell: str) -> Sandbox:
+    """A Sandbox running ``bash -c shell`` (dash writes to no fd above 9) with no cgroup:
+    what the Sandbox itself does to its processes (own session, parent-death signal, group
+    kill), without bwrap's --die-with-parent or the cgroup's kill behind it, either of which
+    would hide a slip in the Sandbox's own."""
+    isolation = replace(detect_isolation(), controllers=())
+    monkeypatch.setattr(sandbox, "detect_isolation", lambda: isolation)
+
+    def build_shell_command(*args: object) -> list[str]:
+        ready_fd = args[5]  # build_command's (files, script, limits, packages, nproc, ready_fd)
+        return ["bash", "-c", f"printf x >&{ready_fd}; {shell}"]
+
+    monkeypatch.setattr(sandbox, "build_command", build_shell_command)
+    devnull = subprocess.DEVNULL
+    return Sandbox({}, "", SandboxLimits(wall_s=30.0), devnull, subprocess.PIPE, devnull)
+
+
+def is_running(pid: int) -> bool:
+    """Alive and not a zombie (a killed orphan may wait a while for its reaper)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def test_close_kills_the_whole_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child the program left in the background dies with the sandbox's first process."""
+    box = start_plain_sandbox(monkeypatch, "sleep 60 & echo $!; wait")
+    assert box.proc.stdout is not None
+    background = int(box.proc.stdout.readline())
+    try:
+        assert is_running(background)
+        box.close()
+        deadline = time.monotonic() + 5.0
+        while is_running(background) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not is_running(background)
+    finally:
+        box.proc.stdout.close()
+        if is_running(background):
+            os.kill(background, signal.SIGKILL)
+
+
+def test_the_sandbox_dies_when_what_started_it_dies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux sends the parent-death signal when the thread that started a process ends: a
+    thread that starts a sandbox and returns stands for a reward worker killed mid-sample."""
+    started: list[Sandbox] = []
+    starter = threading.Thread(
+        target=lambda: started.append(start_plain_sandbox(monkeypatch, "exec sleep 60"))
+    )
+    starter.start()
+    starter.join()
+    box = started[0]
+    try:
+        assert box.proc.wait(timeout=5.0) == -signal.SIGKILL
+    finally:
+        assert box.proc.stdout is not None
+        box.proc.stdout.close()
+        box.close()

@@ -104,3 +104,20 @@ def test_async_keys_are_checked_before_ray() -> None:
         build_config(base | {"rollout": {"max_staleness": 1, "stale_groups": "later"}})
     cfg = build_config(base | {"rollout": {"max_staleness": 1, "stale_groups": "drop"}})
     assert cfg.rollout.stale_groups.value == "drop"
+
+
+def test_the_staleness_bound_must_fit_the_run_and_lockstep_refuses_async_keys() -> None:
+    base = {"model": {"path": "tiny:0"}}
+    short = {"trainer": {"total_steps": 2}}
+    with pytest.raises(ConfigError, match="rollout.max_staleness: 3 exceeds the run's trainer"):
+        build_config(base | short | {"rollout": {"max_staleness": 3}})
+    assert build_config(base | short | {"rollout": {"max_staleness": 2}}).rollout.max_staleness
+    long = {"trainer": {"total_steps": 1_000_000}, "data": {"batch_size": 32}}
+    rollout = {"max_staleness": 100_000, "n": 8}
+    with pytest.raises(ConfigError, match="rollout.max_staleness: .* at most 255 here"):
+        build_config(base | long | {"rollout": rollout})
+    assert build_config(base | long | {"rollout": rollout | {"max_staleness": 255}})
+    with pytest.raises(ConfigError, match="rollout.partial_chunk_tokens: has no effect at"):
+        build_config(base | {"rollout": {"partial_chunk_tokens": 16}})
+    with pytest.raises(ConfigError, match="rollout.stale_groups: has no effect at"):
+        build_config(base | {"rollout": {"stale_groups": "drop"}})

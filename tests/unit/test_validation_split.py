@@ -165,3 +165,22 @@ def test_threshold_is_inclusive() -> None:
     scores = torch.tensor([1.0, 0.999])
     metrics = compute_validation_metrics(scores, scores, torch.ones(2), 1, 1.0)
     assert metrics["val/pass@1"] == 0.5
+
+
+def test_response_length_counts_sampled_tokens_not_observations(tmp_path: Path) -> None:
+    """A multi-turn response: turn (2) | observation (3) | turn (1). Its length is the 3
+    tokens the policy sampled (loss mask), not the 6 of the whole response."""
+    cfg = make_config(tmp_path, val_every=1)
+    turns = torch.tensor([[1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]])
+
+    def generate(prompts: Batch) -> Batch:
+        whole = torch.tensor([[1.0] * 6 + [0.0]])
+        return prompts.with_tensors(response_mask=whole, loss_mask=turns)
+
+    def score(batch: Batch) -> Batch:
+        return batch.with_tensors(score=torch.ones(1), reward=torch.ones(1))
+
+    validator = Validator(
+        make_records(1), cfg, CharTokenizer(), generate, SimpleNamespace(compute_rewards=score)
+    )
+    assert validator.run()["val/response_length/mean"] == 3.0

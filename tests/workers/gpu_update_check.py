@@ -36,7 +36,7 @@ def main() -> int:
         cfg.model.dtype = "bfloat16"
         torch.cuda.reset_peak_memory_stats()
         worker = TrainWorker(cfg, path, "cuda")
-        metrics = worker.update(make_batch())
+        metrics = worker.update(make_batch()).metrics
         norms.append(metrics["actor/grad_norm"])
         print(
             f"cuda bf16 micro={micro}: grad_norm {norms[-1]:.5f}, peak memory "

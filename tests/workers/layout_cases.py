@@ -59,18 +59,30 @@ def make_config(
     entropy_coef: float = 0.01,
     kl_coef: float = 0.1,
     temperature: float = 1.0,
+    sp: int = 1,
+    mini: int = ROWS,
+    lr: float = 1e-3,
+    checkpointing: bool = False,
+    lora_rank: int = 0,
 ) -> Config:
+    from rlframe.config.lora import LoraConfig
+
     return Config(
-        model=ModelConfig(path="tiny:0"),
+        model=ModelConfig(
+            path="tiny:0",
+            gradient_checkpointing=checkpointing,
+            lora=LoraConfig(rank=lora_rank, alpha=16),
+        ),
         data=DataConfig(batch_size=4, max_prompt_length=PROMPT),
         rollout=RolloutConfig(engine="hf", n=4, max_tokens=RESPONSE, temperature=temperature),
         actor=ActorConfig(
-            lr=1e-3,
-            mini_batch_size=ROWS,
+            lr=lr,
+            mini_batch_size=mini,
             micro_batch_size=micro,
             max_tokens_per_micro_batch=budget,
             pack_sequences=packed,
             logprob_chunk_size=chunk,
+            sequence_parallel_size=sp,
         ),
         algorithm=AlgorithmConfig(loss_agg=loss_agg, kl_coef=kl_coef, entropy_coef=entropy_coef),
         trainer=TrainerConfig(total_steps=1, device="cpu", procs_per_node=world_size),

@@ -1,10 +1,13 @@
 """One rank of a real two-process FSDP2 group (gloo) computing a mini-batch's gradient.
 
-Started by tests/workers/test_micro_batches.py with torch.multiprocessing; rank 0 writes
-the gathered gradients of every case to a file.
+Started by tests/workers/test_micro_batches.py and test_sequence_parallel.py with
+torch.multiprocessing; rank 0 writes what ``compute`` returns for every case to a file.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -15,7 +18,7 @@ def compute_case_grads(
     config_kwargs: dict, model_path: str, rank: int, world_size: int
 ) -> torch.Tensor:
     """The full gradient of one mini-batch on this rank's share (rows balanced by the
-    driver's rule)."""
+    driver's rule; a sequence-parallel group works on its ranks' shares together)."""
     from rlframe.sequence_layout import balance_ranks, count_row_tokens
     from workers.engines.fsdp import accumulate_gradients
     from workers.train_worker import TrainWorker
@@ -28,14 +31,22 @@ def compute_case_grads(
     )
     share = batch.rows(order).chunk(world_size)[rank]
     role.actor.model.train()
-    accumulate_gradients(share, cfg.actor, "cpu", role.packed, role.forward_backward)
+    rows, _ = role.actor.gather_rows(share, block=len(share))
+    sp_size = role.actor.sequence_parallel_size
+    accumulate_gradients(rows, cfg.actor, "cpu", role.packed, role.forward_backward, sp_size)
     return gather_grads(role.actor.model)
 
 
 def run_rank(
-    rank: int, world_size: int, port: int, model_path: str, cases: list[dict], out: str
+    rank: int,
+    world_size: int,
+    port: int,
+    model_path: str,
+    cases: list[dict],
+    out: str,
+    compute: Callable[[dict, str, int, int], Any] = compute_case_grads,
 ) -> None:
     set_rank_env(rank, world_size, port)
-    grads = [compute_case_grads(case, model_path, rank, world_size) for case in cases]
+    results = [compute(case, model_path, rank, world_size) for case in cases]
     if rank == 0:
-        torch.save(grads, out)
+        torch.save(results, out)

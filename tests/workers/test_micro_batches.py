@@ -91,11 +91,13 @@ def test_on_policy_update_without_old_logprob_pass(model_path: str) -> None:
     del batch.tensors["old_logprobs"]
     with_pass = TrainWorker(cfg, model_path, "cpu")
     old = with_pass.compute_logprobs(batch)["old_logprobs"]
-    want = with_pass.update(batch.with_tensors(old_logprobs=old))
-    got = TrainWorker(cfg, model_path, "cpu").update(batch)
+    want = with_pass.update(batch.with_tensors(old_logprobs=old)).metrics
+    result = TrainWorker(cfg, model_path, "cpu").update(batch)
+    got = result.metrics
     mask = batch["loss_mask"].bool()
     assert bool((old[mask] < 0).all())
-    torch.testing.assert_close(got.pop("old_logprobs"), old, atol=1e-5, rtol=1e-5)
+    assert want.keys() == got.keys()
+    torch.testing.assert_close(result.own_logprobs, old, atol=1e-5, rtol=1e-5)
     assert got["actor/grad_norm"] == pytest.approx(want["actor/grad_norm"], rel=1e-5)
     assert got["actor/ppo_kl"] == 0.0 and abs(want["actor/ppo_kl"]) < 1e-6
 

