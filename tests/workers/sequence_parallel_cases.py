@@ -1,5 +1,5 @@
 """One rank's figures for a sequence-parallel case: the token log-probs of the batch, one
-mini-batch's gradient, and the state after an update of two optimizer steps.
+mini-batch's gradient, and what an update of two optimizer steps applied and left.
 
 Run on each rank of a real two-process gloo group by tests/workers/test_sequence_parallel.py
 (through :func:`tests.workers.rank_grads.run_rank`), once with ``sp=1`` and once with ``sp=2``
@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from tests.workers.cases import record_step_grads
 from tests.workers.layout_cases import make_batch, make_config
 
 
@@ -58,8 +59,8 @@ def compute_sequence_parallel_case(
     case: dict, model_path: str, rank: int, world_size: int
 ) -> dict[str, torch.Tensor | dict[str, float]]:
     """Log-probs [16, R] (rows in the balanced order), the gradient of one mini-batch, and
-    the metrics, parameters and optimizer state after ``update`` (mini-batches of 8 rows:
-    two optimizer steps)."""
+    of ``update`` (mini-batches of 8 rows: two optimizer steps) the gradient each step
+    applied, the metrics and the optimizer state."""
     from rlframe.sequence_layout import balance_ranks, count_row_tokens
     from workers.engines.fsdp import accumulate_gradients
     from workers.train_worker import TrainWorker
@@ -87,12 +88,13 @@ def compute_sequence_parallel_case(
 
     if with_values:
         out["values"] = gather_rows(compute_values(cfg, model, share, role.packed))
-    metrics = role.update(share).metrics
+    with record_step_grads(role.actor.optimizer) as steps:
+        metrics = role.update(share).metrics
+    out["step_grads"] = torch.stack(steps)
     # The driver's view: each metric averaged over the ranks.
     names = sorted(k for k, v in metrics.items() if isinstance(v, float))
     values = torch.tensor([metrics[k] for k in names], dtype=torch.float64)
     dist.all_reduce(values)
     out["metrics"] = dict(zip(names, (values / world_size).tolist()))
-    out["params"] = gather_trainable(role.actor.model)
     out |= gather_optimizer_state(role.actor)
     return out
