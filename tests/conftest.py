@@ -73,12 +73,7 @@ def ray_cluster() -> Iterator[None]:
 
     started = init_ray(RayConfig(num_cpus=4))
     import ray
-    from ray import cloudpickle
 
-    from tests.ray import test_workers
-
-    # Ray workers cannot import the tests package; ship the test worker classes by value.
-    cloudpickle.register_pickle_by_value(test_workers)
     yield
     if started:
         ray.shutdown()

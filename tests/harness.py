@@ -163,8 +163,12 @@ def check_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
     if not any(a.startswith("trainer.output_dir=") or a in ("--cfg", "--help") for a in args):
         args = (*args, f"trainer.output_dir={tempfile.mkdtemp(prefix='rlframe-cli-')}/run")
 
+    reached: list[str] = []
+
     def refuse(*_: Any, **__: Any) -> list[dict[str, float]]:
-        raise LauncherReached(f"{' '.join(args)} reached the launcher (Ray would start)")
+        # Hydra turns an exception in the run into exit 1: keep the fact, raise it after.
+        reached.append(f"{' '.join(args)} reached the launcher (Ray would start)")
+        raise LauncherReached(reached[-1])
 
     saved_env = dict(os.environ)
     saved_run = rlframe.launch.run_training
@@ -177,6 +181,8 @@ def check_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
         rlframe.launch.run_training = saved_run
         os.environ.clear()
         os.environ.update(saved_env)
+    if reached:
+        raise LauncherReached(reached[0])
     return CliResult(code, stdout, stderr)
 
 
