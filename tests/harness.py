@@ -26,6 +26,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -192,6 +193,19 @@ def release_all_run_dirs() -> None:
 
     for path in list(HELD):
         release_run_dir(path)
+
+
+@contextlib.contextmanager
+def shipped_by_value(module: ModuleType) -> Iterator[None]:
+    """Ray workers cannot import the tests package: while this holds, ``module``'s classes
+    (a plug-in worker class of a test) travel to them by value."""
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.async_cases import PLACEMENTS
-from tests.harness import run_recipe
+from tests.harness import run_recipe, shipped_by_value
 from tests.plugins import engine_calls
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
@@ -19,12 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 @pytest.fixture
 def shipped_plugin() -> Iterator[None]:
-    """Ray workers cannot import the tests package: send the plug-in's classes by value."""
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(engine_calls)
-    yield
-    cloudpickle.unregister_pickle_by_value(engine_calls)
+    with shipped_by_value(engine_calls):
+        yield
 
 
 @pytest.mark.usefixtures("shipped_plugin")
