@@ -110,6 +110,7 @@ def test_the_agents_http_client_lines_stay_out_of_the_driver_log(tmp_path: Path)
 
     from rlframe.logs import route_driver_logs
 
+    before = logging.getLogger("httpx").level  # another test of this process may have set it
     routing = route_driver_logs(tmp_path, "warning")
     try:
         logging.getLogger("httpx").info("HTTP Request: POST http://127.0.0.1:1/v1 200 OK")
@@ -120,4 +121,4 @@ def test_the_agents_http_client_lines_stay_out_of_the_driver_log(tmp_path: Path)
     text = (tmp_path / "logs" / "driver.log").read_text()
     assert "HTTP Request" not in text and "a client warning" in text
     assert "a line of the run's" in text
-    assert logging.getLogger("httpx").level == logging.NOTSET  # put back by close()
+    assert logging.getLogger("httpx").level == before  # put back by close()
