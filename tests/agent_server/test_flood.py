@@ -24,36 +24,13 @@ from rlframe.agent_server.app import AgentServer
 from rlframe.agent_server.guard import RateLimitedLog, count_open_fds
 from rlframe.data.tiny_model import resolve_model_path
 from tests.agent_server.conftest import Served, make_config
+from tests.flood import FLOOD
 from workers.rollout_role import RolloutRole
 
 USER = [{"role": "user", "content": "1+1=?"}]
 FD_HEADROOM = 400
 """The descriptors the test leaves this process above those it has open: a flood past them
 would starve its own client sockets without the server's cap (about 100 here)."""
-FLOOD = r"""
-import resource, select, socket, sys, time
-port, count, seconds, past = (int(a) for a in sys.argv[1:5])
-hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 64), hard))
-held, opened, end = {}, 0, time.monotonic() + seconds
-while time.monotonic() < end:  # keep `count` unfinished connections open, reopening
-    while len(held) < count and time.monotonic() < end:
-        try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=1)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # never ends
-            held[s.fileno()] = s
-            opened += 1
-            if opened == past:
-                print("past", flush=True)
-        except OSError:
-            break
-    poll = select.poll()
-    for fd in held:
-        poll.register(fd, select.POLLIN)
-    for fd, _ in poll.poll(50):  # readable: the server answered 503 or closed it
-        held.pop(fd).close()
-print(opened, flush=True)
-"""
 
 
 @pytest.fixture(scope="module")

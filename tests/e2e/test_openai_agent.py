@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import ast
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, mean_reward_gain, run_recipe
+from tests.flood import FLOOD
+from tests.harness import REPO, deterministic, mean_reward_gain, run_recipe
 
 pytestmark = pytest.mark.slow
 STEPS = 40
@@ -51,3 +55,41 @@ def test_openai_agent_tiny_learns(tmp_path: Path) -> None:
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     # The feedback the agent sent as user messages sits after the closed turn, token in.
     assert any("<eos>higher:" in r["response"] or "<eos>lower:" in r["response"] for r in rollouts)
+
+
+SHORT = ["trainer.total_steps=2", "data.batch_size=4", "rollout.n=4"]
+SHORT += ["actor.mini_batch_size=16", "actor.micro_batch_size=16"]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_local_flood_during_a_run_changes_none_of_its_metrics(tmp_path: Path) -> None:
+    """Another local process keeps 600 unfinished connections open to the run's endpoint for
+    the whole run, over a cap of 256: every episode is still answered and the run logs what the
+    same run logs without the flood (loopback only, bounded in count and time)."""
+    port = find_free_port()
+    common = [*SHORT, f"agent.server_port={port}", "agent.server_max_connections=256"]
+    quiet = run_recipe(tmp_path / "quiet", *common, recipe="openai_agent_tiny").metrics
+    stop = tmp_path / "stop_flood"
+    flood = subprocess.Popen(
+        [sys.executable, "-c", FLOOD, str(port), "600", "300", "600", str(stop)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        run = run_recipe(tmp_path / "flooded", *common, recipe="openai_agent_tiny")
+    finally:
+        stop.touch()
+        out, _ = flood.communicate(timeout=60)
+    opened = int(out.split()[-1])
+    print(f"flood: {opened} connections opened during the run")
+    assert opened > 600  # past the cap: the server closed idle ones, and the flood reopened
+    flooded = run.metrics
+    assert len(flooded) == len(quiet) == 2
+    for a, b in zip(quiet, flooded):
+        assert deterministic(a) == deterministic(b), a["step"]
+
+
+def find_free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
