@@ -82,7 +82,9 @@ def test_a_local_flood_during_a_run_changes_none_of_its_metrics(tmp_path: Path) 
         out, _ = flood.communicate(timeout=60)
     opened = int(out.split()[-1])
     print(f"flood: {opened} connections opened during the run")
-    assert opened > 600  # past the cap: the server closed idle ones, and the flood reopened
+    # Past the cap of 256 while the endpoint was up: the server had to refuse or close some.
+    # (How far past depends on how long the run's endpoint lives beside the rest of the suite.)
+    assert opened > 256
     flooded = run.metrics
     assert len(flooded) == len(quiet) == 2
     for a, b in zip(quiet, flooded):
