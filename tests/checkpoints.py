@@ -1,7 +1,9 @@
-"""Reading DCP checkpoints in tests: a checkpoint's full state, and bit-for-bit comparison."""
+"""Checkpoints in tests: a checkpoint's full state, bit-for-bit comparison, and a copy of a
+run directory set to resume from one of its checkpoints."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -30,3 +32,14 @@ def assert_identical(a: object, b: object, where: str) -> None:
         assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
     else:
         assert a == b, where
+
+
+def resume_from_copy(straight: Path, out: Path, step: int) -> Path:
+    """A copy of ``straight``'s run directory set to resume from its checkpoint at ``step``."""
+    shutil.copytree(straight, out, symlinks=True, ignore=shutil.ignore_patterns(".lock"))
+    ckpts = out / "checkpoints"
+    for later in ckpts.glob("step_*"):
+        if int(later.name.removeprefix("step_")) > step:
+            shutil.rmtree(later)
+    (ckpts / "latest").write_text(f"step_{step:08d}")
+    return ckpts / f"step_{step:08d}"

@@ -20,6 +20,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -206,6 +207,13 @@ def shipped_by_value(module: ModuleType) -> Iterator[None]:
         yield
     finally:
         cloudpickle.unregister_pickle_by_value(module)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:

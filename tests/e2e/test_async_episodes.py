@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.async_cases import PLACEMENTS, resume_from_copy
+from tests.checkpoints import resume_from_copy
+from tests.e2e.async_cases import PLACEMENTS
 from tests.harness import deterministic, mean_reward_gain, read_metrics, run_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]

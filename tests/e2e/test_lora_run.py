@@ -9,7 +9,6 @@ and ``tests/workers/test_lora_adapter_sync.py``, the transports by
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.checkpoints import assert_identical, load_shards
+from tests.checkpoints import assert_identical, load_shards, resume_from_copy
 from tests.harness import REPO, clean_env, deterministic, read_metrics, run_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
@@ -47,10 +46,8 @@ def straight(tmp_path_factory: pytest.TempPathFactory, ray_cluster: None) -> Pat
 def test_lora_checkpoint_holds_adapters_and_resumes_exactly(tmp_path: Path, straight: Path) -> None:
     """Resume from a copy of the straight run's step-3 checkpoint redoes steps 4-6 exactly."""
     out = tmp_path / "run"
-    shutil.copytree(straight, out, symlinks=True, ignore=shutil.ignore_patterns(".lock"))
-    shutil.rmtree(out / "checkpoints" / "step_00000006")
+    resume_from_copy(straight, out, 3)
     ckpts = out / "checkpoints"
-    (ckpts / "latest").write_text("step_00000003")
     console = run_lora(out)
     assert f"resumed from {ckpts / 'step_00000003'} at step 3" in console
     resumed, reference = read_metrics(out), read_metrics(straight)

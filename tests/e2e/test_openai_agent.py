@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.flood import FLOOD
-from tests.harness import REPO, deterministic, mean_reward_gain, run_recipe
+from tests.harness import REPO, deterministic, free_port, mean_reward_gain, run_recipe
 
 pytestmark = pytest.mark.slow
 STEPS = 40
@@ -66,7 +65,7 @@ def test_a_local_flood_during_a_run_changes_none_of_its_metrics(tmp_path: Path) 
     """Another local process keeps 600 unfinished connections open to the run's endpoint for
     the whole run, over a cap of 256: every episode is still answered and the run logs what the
     same run logs without the flood (loopback only, bounded in count and time)."""
-    port = find_free_port()
+    port = free_port()
     common = [*SHORT, f"agent.server_port={port}", "agent.server_max_connections=256"]
     quiet = run_recipe(tmp_path / "quiet", *common, recipe="openai_agent_tiny").metrics
     stop = tmp_path / "stop_flood"
@@ -89,9 +88,3 @@ def test_a_local_flood_during_a_run_changes_none_of_its_metrics(tmp_path: Path) 
     assert len(flooded) == len(quiet) == 2
     for a, b in zip(quiet, flooded):
         assert deterministic(a) == deterministic(b), a["step"]
-
-
-def find_free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -24,16 +24,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.harness import free_port
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # A HOME of the tests' own: Ray keeps its token in ~/.ray/auth_token, and this machine's may

@@ -4,7 +4,6 @@ one-rank process-group environments, gathered gradients, an untied tiny model.""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import torch
@@ -19,6 +18,7 @@ from rlframe.config import (
     TrainerConfig,
 )
 from rlframe.protocol import Batch
+from tests.harness import free_port  # noqa: F401 (also used by importers)
 
 ROWS, PROMPT, RESPONSE = 16, 6, 9
 LOSS_AGGS = (
@@ -28,12 +28,6 @@ LOSS_AGGS = (
     "seq-mean-token-sum-norm",
     "token-sum",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def set_rank_env(rank: int, world_size: int, port: int) -> None:
