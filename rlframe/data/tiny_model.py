@@ -19,6 +19,11 @@ from typing import Any
 
 TINY_PREFIX = "tiny:"
 TINY_LORA_PREFIX = "tiny-lora:"
+TINY_MOE_PREFIX = "tiny-moe:"
+MOE_EXPERTS = 8
+"""Routed experts per layer of ``tiny-moe:<seed>``."""
+MOE_TOP_K = 2
+"""Experts each token is routed to in ``tiny-moe:<seed>``."""
 LORA_HEAD_SCALE = 2.0
 """The final norm's scale of ``tiny-lora:<seed>`` (see :func:`build_tiny_lora_model`)."""
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<unk>")
@@ -45,7 +50,7 @@ class TinyModelSpec:
 
 
 def is_tiny_model(path: str) -> bool:
-    return path.startswith((TINY_PREFIX, TINY_LORA_PREFIX))
+    return path.startswith((TINY_PREFIX, TINY_LORA_PREFIX, TINY_MOE_PREFIX))
 
 
 def default_cache_dir() -> Path:
@@ -53,8 +58,17 @@ def default_cache_dir() -> Path:
 
 
 def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
-    """A loadable model directory: ``tiny:<seed>`` and ``tiny-lora:<seed>`` are built on
-    first use, anything else is kept."""
+    """A loadable model directory: ``tiny:<seed>``, ``tiny-lora:<seed>`` and
+    ``tiny-moe:<seed>`` are built on first use, anything else is kept."""
+    if path.startswith(TINY_MOE_PREFIX):
+        return resolve_tiny_build(
+            path,
+            TINY_MOE_PREFIX,
+            "tiny-qwen3-moe",
+            [CHARACTERS, MOE_EXPERTS, MOE_TOP_K],
+            build_tiny_moe_model,
+            cache_dir,
+        )
     if path.startswith(TINY_LORA_PREFIX):
         return resolve_tiny_build(
             path,
@@ -165,6 +179,42 @@ def build_tiny_lora_model(spec: TinyModelSpec, target: Path) -> None:
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
         model.model.norm.weight.mul_(LORA_HEAD_SCALE)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    save_model_atomically(model, tokenizer, target)
+
+
+def build_tiny_moe_model(spec: TinyModelSpec, target: Path) -> None:
+    """Write a random-initialised Qwen3-MoE model (MOE_EXPERTS experts per layer, top
+    MOE_TOP_K, every layer sparse) over the tiny tokenizer to ``target``.
+
+    Each expert is half the dense model's MLP width, so a token's active MLP parameters equal
+    ``tiny:<seed>``'s: the two compare at the same active size (bench/moe_throughput.py)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        moe_intermediate_size=spec.intermediate_size // MOE_TOP_K,
+        num_experts=MOE_EXPERTS,
+        num_experts_per_tok=MOE_TOP_K,
+        norm_topk_prob=True,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = Qwen3MoeForCausalLM(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
