@@ -33,8 +33,8 @@ from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.agents import AGENTS, AgentContext
-from rlframe.rollout.partial import Group, assemble_group, build_continuation, merge_call
-from rlframe.rollout.rows import TokenRow
+from rlframe.rollout.partial import Group, build_continuation, merge_call
+from rlframe.rollout.rows import TokenRow, attach, collate
 from rlframe.rollout.sampling import concat_groups
 from rlframe.rollout.staleness import (
     GroupView,
@@ -239,8 +239,8 @@ class AsyncProducer:
             g.scored = scored
 
     def assemble(self, group: Group, width: int, pad: int) -> Batch:
-        """A finished group's rows, before rewards."""
-        return assemble_group(group, width, pad)
+        """A finished group's prompt rows and collated responses, before rewards."""
+        return attach(group.prompts, collate(group.responses, width, pad))
 
     def take(self, chosen: list[int]) -> Batch:
         """The chosen groups' rows, in the order chosen; they leave the producer."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
-from rlframe.rollout.rows import TokenRow, add_turns, attach, build_request, collate
+from rlframe.rollout.rows import TokenRow, add_turns, build_request
 
 
 def continuation_seed(row: TokenRow) -> int:
@@ -92,9 +92,3 @@ def merge_call(todo: list[tuple[Group, int]], out: Batch, max_tokens: int) -> li
         if group.finished and group.scored is None and group not in finished:
             finished.append(group)
     return finished
-
-
-def assemble_group(group: Group, width: int, pad_id: int) -> Batch:
-    """The finished group as the rows lockstep's agent returns: its prompt rows and their
-    collated responses, ``token_version`` and, per row, ``weights_version`` = its oldest."""
-    return attach(group.prompts, collate(group.responses, width, pad_id))

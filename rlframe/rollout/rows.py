@@ -102,18 +102,6 @@ class TokenRow:
         self.versions += versions
 
 
-def left_pad(rows: Sequence[list[int]], pad_id: int, width: int = 0) -> tuple[torch.Tensor, ...]:
-    """``[rows, width]`` ids and mask, each row at the right end (width: the longest at
-    least)."""
-    width = max([width, *(len(r) for r in rows)])
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r) :] = 1
-    return ids, mask
-
-
 def collate(rows: Sequence[TokenRow], width: int, pad_id: int, version: int = 0) -> Batch:
     """The padded training grid of ``rows``: ``prompt_ids``/``prompt_mask`` left-padded to the
     longest prompt; ``response_ids``, ``response_mask``, ``loss_mask``, ``rollout_logprobs``,
@@ -134,7 +122,12 @@ def collate(rows: Sequence[TokenRow], width: int, pad_id: int, version: int = 0)
         logprobs[i, :k] = torch.tensor(r.logprobs)
         token_version[i] = r.first_version if r.first_version >= 0 else version
         token_version[i, :k] = torch.tensor(r.versions, dtype=torch.long)
-    prompt_ids, prompt_mask = left_pad([r.prompt_ids for r in rows], pad_id)
+    longest = max((len(r.prompt_ids) for r in rows), default=0)
+    prompt_ids = torch.full((n, longest), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, longest), dtype=torch.long)
+    for i, r in enumerate(rows):
+        prompt_ids[i, longest - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
+        prompt_mask[i, longest - len(r.prompt_ids) :] = 1
     tensors = {
         "prompt_ids": prompt_ids,
         "prompt_mask": prompt_mask,
