@@ -168,7 +168,10 @@ def pad_token_extra(values: list[list[Any]], width: int) -> torch.Tensor:
 
 
 def build_request(
-    contexts: Sequence[list[int]], seeds: Sequence[int], caps: Sequence[int] | None, meta: dict
+    contexts: Sequence[list[int]],
+    seeds: Sequence[int],
+    caps: Sequence[int] | None,
+    meta: dict[str, Any],
 ) -> Batch:
     """An engine call that continues each context (a row's :attr:`TokenRow.context`): seeds,
     per-row token caps (None: the run's ``rollout.max_tokens``) and the call's meta (stop
@@ -179,7 +182,9 @@ def build_request(
 
 
 def build_response(
-    turns: Sequence[tuple[list[int], list[float], str]], version: int, meta: dict | None = None
+    turns: Sequence[tuple[list[int], list[float], str]],
+    version: int,
+    meta: dict[str, Any] | None = None,
 ) -> Batch:
     """What an engine call returns: per row the sampled ids, their log-probs, the finish
     reason, and the weights version that sampled them."""
@@ -211,7 +216,7 @@ def sample_turns(
     rows: Sequence[TokenRow],
     seeds: Sequence[int],
     caps: Sequence[int] | None,
-    meta: dict,
+    meta: dict[str, Any],
 ) -> Batch:
     """One blocking engine call that appends a turn to every row; the call's response."""
     out = generate(build_request([r.context for r in rows], seeds, caps, meta))
