@@ -71,11 +71,11 @@ class AlgorithmConfig:
     kl_horizon: int = 10000
     """Adaptive controller: responses over which the coefficient moves by at most 20%."""
     dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal and sample more prompts until the batch
-    is full of groups that carry a signal."""
+    """DAPO: a finished group whose rewards are all equal is dropped and another prompt
+    admitted in its place, so a batch is full of groups that carry a signal."""
     max_sampling_rounds: int = 4
-    """DAPO: most generation rounds per step; a step that still lacks groups trains on what it
-    has."""
+    """DAPO: a step admits at most this many times ``data.batch_size`` prompts (its own and
+    the replacements); past that, groups of equal rewards are kept to fill the batch."""
     kl_coef: float = 0.0
     """Coefficient of the KL loss against the reference policy; 0 turns the reference off."""
     kl_estimator: str = "k3"

@@ -65,13 +65,7 @@ class Config:
         check_lora(self.model.lora, "model.lora")
         check_lora(self.critic.lora, "critic.lora")
         check_adapter_sync(self.model.lora, self.rollout.engine.value, self.rollout.sleep_level)
-        check_async(
-            self.rollout,
-            a.dynamic_sampling,
-            a.advantage,
-            self.data.batch_size,
-            self.trainer.total_steps,
-        )
+        check_async(self.rollout, self.data.batch_size, self.trainer.total_steps)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",
