@@ -20,7 +20,7 @@ from rlframe.config.checks import (
 from rlframe.config.lora import check_adapter_sync, check_lora
 from rlframe.config.model import ModelConfig
 from rlframe.config.placement import check_placement
-from rlframe.config.rollout import RolloutConfig, check_async
+from rlframe.config.rollout import RolloutConfig, check_async, check_sync_gap
 from rlframe.config.sections import (
     ActorConfig,
     CriticConfig,
@@ -65,6 +65,7 @@ class Config:
         check_lora(self.model.lora, "model.lora")
         check_lora(self.critic.lora, "critic.lora")
         check_adapter_sync(self.model.lora, self.rollout.engine.value, self.rollout.sleep_level)
+        check_sync_gap(self.rollout, a.off_policy_correction)
         check_async(
             self.rollout,
             a.dynamic_sampling,
