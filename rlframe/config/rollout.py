@@ -58,6 +58,12 @@ class RolloutConfig:
     """vLLM tensor parallelism: this many consecutive ranks on one node hold one engine
     sharded between them and generate the same prompts; must divide the procs_per_node of the
     pool holding the engines (trainer.*, or rollout.* with placement=separate)."""
+    expert_parallel: bool = False
+    """vLLM expert parallelism (``enable_expert_parallel``) inside each engine: a
+    mixture-of-experts layer's experts are spread whole over the engine's
+    tensor_parallel_size ranks instead of each rank holding a slice of every expert; attention
+    stays tensor-parallel. Needs rollout.engine=vllm, tensor_parallel_size >= 2 and an MoE
+    model (checked before Ray). Written for GPU nodes; not run on this project's CPU suite."""
     placement: Placement = Placement.colocated
     """colocated: every training rank also holds a rollout engine and switches between the two
     (one pool, trainer.*). separate: the engines live in a rollout pool of their own

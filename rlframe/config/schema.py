@@ -104,12 +104,19 @@ class Config:
 
 def check_tensor_parallel(cfg: Config) -> None:
     """A TP group is consecutive ranks on one node of the engines' pool (see
-    :func:`rlframe.config.placement.check_placement`); only vLLM shards."""
+    :func:`rlframe.config.placement.check_placement`); only vLLM shards, and spreads experts
+    (``rollout.expert_parallel``) over a group of two or more."""
     tp = cfg.rollout.tensor_parallel_size
     require(
         tp == 1 or cfg.rollout.engine.value == "vllm",
         "rollout.tensor_parallel_size",
         f"{tp} > 1 needs rollout.engine=vllm (the hf engine is not sharded)",
+    )
+    require(
+        not cfg.rollout.expert_parallel or (tp >= 2 and cfg.rollout.engine.value == "vllm"),
+        "rollout.expert_parallel",
+        f"spreads the experts over an engine's ranks: it needs rollout.engine=vllm and "
+        f"rollout.tensor_parallel_size >= 2 (got {cfg.rollout.engine.value}, {tp})",
     )
 
 
