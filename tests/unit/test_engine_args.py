@@ -24,6 +24,16 @@ def test_cuda_engine_turns_custom_all_reduce_off() -> None:
     assert parsed.enable_sleep_mode is True
 
 
+def test_expert_parallel_reaches_the_engine() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    cfg = RolloutConfig(tensor_parallel_size=4, expert_parallel=True)
+    args = build_engine_args("/nonexistent", cfg, "cuda", 256, 0, torch.bfloat16)
+    assert EngineArgs(**args).enable_expert_parallel is True
+    plain = build_engine_args("/nonexistent", RolloutConfig(), "cuda", 256, 0, torch.bfloat16)
+    assert EngineArgs(**plain).enable_expert_parallel is False
+
+
 def test_cpu_engine_args_are_valid_engine_args() -> None:
     from vllm.engine.arg_utils import EngineArgs
 

@@ -164,6 +164,8 @@ def build_engine_args(
         "logprobs_mode": "processed_logprobs",
         "enable_prefix_caching": True,
     }
+    if cfg.expert_parallel:
+        args["enable_expert_parallel"] = True
     if device == "cuda":
         args |= {
             "enable_sleep_mode": True,
