@@ -138,3 +138,21 @@ def test_state_dict_resumes_the_prompt_stream() -> None:
     batch = produce(resumed)[0]
     assert batch["seed"].tolist() == expected["seed"].tolist()
     assert list(batch["prompt"]) == list(expected["prompt"])
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_close_stops_what_the_agent_started(staleness: int) -> None:
+    """A resource an agent keeps in its context (the openai agent's server) is stopped with
+    the producer, in every mode."""
+
+    class Server:
+        stopped = False
+
+        def stop(self) -> None:
+            self.stopped = True
+
+    producer = make_producer(staleness=staleness)
+    produce(producer)
+    server = producer.context.resources["server"] = Server()
+    producer.close()
+    assert server.stopped
