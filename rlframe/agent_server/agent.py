@@ -16,7 +16,7 @@ rows. Each row is a response of the prompt's group (same ``group`` id) with the 
 reward, so GRPO-style advantages compare it with the group's other rows: an episode of k
 rows weighs k times in its group's mean and std, and every row of it gets the same
 advantage. A step then has more rows than ``data.batch_size * rollout.n``; the producer fills
-it up to whole mini-batches (:func:`rlframe.rollout.producer.fill_mini_batches`), and the
+it up to whole mini-batches (:func:`rlframe.rollout.agents.fill_mini_batches`), and the
 trainer takes the old log-probs in a pass of their own, since the update is then more than
 one mini-batch. DAPO's dynamic sampling keeps groups of ``rollout.n`` rows, so it refuses
 forked rows.

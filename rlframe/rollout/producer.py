@@ -34,10 +34,9 @@ from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlframe.config import Config, StaleGroups
 from rlframe.data.loader import PromptLoader, build_prompt_batch
 from rlframe.data.prompts import PromptRecord
-from rlframe.envs.runner import count_stuck_calls
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
-from rlframe.rollout.agents import AGENTS, AgentContext
+from rlframe.rollout.agents import AGENTS, AgentContext, collect_agent_metrics, fill_mini_batches
 from rlframe.rollout.partial import Group, build_continuation, decode_batch, merge_call
 from rlframe.rollout.rows import TokenRow, attach, collate
 from rlframe.rollout.sampling import concat_groups, has_uniform_rewards
@@ -67,43 +66,6 @@ class Producer(Protocol):
 
     def close(self) -> None:
         """Stop what the producer started."""
-
-
-def collect_agent_metrics(batch: Batch) -> dict[str, float]:
-    """``agent/*`` metrics of a batch from an agent that reports them (empty otherwise)."""
-    if "agent_turns" not in batch:
-        return {}
-    metrics = {
-        "agent/turns/mean": float(batch["agent_turns"].mean()),
-        "agent/tool_calls/mean": float(batch["agent_tool_calls"].mean()),
-        "agent/tool_errors": float(batch["agent_tool_errors"].sum()),
-        "agent/obs_tokens/mean": float(batch["agent_obs_tokens"].mean()),
-        "agent/obs_truncated": float(batch["agent_obs_cut"].sum()),
-        "agent/env_failures": float(batch["env_failed"].sum()),
-        "agent/env_reward/mean": float(batch["env_reward"].mean()),
-        "agent/stuck_calls": float(count_stuck_calls()),
-    }
-    if "agent_episode" in batch:  # an openai episode can make several rows
-        rows = torch.bincount(batch["agent_episode"])
-        rows = rows[rows > 0]
-        metrics["agent/rows_per_episode/mean"] = float(rows.float().mean())
-        metrics["agent/rows_per_episode/max"] = float(rows.max())
-    return metrics
-
-
-def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
-    """Copies of the last row, loss mask 0 and a group each, up to whole mini-batches (an
-    agent that forks rows, such as ``openai``, makes any number of them)."""
-    missing = (-len(batch)) % mini_batch_size
-    if missing == 0:
-        return batch
-    filler = batch.rows([len(batch) - 1] * missing)
-    first_group = int(batch["group"].max()) + 1
-    filler = filler.with_tensors(
-        loss_mask=torch.zeros_like(filler["loss_mask"]),
-        group=torch.arange(first_group, first_group + missing, dtype=batch["group"].dtype),
-    )
-    return Batch.concat([batch, filler])
 
 
 def run_now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
