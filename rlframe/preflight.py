@@ -42,6 +42,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     ConfigError."""
     from rlframe.checkpoint import resolve_resume
     from rlframe.lora_targets import check_lora_targets
+    from rlframe.moe_routing import check_router_replay
     from rlframe.validation import split_validation_records
 
     check_local_pools(cfg)
@@ -53,6 +54,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
     check_sequence_parallel(cfg, model_path)
+    check_router_replay(cfg, model_path)
     check_lora_targets(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:

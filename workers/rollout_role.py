@@ -13,8 +13,10 @@ from collections.abc import Iterable
 
 import torch
 
+from rlframe.algorithms.names import RouterReplay
 from rlframe.config import Config, RolloutEngineName
 from rlframe.config.agent import compute_response_width
+from rlframe.moe_routing import ROUTED_EXPERTS, place_routed_experts
 from rlframe.protocol import Batch
 from workers.engines.base import RolloutEngine, RolloutSample, SamplingSpec
 from workers.engines.fsdp import pick_dtype
@@ -31,16 +33,20 @@ from workers.sync_probe import (
 def build_rollout_engine(cfg: Config, model_path: str, device: str, rank: int) -> RolloutEngine:
     dtype = pick_dtype(cfg.model.dtype, device)
     r = cfg.rollout
+    # algorithm.router_replay=rollout: every sample carries the experts its tokens went to.
+    record = cfg.algorithm.router_replay is RouterReplay.rollout
     if r.engine is RolloutEngineName.hf:
         from workers.engines.hf_rollout import HFRollout
 
-        return HFRollout(model_path, device, dtype, cfg.model.trust_remote_code, r.sleep_level)
+        return HFRollout(
+            model_path, device, dtype, cfg.model.trust_remote_code, r.sleep_level, record
+        )
     from workers.engines.vllm_rollout import VLLMRollout
 
     max_len = cfg.data.max_prompt_length + compute_response_width(r.max_tokens, r.agent, cfg.agent)
     # Equal inside a tensor-parallel group (its ranks run one engine), different across them.
     seed = cfg.trainer.seed + rank // r.tensor_parallel_size
-    return VLLMRollout(model_path, r, device, max_len, seed, dtype, cfg.model.lora)
+    return VLLMRollout(model_path, r, device, max_len, seed, dtype, cfg.model.lora, record)
 
 
 def build_sampling_spec(prompts: Batch, cfg: Config) -> SamplingSpec:
@@ -107,6 +113,9 @@ class RolloutRole:
 
         Meta ``engine_s``: seconds the engine spent generating.
 
+        With ``algorithm.router_replay=rollout`` also ``routed_experts`` (see
+        :mod:`rlframe.moe_routing`), aligned with the prompt rows given and the responses.
+
         Optional inputs: a ``max_tokens`` tensor (each row's cap, e.g. what is left of a
         multi-turn budget); meta ``greedy`` (ReMax baselines), ``temperature`` (validation).
         """
@@ -121,7 +130,13 @@ class RolloutRole:
         samples = self.engine.generate(rows, seeds, build_sampling_spec(prompts, self.cfg))
         busy = time.perf_counter() - start
         pad = int(prompts.meta["pad_token_id"])
-        out = pad_samples(samples, self.cfg.rollout.max_tokens, pad, self.weights_version)
+        width = self.cfg.rollout.max_tokens
+        out = pad_samples(samples, width, pad, self.weights_version)
+        if self.cfg.algorithm.router_replay is RouterReplay.rollout:
+            routing = [s.routed_experts for s in samples]
+            out.tensors[ROUTED_EXPERTS] = place_routed_experts(
+                routing, prompts["prompt_mask"], width
+            )
         # The engine's busy time: the asynchronous producer derives rollout idle time from it.
         out.meta["engine_s"] = busy
         return out

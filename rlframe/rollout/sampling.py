@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from rlframe.moe_routing import ROUTED_EXPERTS, left_pad_routed_experts
 from rlframe.protocol import Batch
 
 PROMPT_TENSORS = ("prompt_ids", "prompt_mask")
@@ -50,6 +51,10 @@ def concat_groups(groups: list[Batch]) -> Batch:
                 [torch.zeros((rows, extra), dtype=g["prompt_mask"].dtype), g["prompt_mask"]], 1
             )
             g = g.with_tensors(prompt_ids=ids, prompt_mask=mask)
+            if ROUTED_EXPERTS in g.tensors:  # aligned with prompt + response: padded alike
+                g = g.with_tensors(
+                    **{ROUTED_EXPERTS: left_pad_routed_experts(g[ROUTED_EXPERTS], extra)}
+                )
         padded.append(g)
     return Batch.concat(padded)
 

@@ -1,0 +1,116 @@
+"""Routed experts on the driver side: the per-token batch key, its placement and padding, the
+agreement metric, and the checks of ``algorithm.router_replay`` before Ray starts.
+
+A row's routing travels as ``routed_experts``: int16 [rows, P + R, moe_layers, top_k],
+aligned with ``cat(prompt_ids, response_ids)`` (prompts left-padded to P, responses
+right-padded to R), -1 where nothing was recorded. An engine records what it fed through the
+model: the prompt and every response token but the last (the sampled last token is never fed
+back; vLLM's ``routed_experts`` covers the same ``prompt + response - 1`` tokens). A -1 token
+is routed by the trainer's own router, which changes nothing that is scored: the last
+token's hidden state predicts no scored token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from rlframe.algorithms.names import RouterReplay
+
+if TYPE_CHECKING:  # the config package needs omegaconf, which the layout code's importers
+    # (bench/gpu_check.py) go without
+    from rlframe.config import Config
+
+ROUTED_EXPERTS = "routed_experts"
+"""The batch key of each token's routed experts."""
+NOT_RECORDED = -1
+"""The index of a token-layer without a recorded routing (padding, the last response token)."""
+
+REPLAYABLE_MODEL_TYPES = frozenset({"qwen3_moe", "qwen2_moe", "olmoe", "mixtral"})
+"""transformers model types whose router takes the softmax over all experts, then the top-k
+(renormalised or not): the weights :func:`workers.engines.router_replay.compute_replayed_weights`
+recomputes. ``qwen3_moe`` is the one tested (``tiny-moe:<seed>``)."""
+
+
+def place_routed_experts(
+    recorded: list[torch.Tensor], prompt_mask: torch.Tensor, response_width: int
+) -> torch.Tensor:
+    """The ``routed_experts`` grid [rows, P + R, layers, k] of one engine call: row i's
+    ``recorded[i]`` ([prompt_i + response_i - 1, layers, k], in token order) placed on its
+    real prompt positions (the last ``prompt_i`` of P) and its first response positions."""
+    rows, prompt_width = prompt_mask.shape
+    layers, top_k = recorded[0].shape[1:]
+    grid = torch.full(
+        (rows, prompt_width + response_width, layers, top_k), NOT_RECORDED, dtype=torch.int16
+    )
+    for i, routing in enumerate(recorded):
+        start = prompt_width - int(prompt_mask[i].sum())
+        grid[i, start : start + routing.shape[0]] = routing
+    return grid
+
+
+def left_pad_routed_experts(routing: torch.Tensor, extra: int) -> torch.Tensor:
+    """``routing`` with ``extra`` unrecorded prompt positions in front (prompts padded wider)."""
+    pad = routing.new_full((routing.shape[0], extra, *routing.shape[2:]), NOT_RECORDED)
+    return torch.cat([pad, routing], dim=1)
+
+
+def compute_routing_agreement(first: torch.Tensor, second: torch.Tensor) -> float:
+    """The share of (token, layer) pairs recorded in both [.., layers, k] routings whose
+    top-k expert *sets* are equal (the order of the k experts does not count)."""
+    both = (first >= 0).all(-1) & (second >= 0).all(-1)
+    same = (first.sort(-1).values == second.sort(-1).values).all(-1)
+    return float(same[both].float().mean()) if both.any() else float("nan")
+
+
+def check_router_replay(cfg: Config, model_path: str) -> None:
+    """``algorithm.router_replay=rollout`` needs a model whose routers it can replay and an
+    engine that records routing on this machine; raise ConfigError naming the key."""
+    from rlframe.config import ConfigError, RolloutEngineName
+
+    if cfg.algorithm.router_replay is RouterReplay.off:
+        return
+    key = "algorithm.router_replay"
+    if cfg.rollout.engine is RolloutEngineName.vllm and not will_train_on_cuda(cfg):
+        raise ConfigError(
+            key,
+            "rollout with rollout.engine=vllm needs vLLM's enable_return_routed_experts, which "
+            "runs on CUDA only (Model Runner V2 needs Triton); on this machine use "
+            "rollout.engine=hf, which records routing on CPU",
+        )
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except Exception:  # a model id whose config is not reachable: the workers will say
+        return
+    model_type = getattr(config, "model_type", "?")
+    if model_type in REPLAYABLE_MODEL_TYPES:
+        return
+    moe = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    what = "its router is not one rlframe replays" if moe else "it has no routed experts"
+    raise ConfigError(
+        key,
+        f"rollout replays a mixture-of-experts router's choices, but {model_path} "
+        f"({model_type}): {what}; supported: {sorted(REPLAYABLE_MODEL_TYPES)}. Set it off",
+    )
+
+
+def will_train_on_cuda(cfg: Config) -> bool:
+    """Whether the workers will run on CUDA: ``trainer.device=cuda``, or ``auto`` with GPUs
+    visible here (a Ray cluster joined with ``auto`` is assumed to have them)."""
+    from rlframe.config import Device
+
+    device = cfg.trainer.device
+    if device is not Device.auto:
+        return device is Device.cuda
+    from rlframe.controller.cluster import will_start_local_ray
+
+    if not will_start_local_ray(cfg.ray):
+        return True
+    import torch
+
+    return torch.cuda.device_count() > 0
