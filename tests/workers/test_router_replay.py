@@ -81,9 +81,9 @@ def build_near_tie_moe(source: str, target: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def replay_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Batch, Any]:
+def replay_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Batch, Any, str]:
     """(a batch sampled by a bf16 ``hf`` engine that records routing, an fp32 TrainRole with
-    router replay on)."""
+    router replay on, the model's path)."""
     from workers.rollout_role import RolloutRole
     from workers.train_role import TrainRole
 
@@ -92,7 +92,7 @@ def replay_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Batch, Any]:
     rollout = RolloutRole(make_replay_config("bfloat16"), path, "cpu", 0)
     prompts = make_prompts()
     batch = prompts.union(rollout.generate(prompts))
-    return batch, TrainRole(make_replay_config("float32"), path, "cpu", 1)
+    return batch, TrainRole(make_replay_config("float32"), path, "cpu", 1), path
 
 
 def mean_gap(logprobs: torch.Tensor, batch: Batch) -> float:
@@ -100,11 +100,11 @@ def mean_gap(logprobs: torch.Tensor, batch: Batch) -> float:
     return float((logprobs - batch["rollout_logprobs"]).abs()[mask].mean())
 
 
-def test_replay_routes_the_trainer_as_the_rollout(replay_case: tuple[Batch, Any]) -> None:
+def test_replay_routes_the_trainer_as_the_rollout(replay_case: tuple[Batch, Any, str]) -> None:
     from workers.engines.layout_forward import compute_layout_logprobs
     from workers.engines.router_replay import RoutingRecorder
 
-    batch, train = replay_case
+    batch, train, _ = replay_case
     rollout_routing = batch[ROUTED_EXPERTS]
     assert rollout_routing.shape[:2] == (ROWS, PROMPT + RESPONSE)
     # Every real token but each response's last one was recorded.
@@ -147,10 +147,10 @@ def score_with_grads(engine: Any, batch: Batch, packed: bool, chunk: int):
 
 
 @pytest.mark.parametrize("chunk", [0, 4])
-def test_replay_packed_equals_padded(replay_case: tuple[Batch, Any], chunk: int) -> None:
+def test_replay_packed_equals_padded(replay_case: tuple[Batch, Any, str], chunk: int) -> None:
     from workers.engines.router_replay import find_routers
 
-    batch, train = replay_case
+    batch, train, _ = replay_case
     engine = train.actor
     padded, padded_grads = score_with_grads(engine, batch, packed=False, chunk=chunk)
     packed, packed_grads = score_with_grads(engine, batch, packed=True, chunk=chunk)
@@ -163,3 +163,28 @@ def test_replay_packed_equals_padded(replay_case: tuple[Batch, Any], chunk: int)
     for router in find_routers(engine.model):
         assert float(router.weight.grad.full_tensor().abs().sum()) > 0
     engine.model.zero_grad(set_to_none=True)
+
+
+def test_replay_holds_under_gradient_checkpointing(replay_case: tuple[Batch, Any, str]) -> None:
+    # The backward re-runs each layer's forward, routers included: the update replays there
+    # too, or the recomputation routes differently from the forward it stands in for.
+    from rlframe.algorithms.losses import LossScale
+    from workers.train_role import TrainRole
+
+    batch, train, path = replay_case
+    g = torch.Generator().manual_seed(3)
+    rows = batch.with_tensors(
+        advantages=torch.randn(ROWS, 1, generator=g) * batch["loss_mask"],
+        old_logprobs=batch["rollout_logprobs"],
+    )
+    scale = LossScale(tokens=float(rows["loss_mask"].sum()), sequences=float(ROWS))
+    cfg = make_replay_config("float32")
+    cfg.model.gradient_checkpointing = True
+    grads = []
+    for role in (train, TrainRole(cfg, path, "cpu", 1)):
+        role.actor.model.train()  # transformers checkpoints in training mode only
+        role.forward_backward(rows, scale)
+        grads.append(gather_grads(role.actor.model))
+        role.actor.model.zero_grad(set_to_none=True)
+        role.actor.model.eval()
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-6, rtol=1e-6)
