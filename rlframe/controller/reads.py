@@ -10,8 +10,8 @@ when the driver's Batch has it. Meta always goes.
 
 from __future__ import annotations
 
-GENERATE = ("prompt_ids", "prompt_mask", "seed", "max_tokens")
-"""A rollout: the left-padded prompts, each row's sampling seed and (optional) token cap."""
+GENERATE = ("prompt_tokens", "seed", "max_tokens")
+"""A rollout: each row's context (a list of ids), sampling seed and (optional) token cap."""
 
 FORWARD = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask")
 """A training-engine forward over prompt + response (see rlframe.sequence_layout)."""

@@ -15,9 +15,9 @@ from rlframe.moe_routing import (
     ROUTED_EXPERTS,
     check_router_replay,
     compute_routing_agreement,
-    place_routed_experts,
 )
-from rlframe.protocol import Batch
+from rlframe.protocol import Batch, as_column
+from rlframe.rollout.rows import TokenRow, add_turns, build_response, collate
 from rlframe.rollout.sampling import concat_groups
 from tests.unit.cli_errors import check_config_error
 
@@ -91,18 +91,27 @@ def test_replay_routes_to_the_given_experts_and_the_router_learns() -> None:
     assert torch.equal(block(x).detach(), native_out)
 
 
-def test_place_routed_experts_aligns_with_prompt_and_response() -> None:
-    # Row 0: prompt of 2 (left-padded in 3), response of 3 -> 2 + 3 - 1 = 4 routed tokens.
-    # Row 1: prompt of 3, response of 1 -> 3 tokens.
-    recorded = [
-        torch.arange(8, dtype=torch.int16).view(4, 1, 2),
-        torch.arange(10, 16, dtype=torch.int16).view(3, 1, 2),
-    ]
-    prompt_mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
-    grid = place_routed_experts(recorded, prompt_mask, response_width=4)
-    assert grid.shape == (2, 7, 1, 2)
-    assert grid[0, :, 0, 0].tolist() == [-1, 0, 2, 4, 6, -1, -1]
-    assert grid[1, :, 0, 0].tolist() == [10, 12, 14, -1, -1, -1, -1]
+def test_routing_crosses_the_wire_into_the_grid_aligned_with_prompt_and_response() -> None:
+    # Row 0: prompt of 2 (left-padded to 3), response of 3 -> 2 + 3 - 1 = 4 routed tokens.
+    # Row 1: prompt of 3, response of 1 -> 3 routed tokens.
+    rows = [TokenRow([5, 6]), TokenRow([7, 8, 9])]
+    out = build_response([([11, 12, 13], [-0.1] * 3, "length"), ([21], [-0.2], "stop")], 0)
+    out.columns[ROUTED_EXPERTS] = as_column(
+        [
+            torch.arange(8, dtype=torch.int16).view(4, 1, 2),
+            torch.arange(10, 16, dtype=torch.int16).view(3, 1, 2),
+        ]
+    )
+    add_turns(rows, out)
+    grid = collate(rows, width=4, pad_id=0)
+    routing = grid[ROUTED_EXPERTS]
+    assert routing.shape == (2, 7, 1, 2) and routing.dtype == torch.int16
+    # Prompt positions, then response positions; the last response token was never fed.
+    assert routing[0, :, 0, 0].tolist() == [-1, 0, 2, 4, 6, -1, -1]
+    assert routing[1, :, 0, 0].tolist() == [10, 12, 14, -1, -1, -1, -1]
+    # A row's later call would route its earlier response again: not carried.
+    with pytest.raises(ValueError, match="continued row"):
+        add_turns(rows[1:], out.rows([1]))
 
 
 def test_routing_agreement_compares_expert_sets_of_recorded_pairs() -> None:

@@ -28,6 +28,7 @@ from rlframe.config import (
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.moe_routing import ROUTED_EXPERTS, compute_routing_agreement
 from rlframe.protocol import Batch
+from rlframe.rollout.rows import generate_batch
 from rlframe.sequence_layout import build_layout
 from tests.workers.layout_cases import gather_grads
 
@@ -90,8 +91,8 @@ def replay_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Batch, Any, s
     models = tmp_path_factory.mktemp("models")
     path = build_near_tie_moe(resolve_model_path("tiny-moe:0", cache_dir=models), models / "tie")
     rollout = RolloutRole(make_replay_config("bfloat16"), path, "cpu", 0)
-    prompts = make_prompts()
-    batch = prompts.union(rollout.generate(prompts))
+    # The single_turn agent's path: prompt rows -> the engine call's wire -> the grid.
+    batch = generate_batch(rollout.generate, make_prompts(), RESPONSE)
     return batch, TrainRole(make_replay_config("float32"), path, "cpu", 1), path
 
 
