@@ -43,6 +43,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     from rlframe.checkpoint import resolve_resume
     from rlframe.expert_parallel import check_expert_parallel
     from rlframe.lora_targets import check_lora_targets, trains_on_cpu
+    from rlframe.moe_routing import check_router_replay
     from rlframe.validation import split_validation_records
 
     check_local_pools(cfg)
@@ -55,6 +56,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     check_sequence_length(cfg, model_path)
     check_sequence_parallel(cfg, model_path)
     check_expert_parallel(cfg, model_path)
+    check_router_replay(cfg, model_path)
     on_cpu = cfg.model.lora.enabled and trains_on_cpu(cfg, count_local_gpus())
     check_lora_targets(cfg, model_path, on_cpu)
     records = load_training_prompts(cfg, tokenizer)

@@ -13,9 +13,11 @@ from collections.abc import Iterable
 
 import torch
 
+from rlframe.algorithms.names import RouterReplay
 from rlframe.config import Config, RolloutEngineName
 from rlframe.config.agent import compute_response_width
-from rlframe.protocol import Batch
+from rlframe.moe_routing import ROUTED_EXPERTS
+from rlframe.protocol import Batch, as_column
 from rlframe.rollout.rows import build_response
 from workers.engines.base import RolloutEngine, SamplingSpec
 from workers.engines.fsdp import pick_dtype
@@ -32,16 +34,20 @@ from workers.sync_probe import (
 def build_rollout_engine(cfg: Config, model_path: str, device: str, rank: int) -> RolloutEngine:
     dtype = pick_dtype(cfg.model.dtype, device)
     r = cfg.rollout
+    # algorithm.router_replay=rollout: every sample carries the experts its tokens went to.
+    record = cfg.algorithm.router_replay is RouterReplay.rollout
     if r.engine is RolloutEngineName.hf:
         from workers.engines.hf_rollout import HFRollout
 
-        return HFRollout(model_path, device, dtype, cfg.model.trust_remote_code, r.sleep_level)
+        return HFRollout(
+            model_path, device, dtype, cfg.model.trust_remote_code, r.sleep_level, record
+        )
     from workers.engines.vllm_rollout import VLLMRollout
 
     max_len = cfg.data.max_prompt_length + compute_response_width(r.max_tokens, r.agent, cfg.agent)
     # Equal inside a tensor-parallel group (its ranks run one engine), different across them.
     seed = cfg.trainer.seed + rank // r.tensor_parallel_size
-    return VLLMRollout(model_path, r, device, max_len, seed, dtype, cfg.model.lora)
+    return VLLMRollout(model_path, r, device, max_len, seed, dtype, cfg.model.lora, record)
 
 
 def build_sampling_spec(prompts: Batch, cfg: Config) -> SamplingSpec:
@@ -85,6 +91,9 @@ class RolloutRole:
 
         Meta ``engine_s``: seconds the engine spent generating.
 
+        With ``algorithm.router_replay=rollout`` also the column ``routed_experts``: per row
+        int16 [context + response - 1, MoE layers, top_k] (see :mod:`rlframe.moe_routing`).
+
         Optional inputs: a ``max_tokens`` tensor (each row's cap, e.g. what is left of a
         multi-turn budget); meta ``greedy`` (ReMax baselines), ``temperature`` (validation).
         """
@@ -97,7 +106,10 @@ class RolloutRole:
         # The engine's busy time: the asynchronous producer derives rollout idle time from it.
         meta = {"engine_s": time.perf_counter() - start}
         turns = [(s.response_ids, s.logprobs, s.finish_reason) for s in samples]
-        return build_response(turns, self.weights_version, meta)
+        out = build_response(turns, self.weights_version, meta)
+        if self.cfg.algorithm.router_replay is RouterReplay.rollout:
+            out.columns[ROUTED_EXPERTS] = as_column([s.routed_experts for s in samples])
+        return out
 
     def verify_weights(self, probe: SyncProbe) -> None:
         """The receiver check after a sync: the engine's log-probs of the probe match the

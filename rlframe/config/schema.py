@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlframe.algorithms.names import GROUP_RELATIVE, NEEDS_CRITIC
 from rlframe.config.agent import AgentConfig
-from rlframe.config.algorithm import AlgorithmConfig
+from rlframe.config.algorithm import AlgorithmConfig, check_router_replay_setup
 from rlframe.config.checks import (
     ConfigError,
     check_renamed_key,
@@ -67,6 +67,14 @@ class Config:
         check_adapter_sync(self.model.lora, self.rollout.engine.value, self.rollout.sleep_level)
         check_sync_gap(self.rollout, a.off_policy_correction)
         check_async(self.rollout, self.data.batch_size, self.trainer.total_steps)
+        check_router_replay_setup(
+            a.router_replay,
+            self.rollout.agent,
+            self.rollout.max_staleness,
+            self.actor.sequence_parallel_size,
+            self.rollout.engine.value,
+            self.rollout.top_p,
+        )
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",

@@ -16,9 +16,19 @@ GENERATE = ("prompt_tokens", "seed", "max_tokens")
 FORWARD = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask")
 """A training-engine forward over prompt + response (see rlframe.sequence_layout)."""
 
-POLICY_UPDATE = (*FORWARD, "advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
-"""A policy update: the forward's keys, the advantages, and the log-probs the loss, the
-mismatch and off-policy corrections and the KL term read (each optional)."""
+POLICY_FORWARD = (*FORWARD, "routed_experts")
+"""The policy's forward: with router replay on, each token's routed experts
+(rlframe.moe_routing) too. The reference and the critic route freely: not theirs."""
+
+POLICY_UPDATE = (
+    *POLICY_FORWARD,
+    "advantages",
+    "old_logprobs",
+    "rollout_logprobs",
+    "ref_logprobs",
+)
+"""A policy update: the policy forward's keys, the advantages, and the log-probs the loss,
+the mismatch and off-policy corrections and the KL term read (each optional)."""
 
 VALUE_UPDATE = (*FORWARD, "values", "returns")
 """A critic update: the forward's keys, the old values and the returns."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from rlframe.moe_routing import ROUTED_EXPERTS, take_routed_experts
 from rlframe.protocol import Batch
 
 
@@ -47,6 +48,9 @@ class TokenRow:
     """Engine calls that added to the row."""
     token_extras: dict[str, list[Any]] = field(default_factory=dict)
     """Per response token, by name (e.g. routed experts); None on given tokens."""
+    prompt_extras: dict[str, list[Any]] = field(default_factory=dict)
+    """Per prompt token, by name, for an extra the prompt has too (the experts the engine
+    routed the prompt to): collate lays such an extra over prompt and response."""
     row_extras: dict[str, Any] = field(default_factory=dict)
     """Per row, by name: ints become int64 tensors in the grid, other numbers float32 ones,
     tensors are stacked, anything else is a column."""
@@ -140,7 +144,12 @@ def collate(rows: Sequence[TokenRow], width: int, pad_id: int, version: int = 0)
     }
     columns: dict[str, Any] = {"finish_reason": [r.finish_reason for r in rows]}
     for name in sorted({k for r in rows for k in r.token_extras}):
-        tensors[name] = pad_token_extra([r.token_extras.get(name, []) for r in rows], width)
+        responses = [r.token_extras.get(name, []) for r in rows]
+        if any(name in r.prompt_extras for r in rows):
+            prompts = [r.prompt_extras.get(name, []) for r in rows]
+            tensors[name] = pad_sequence_extra(prompts, responses, longest, width)
+        else:
+            tensors[name] = pad_token_extra(responses, width)
     for name in sorted({k for r in rows for k in r.row_extras}):
         values = [r.row_extras.get(name) for r in rows]
         if all(type(v) is int for v in values):
@@ -164,6 +173,24 @@ def pad_token_extra(values: list[list[Any]], width: int) -> torch.Tensor:
         for j, v in enumerate(row):
             if v is not None:
                 out[i, j] = torch.as_tensor(v)
+    return out
+
+
+def pad_sequence_extra(
+    prompts: list[list[Any]], responses: list[list[Any]], prompt_width: int, width: int
+) -> torch.Tensor:
+    """``[rows, prompt_width + width, ...]`` of an extra the prompt has too, aligned with
+    ``prompt_ids`` + ``response_ids`` (prompts left-padded, responses right-padded); -1 where a
+    token has none (padding; a routed-experts index of -1 is no expert)."""
+    known = [torch.as_tensor(v) for row in prompts + responses for v in row if v is not None]
+    shape, dtype = known[0].shape, known[0].dtype
+    out = torch.full((len(prompts), prompt_width + width, *shape), -1, dtype=dtype)
+    for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+        values = [*prompt, *response]
+        at = [j for j, v in enumerate(values) if v is not None]
+        if at:
+            start = prompt_width - len(prompt)
+            out[i, torch.tensor(at) + start] = torch.stack([torch.as_tensor(values[j]) for j in at])
     return out
 
 
@@ -200,15 +227,19 @@ def build_response(
 
 
 def add_turns(rows: Sequence[TokenRow], out: Batch) -> None:
-    """Append each row's turn of an engine call (:func:`build_response`)."""
-    for row, ids, logprobs, reason, version in zip(
+    """Append each row's turn of an engine call (:func:`build_response`), with its routed
+    experts where the engine recorded them (:func:`rlframe.moe_routing.take_routed_experts`)."""
+    routing = out[ROUTED_EXPERTS] if ROUTED_EXPERTS in out else [None] * len(rows)
+    for row, ids, logprobs, reason, version, experts in zip(
         rows,
         out["response_tokens"],
         out["token_logprobs"],
         out["finish_reason"],
         out["weights_version"].tolist(),
+        routing,
     ):
-        row.add_turn(list(ids), list(logprobs), str(reason), int(version))
+        extras = None if experts is None else take_routed_experts(row, experts, len(ids))
+        row.add_turn(list(ids), list(logprobs), str(reason), int(version), extras)
 
 
 def sample_turns(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from rlframe.moe_routing import ROUTED_EXPERTS, left_pad_routed_experts
 from rlframe.protocol import Batch
 
 
@@ -29,8 +30,13 @@ def concat_groups(groups: list[Batch]) -> Batch:
     def widen(g: Batch) -> Batch:
         extra = width - g["prompt_ids"].shape[1]
         ids = torch.nn.functional.pad(g["prompt_ids"], (extra, 0), value=pad_id)
-        return g.with_tensors(
+        g = g.with_tensors(
             prompt_ids=ids, prompt_mask=torch.nn.functional.pad(g["prompt_mask"], (extra, 0))
         )
+        if ROUTED_EXPERTS in g.tensors:  # aligned with prompt + response: padded alike
+            g = g.with_tensors(
+                **{ROUTED_EXPERTS: left_pad_routed_experts(g[ROUTED_EXPERTS], extra)}
+            )
+        return g
 
     return Batch.concat([widen(g) for g in groups])
