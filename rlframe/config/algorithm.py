@@ -85,6 +85,11 @@ class AlgorithmConfig:
     gradient)."""
     entropy_coef: float = 0.0
     """Coefficient of the entropy bonus."""
+    router_aux_loss_coef: float = 0.0
+    """Mixture-of-experts models: coefficient of the router's load-balancing loss (Switch
+    Transformer's, averaged over MoE layers; 1 at perfect balance), added to the policy loss
+    (HF's MoE configs name it the same; Qwen3-MoE's sets 0.001). 0 leaves it out; dense
+    models ignore it."""
     policy_loss: str = "ppo_clip"
     """Policy loss: a registered name or ``pkg.module:function`` / ``file.py:function``."""
     loss_agg: str = "token-mean"
@@ -131,7 +136,14 @@ class AlgorithmConfig:
             0 <= self.clip_low <= 1, "algorithm.clip_low", f"must be in [0, 1], got {self.clip_low}"
         )
         require(self.clip_high >= 0, "algorithm.clip_high", f"must be >= 0, got {self.clip_high}")
-        for key in ("kl_coef", "kl_reward_coef", "entropy_coef", "kl_cov_coef", "loss_agg_norm"):
+        for key in (
+            "kl_coef",
+            "kl_reward_coef",
+            "entropy_coef",
+            "kl_cov_coef",
+            "loss_agg_norm",
+            "router_aux_loss_coef",
+        ):
             value = getattr(self, key)
             require(value >= 0, f"algorithm.{key}", f"must be >= 0, got {value}")
         for key in ("clip_cov_ratio", "kl_cov_ratio"):
