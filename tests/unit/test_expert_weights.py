@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from rlframe.checkpoint_layout import HF_CONFIG
 from rlframe.data.tiny_model import MOE_EXPERTS, resolve_model_path
-from workers.engines.weight_names import to_engine_tensors
+from workers.engines.weight_names import to_engine_tensors, to_model_tensor
 from workers.weight_sync import iter_full_tensors
 
 
@@ -42,6 +42,22 @@ def test_sync_sends_each_expert_as_the_checkpoint_holds_it(moe_path: Path) -> No
         # Values, not only shapes: hidden and expert width are both 128 here, so a swapped
         # gate/up half or a transposed down projection keeps every shape.
         assert torch.equal(sent[name], tensor), name
+
+
+def test_an_engine_holding_the_fused_model_loads_the_sent_experts(moe_path: Path) -> None:
+    """The hf engine holds the transformers model: each per-expert tensor the sync sends lands
+    in its expert's slice of the fused parameters, and nothing else is touched."""
+    source, target = load_model(moe_path), load_model(moe_path)
+    with torch.no_grad():
+        for param in source.parameters():
+            param.add_(torch.randn_like(param))
+        params = target.state_dict()
+        for name, tensor in iter_full_tensors(source):
+            to_model_tensor(params, name).copy_(tensor)
+    for (name, want), got in zip(source.state_dict().items(), target.state_dict().values()):
+        assert torch.equal(want, got), name
+    with pytest.raises(KeyError):
+        to_model_tensor(params, "model.layers.0.mlp.experts.0.w9.weight")
 
 
 def test_other_fused_layouts_travel_as_they_are() -> None:

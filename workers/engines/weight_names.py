@@ -90,6 +90,27 @@ def to_engine_tensors(
         yield name, tensor
 
 
+def to_model_tensor(params: dict[str, torch.Tensor], engine_name: str) -> torch.Tensor:
+    """The tensor of a transformers model's ``state_dict`` that the engine tensor
+    ``engine_name`` fills: its own entry, or, for a per-expert checkpoint name, that expert's
+    view of the fused experts (the inverse of :func:`to_engine_tensors`, for an engine that
+    holds the transformers model itself)."""
+    if engine_name in params:
+        return params[engine_name]
+    head, _, leaf = engine_name.rpartition(".experts.")
+    expert, _, projection = leaf.partition(".")
+    if not head or not expert.isdigit():
+        raise KeyError(engine_name)
+    if projection == "down_proj.weight":
+        return params[f"{head}.experts.{FUSED_DOWN}"][int(expert)]
+    gate, up = params[f"{head}.experts.{FUSED_GATE_UP}"][int(expert)].chunk(2, dim=0)
+    if projection == "gate_proj.weight":
+        return gate
+    if projection == "up_proj.weight":
+        return up
+    raise KeyError(engine_name)
+
+
 def model_type_of(model: torch.nn.Module) -> str | None:
     """The HF ``model_type`` of a (possibly wrapped) transformers model, None without one."""
     config = getattr(model, "config", None)
