@@ -118,7 +118,9 @@ class RolloutRole:
         ]
         seeds = [int(s) for s in prompts["seed"]]
         start = time.perf_counter()
-        samples = self.engine.generate(rows, seeds, build_sampling_spec(prompts, self.cfg))
+        images = [list(r) for r in prompts["images"]] if "images" in prompts else None
+        spec = build_sampling_spec(prompts, self.cfg)
+        samples = self.engine.generate(rows, seeds, spec, images)
         busy = time.perf_counter() - start
         pad = int(prompts.meta["pad_token_id"])
         out = pad_samples(samples, self.cfg.rollout.max_tokens, pad, self.weights_version)
