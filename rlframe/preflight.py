@@ -294,11 +294,11 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
     from rlframe.config.agent import compute_response_width, is_multi_turn
 
     try:
-        limit = getattr(
-            AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
-            "max_position_embeddings",
-            None,
+        config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=cfg.model.trust_remote_code
         )
+        # A vision-language model's positions are its language model's.
+        limit = getattr(config.get_text_config(), "max_position_embeddings", None)
     except Exception:  # a model id whose config is not reachable: vLLM will say
         return
     width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)

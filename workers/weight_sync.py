@@ -26,7 +26,7 @@ from torch import nn
 
 from rlframe.controller.weight_group import WeightGroupSpec
 from workers.engines.dtensor_gather import full_tensor
-from workers.engines.weight_names import to_engine_name
+from workers.engines.weight_names import is_vision_tower_name, to_engine_name
 from workers.sync_probe import SyncProbe
 
 if TYPE_CHECKING:
@@ -79,6 +79,14 @@ def iter_full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """Every ``state_dict`` entry as ``(engine name, full tensor)``."""
     for name, value in model.state_dict().items():
         yield to_engine_name(name), full_tensor(value).detach()
+
+
+def iter_unfrozen_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every ``state_dict`` entry but the vision tower's (``model.freeze_vision``: the engine
+    keeps the copy it loaded, which never changes), skipped before any gather."""
+    for name, value in model.state_dict().items():
+        if not is_vision_tower_name(name):
+            yield to_engine_name(name), full_tensor(value).detach()
 
 
 class InProcessSink:
