@@ -114,6 +114,8 @@ def expand_prompt(processor: Any, text: str, images: list[bytes]) -> list[int]:
     """The prompt's token ids with each image pad repeated to its image's token count, as
     the processor (and so vLLM, which runs the same one) expands it. The counts come from the
     image sizes alone: no pixels are processed on the driver."""
+    if not hasattr(processor, "image_processor"):
+        raise ValueError("the rows have images, the model no image processor (not a VLM)")
     tokenizer = processor.tokenizer
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     pad = tokenizer.convert_tokens_to_ids(processor.image_token)
@@ -135,3 +137,16 @@ def encode_images(processor: Any, rows_images: list[list[bytes]]) -> VisionInput
         return None
     out = processor.image_processor(images=images, return_tensors="pt")
     return VisionInputs(out["pixel_values"], out["image_grid_thw"])
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+"""A model folder with one of these has a processor (a vision-language model's)."""
+
+
+def save_processor(model_path: str, dest: Path) -> None:
+    """A vision-language model's processor (image processor, chat template) beside the config:
+    the export loads and generates with images only with it."""
+    local = Path(model_path)
+    if not any((local / name).is_file() for name in PROCESSOR_FILES):
+        return
+    load_processor(model_path).save_pretrained(dest)

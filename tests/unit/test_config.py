@@ -102,6 +102,7 @@ GPU_RECIPES = {
     "remax_qwen": "remax",
     "drgrpo_qwen": "grpo",
     "openai_agent_qwen": "grpo",
+    "vlm_qwen": "grpo",
 }
 
 
