@@ -53,6 +53,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
     check_sequence_parallel(cfg, model_path)
+    check_vision(cfg, model_path)
     check_lora_targets(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:
@@ -317,6 +318,32 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
         )
 
 
+def check_vision(cfg: Config, model_path: str) -> None:
+    """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
+    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except Exception:  # a model id whose config is not reachable: the workers will say
+        return
+    if getattr(config, "vision_config", None) is None:
+        if cfg.model.freeze_vision:
+            raise ConfigError("model.freeze_vision", f"{model_path} has no vision tower")
+        return
+    unsupported = {
+        "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size > 1,
+        "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
+        "model.lora.rank": cfg.model.lora.enabled,
+        "critic.enable": cfg.critic.enable,
+    }
+    for key, used in unsupported.items():
+        if used:
+            raise ConfigError(key, f"not supported yet for a vision-language model ({model_path})")
+
+
 def check_sequence_parallel(cfg: Config, model_path: str) -> None:
     """Ulysses hands each rank of a group ``heads / size`` attention heads: the size must
     divide the model's heads (key/value heads are repeated as needed). Sliding-window layers
@@ -358,11 +385,12 @@ def describe_load_error(error: BaseException) -> str:
 
 
 def load_model_files(cfg: Config) -> tuple[str, Any]:
-    """The model directory (building ``tiny:N``) and its tokenizer."""
-    from rlframe.data.tiny_model import is_tiny_model, resolve_model_path
+    """The model directory (building ``tiny:N``, ``tiny-vl:N``) and its tokenizer."""
+    from rlframe.data.tiny_model import is_tiny_model
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
 
     try:
-        path = resolve_model_path(cfg.model.path)
+        path = resolve_tiny_vl_path(cfg.model.path)
     except ValueError as e:
         raise ConfigError("model.path", str(e)) from None
     local = Path(path).expanduser()

@@ -63,13 +63,8 @@ def default_cache_dir() -> Path:
 
 def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
     """A loadable model directory: ``tiny:<seed>``, ``tiny-lora:<seed>`` and
-    ``tiny-moe:<seed>``, ``tiny-vl:<seed>`` are built on first use, anything else is kept."""
-    if path.startswith(TINY_VL_PREFIX):
-        from rlframe.data.tiny_vl_model import TINY_VL_KEY, build_tiny_vl_model
-
-        return resolve_tiny_build(
-            path, TINY_VL_PREFIX, "tiny-qwen2-vl", TINY_VL_KEY, build_tiny_vl_model, cache_dir
-        )
+    ``tiny-moe:<seed>`` are built on first use, anything else is kept (``tiny-vl:<seed>``:
+    :func:`rlframe.data.tiny_vl_model.resolve_tiny_vl_path`)."""
     if path.startswith(TINY_MOE_PREFIX):
         return resolve_tiny_build(
             path,

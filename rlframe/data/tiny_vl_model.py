@@ -12,10 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rlframe.data.tiny_model import (  # noqa: F401 (TINY_VL_PREFIX: re-exported)
+from rlframe.data.tiny_model import (
     CHARACTERS,
     TINY_VL_PREFIX,
     TinyModelSpec,
+    build_tiny_tokenizer,
+    resolve_model_path,
+    resolve_tiny_build,
     save_model_atomically,
 )
 
@@ -55,8 +58,6 @@ tasks are plain continuations, as for ``tiny:<seed>``."""
 
 def build_tiny_vl_tokenizer() -> Any:
     """The tiny character-level tokenizer with the vision tokens and the chat template."""
-    from rlframe.data.tiny_model import build_tiny_tokenizer
-
     tokenizer = build_tiny_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -142,3 +143,13 @@ def build_tiny_vl_model(spec: TinyModelSpec, target: Path) -> None:
 
 TINY_VL_KEY = [CHARACTERS, list(VISION_TOKENS), CHAT_TEMPLATE, MIN_PIXELS, MAX_PIXELS]
 """What the cached folder's name hashes besides the spec."""
+
+
+def resolve_tiny_vl_path(path: str, cache_dir: Path | None = None) -> str:
+    """The cached folder of ``tiny-vl:<seed>`` (built on first use); any other path as
+    :func:`rlframe.data.tiny_model.resolve_model_path` resolves it."""
+    if not path.startswith(TINY_VL_PREFIX):
+        return resolve_model_path(path, cache_dir)
+    return resolve_tiny_build(
+        path, TINY_VL_PREFIX, "tiny-qwen2-vl", TINY_VL_KEY, build_tiny_vl_model, cache_dir
+    )

@@ -13,6 +13,8 @@ from rlframe.data.images import place_images, read_image_bytes
 from rlframe.mrope import ImageTokens, compute_mrope_positions
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import RowImages, build_layout
+from tests.harness import check_cli
+from tests.unit.cli_errors import assert_config_error
 
 IMAGE = 54
 TOKENS = ImageTokens(IMAGE, 2)
@@ -106,3 +108,53 @@ def test_packed_and_padded_layouts_give_every_token_the_same_mrope_position() ->
     # Row 0: the 2x2 merged grid at 1..2, then text from 1 + 2 on; its response continues.
     assert padded.position_ids[1, 0, real[0]].tolist() == [0, 1, 1, 2, 2, 3, 4, 5, 6]
     assert torch.equal(packed.image_grid_thw, images.grid_thw)
+
+
+def test_geometry3k_prepare_writes_image_rows_the_tiny_vlm_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+    from transformers import AutoTokenizer
+
+    from rlframe.data.prepare import prepare
+    from rlframe.data.prompts import read_prompt_rows, tokenize_prompts
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    out = io.BytesIO()
+    Image.new("RGB", (56, 84), (9, 9, 9)).save(out, format="PNG")
+    source = tmp_path / "hub"
+    source.mkdir()
+    for split in ("train", "test"):
+        rows = {
+            "images": [[{"bytes": out.getvalue(), "path": "a.png"}]],
+            "problem": ["<image>Find x."],
+            "answer": ["3"],
+        }
+        pq.write_table(pa.table(rows), source / f"{split}.parquet")
+    prepare("geometry3k", tmp_path / "geo", source)
+    file = str(tmp_path / "geo" / "train.parquet")
+    rows = read_prompt_rows([file], "arithmetic", 0)
+    row = rows[0][0]
+    assert row["images"][0]["bytes"] == out.getvalue() and row["ground_truth"] == "3"
+    # The tiny VLM reads the file: its one image (56 x 84 pixels: 4 x 6 patches) becomes 6
+    # image tokens after the marker's vision start.
+    path = resolve_tiny_vl_path("tiny-vl:0", cache_dir=tmp_path / "models")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    rows = [({**row, "prompt": "<image>x?"}, where) for row, where in rows]
+    (record,) = tokenize_prompts(rows, tokenizer, 64).records
+    assert record.prompt_ids[:8] == [52, *[IMAGE] * 6, 53] and record.images == [out.getvalue()]
+    assert "images" not in record.extra
+
+
+@pytest.mark.parametrize(
+    "recipe,override,key,text",
+    [
+        ("grpo_tiny", "model.freeze_vision=true", "model.freeze_vision", "has no vision tower"),
+        ("vlm_tiny", "model.lora.rank=8", "model.lora.rank", "not supported"),
+    ],
+)
+def test_vision_settings_fail_before_ray(recipe: str, override: str, key: str, text: str) -> None:
+    assert_config_error(check_cli(f"+recipe={recipe}", override), key, text, alone=False)
