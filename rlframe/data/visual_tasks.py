@@ -3,7 +3,8 @@ answer a rule checks. Offline stand-ins for geometry and chart sets, for the tin
 
 ``colour``: a filled square of one of COLOURS on a grey background, anywhere in an image of
 56 to 112 pixels a side (4 to 16 image tokens of ``tiny-vl:<seed>``); the answer is the
-colour's name. A policy that ignores the image is right a quarter of the time at best.
+colour's initial (``r``, ``g``, ``b`` or ``y``: one token, like the arithmetic task's digit).
+A policy that ignores the image is right a quarter of the time at best.
 """
 
 from __future__ import annotations
@@ -39,4 +40,4 @@ def draw_square(rng: random.Random, colour: tuple[int, int, int]) -> bytes:
 def make_colour(rng: random.Random) -> tuple[str, str, list[bytes]]:
     """(prompt, answer, images) of one ``colour`` example."""
     name = rng.choice(sorted(COLOURS))
-    return COLOUR_PROMPT, name, [draw_square(rng, COLOURS[name])]
+    return COLOUR_PROMPT, name[0], [draw_square(rng, COLOURS[name])]
