@@ -139,6 +139,8 @@ def read_image_token_id(path: str) -> int | None:
     """The image token of a vision-language model folder or hub id; None for a text model."""
     from transformers import AutoConfig
 
+    if path.startswith(("/", ".", "~")) and not Path(path, "config.json").expanduser().is_file():
+        return None  # no model folder there: the engine itself says why
     try:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError):  # not loadable here: the engine itself says why
