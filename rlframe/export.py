@@ -5,9 +5,11 @@
 CHECKPOINT is a checkpoint folder (``<run>/checkpoints/step_N``) or a run directory (its
 latest checkpoint). The sharded actor state is read on this one process, whatever the world
 size it was saved with, so this runs on a machine without GPUs or Ray. ``OUT_DIR`` then loads
-with ``AutoModelForCausalLM.from_pretrained`` and with vLLM. A LoRA run's checkpoint holds the
-adapters alone: it exports as a peft adapter folder over the base model it was trained on
-(``PeftModel.from_pretrained``), or with ``--merge`` as the merged plain model.
+with ``AutoModelForCausalLM.from_pretrained`` (a vision-language model with
+``AutoModelForImageTextToText`` and its processor with ``AutoProcessor``) and with vLLM. A
+LoRA run's checkpoint holds the adapters alone: it exports as a peft adapter folder over the
+base model it was trained on (``PeftModel.from_pretrained``), or with ``--merge`` as the merged
+plain model.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from rlframe.checkpoint_layout import DRIVER_STATE, HF_CONFIG, LORA_BASE, find_latest_checkpoint
+from rlframe.data.images import save_processor
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -40,13 +43,21 @@ def export_checkpoint(
     checkpoint as a peft adapter folder, or with ``merge`` as the merged model."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoTokenizer,
+        GenerationConfig,
+    )
 
     shards, meta_dir = checkpoint / "actor", checkpoint / HF_CONFIG
     if (meta_dir / LORA_BASE).is_file():
         return export_lora_checkpoint(checkpoint, out_dir, dtype, merge)
     config = AutoConfig.from_pretrained(meta_dir)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    vision = getattr(config, "vision_config", None) is not None
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=torch.float32)
     saved = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
     # The state dict's tensors are the model's own: DCP loads into them in place.
     state = model.state_dict()
@@ -64,6 +75,7 @@ def export_checkpoint(
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(dtype).save_pretrained(out_dir, safe_serialization=True)
     AutoTokenizer.from_pretrained(meta_dir).save_pretrained(out_dir)
+    save_processor(str(meta_dir), out_dir)
     try:
         GenerationConfig.from_pretrained(meta_dir).save_pretrained(out_dir)
     except OSError:

@@ -59,6 +59,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     check_router_replay(cfg, model_path)
     on_cpu = cfg.model.lora.enabled and trains_on_cpu(cfg, count_local_gpus())
     check_lora_targets(cfg, model_path, on_cpu)
+    check_vision(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:
         records, val_records = split_validation_records(records, cfg, tokenizer)
@@ -299,11 +300,11 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
     from rlframe.config.agent import compute_response_width, is_multi_turn
 
     try:
-        limit = getattr(
-            AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
-            "max_position_embeddings",
-            None,
+        config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=cfg.model.trust_remote_code
         )
+        # A vision-language model's positions are its language model's.
+        limit = getattr(config.get_text_config(), "max_position_embeddings", None)
     except Exception:  # a model id whose config is not reachable: vLLM will say
         return
     width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
@@ -320,6 +321,32 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
             "agent.max_obs_tokens" if is_multi_turn(cfg.rollout.agent) else "rollout.max_tokens",
             f"{parts} = {longest} tokens exceeds the model's {limit} positions",
         )
+
+
+def check_vision(cfg: Config, model_path: str) -> None:
+    """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
+    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except Exception:  # a model id whose config is not reachable: the workers will say
+        return
+    if getattr(config, "vision_config", None) is None:
+        if cfg.model.freeze_vision:
+            raise ConfigError("model.freeze_vision", f"{model_path} has no vision tower")
+        return
+    unsupported = {
+        "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size > 1,
+        "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
+        "model.lora.rank": cfg.model.lora.enabled,
+        "critic.enable": cfg.critic.enable,
+    }
+    for key, used in unsupported.items():
+        if used:
+            raise ConfigError(key, f"not supported yet for a vision-language model ({model_path})")
 
 
 def check_sequence_parallel(cfg: Config, model_path: str) -> None:
@@ -363,11 +390,12 @@ def describe_load_error(error: BaseException) -> str:
 
 
 def load_model_files(cfg: Config) -> tuple[str, Any]:
-    """The model directory (building ``tiny:N``) and its tokenizer."""
-    from rlframe.data.tiny_model import is_tiny_model, resolve_model_path
+    """The model directory (building ``tiny:N``, ``tiny-vl:N``) and its tokenizer."""
+    from rlframe.data.tiny_model import is_tiny_model
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
 
     try:
-        path = resolve_model_path(cfg.model.path)
+        path = resolve_tiny_vl_path(cfg.model.path)
     except ValueError as e:
         raise ConfigError("model.path", str(e)) from None
     local = Path(path).expanduser()

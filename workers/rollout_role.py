@@ -102,7 +102,9 @@ class RolloutRole:
         rows = [[int(t) for t in ids] for ids in prompts["prompt_tokens"]]
         seeds = [int(s) for s in prompts["seed"]]
         start = time.perf_counter()
-        samples = self.engine.generate(rows, seeds, build_sampling_spec(prompts, self.cfg))
+        images = [list(r) for r in prompts["images"]] if "images" in prompts else None
+        spec = build_sampling_spec(prompts, self.cfg)
+        samples = self.engine.generate(rows, seeds, spec, images)
         # The engine's busy time: the asynchronous producer derives rollout idle time from it.
         meta = {"engine_s": time.perf_counter() - start}
         turns = [(s.response_ids, s.logprobs, s.finish_reason) for s in samples]

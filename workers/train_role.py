@@ -37,8 +37,14 @@ from workers.engines.fsdp import (
 )
 from workers.engines.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
 from workers.engines.router_logits import find_router_spec, record_router_logits
-from workers.sync_probe import SyncProbe, build_probe_ids, compute_trainer_probe
-from workers.weight_sync import WeightSource, iter_full_tensors
+from workers.engines.vision import ImageEncoder, build_image_encoder
+from workers.sync_probe import (
+    SyncProbe,
+    build_probe_ids,
+    compute_trainer_probe,
+    list_vision_token_ids,
+)
+from workers.weight_sync import WeightSource, iter_full_tensors, iter_unfrozen_tensors
 
 
 def count_optimizer_steps(cfg: Config) -> int:
@@ -73,17 +79,19 @@ def score_micro_batches(
     sizes: ActorConfig,
     packed: bool,
     score: Callable[[SequenceLayout], torch.Tensor],
+    images: ImageEncoder | None = None,
 ) -> torch.Tensor:
     """[B, R] per-token scores of the loss-mask tokens (0 elsewhere): ``score(layout)`` gives
     the [N] values of one micro-batch's selected tokens (log-probs, values). A
-    sequence-parallel group scores its ranks' rows together; each rank returns its own."""
+    sequence-parallel group scores its ranks' rows together; each rank returns its own.
+    ``images``: a vision-language model's encoder of the rows' images."""
     engine.model.eval()
     batch, own_rows = engine.gather_rows(batch, block=len(batch))
     out = torch.zeros(batch["response_ids"].shape)
     batch = batch.with_tensors(row_index=torch.arange(len(batch)))
     sp_size = engine.sequence_parallel_size
     for micro in split_micro_batches(batch, sizes, engine.device, packed, sp_size):
-        layout = build_layout(micro, packed)
+        layout = build_layout(micro, packed, None if images is None else images.encode(micro))
         out[micro["row_index"]] = layout.to_grid(score(layout).cpu())
     return out[own_rows]
 
@@ -98,12 +106,12 @@ def backward_summed_over_ranks(loss: torch.Tensor, world_size: int) -> None:
 
 
 def pick_sync_tensors(
-    lora: LoraConfig,
+    lora: LoraConfig, freeze_vision: bool = False
 ) -> Callable[[nn.Module], Iterator[tuple[str, torch.Tensor]]]:
-    """What a weight sync streams: every tensor, or under LoRA the merged weights
-    (``sync=merged``) or the adapters alone (``sync=adapter``)."""
+    """What a weight sync streams: every tensor (but a frozen vision tower's), or under LoRA
+    the merged weights (``sync=merged``) or the adapters alone (``sync=adapter``)."""
     if not lora.enabled:
-        return iter_full_tensors
+        return iter_unfrozen_tensors if freeze_vision else iter_full_tensors
     return iter_adapter_tensors if lora.sync is LoraSync.adapter else iter_merged_tensors
 
 
@@ -139,6 +147,8 @@ class TrainRole:
         """The version of the last published weights (0: the checkpoint's)."""
         self.router = find_router_spec(self.actor.model)
         """Where a mixture-of-experts policy's router logits come from; None for dense ones."""
+        self.images = build_image_encoder(model_path, self.actor.model.config)
+        """A vision-language model's image encoder (None for a text model)."""
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, R] log-probs of the current policy (``old_logprobs``)."""
@@ -165,7 +175,7 @@ class TrainRole:
                 layout, temperature, a.logprob_chunk_size, False
             ).logprobs
 
-        return score_micro_batches(engine, batch, a, self.packed, score)
+        return score_micro_batches(engine, batch, a, self.packed, score, self.images)
 
     def update(self, batch: Batch) -> UpdateResult:
         """PPO-style updates (epochs x mini-batches x micro-batches) on this rank's share.
@@ -210,7 +220,9 @@ class TrainRole:
         log-probs when the batch has no old ones. Under router replay also
         ``actor/routing_agreement``: the share of (token, MoE layer) pairs whose router, left
         alone, would have chosen the experts the rollout recorded."""
-        layout = build_layout(micro, self.packed)
+        layout = build_layout(
+            micro, self.packed, None if self.images is None else self.images.encode(micro)
+        )
         # Replayed routing covers the backward too: gradient checkpointing re-runs the routers.
         with self.actor.replaying(layout):
             metrics = self.run_forward_backward(micro, layout, scale, own_logprobs)
@@ -307,12 +319,15 @@ class TrainRole:
             self.actor.model,
             bucket_bytes,
             pick_dtype(self.cfg.model.dtype, self.device),
-            pick_sync_tensors(self.lora),
+            pick_sync_tensors(self.lora, self.cfg.model.freeze_vision),
         )
 
     def compute_sync_probe(self) -> SyncProbe:
         """The trainer's log-probs of the fixed probe, for the receiver check of a sync."""
-        ids = build_probe_ids(int(self.actor.model.config.vocab_size))
+        config = self.actor.model.config
+        ids = build_probe_ids(
+            int(config.get_text_config().vocab_size), list_vision_token_ids(config)
+        )
         return SyncProbe(ids, compute_trainer_probe(self.actor.model, ids, self.device))
 
     def publish_weights(self) -> int:

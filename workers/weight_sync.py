@@ -26,7 +26,7 @@ from torch import nn
 
 from rlframe.controller.weight_group import WeightGroupSpec
 from workers.engines.dtensor_gather import full_tensor
-from workers.engines.weight_names import model_type_of, to_engine_tensors
+from workers.engines.weight_names import is_vision_tower_name, model_type_of, to_engine_tensors
 from workers.sync_probe import SyncProbe
 
 if TYPE_CHECKING:
@@ -75,12 +75,22 @@ class WeightSource:
             yield from bucket
 
 
-def iter_full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_full_tensors(
+    model: nn.Module, with_vision: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Every ``state_dict`` entry as ``(engine name, full tensor)``, fused experts split into
-    the checkpoint's per-expert tensors (:func:`to_engine_tensors`)."""
+    the checkpoint's per-expert tensors (:func:`to_engine_tensors`). ``with_vision=False``
+    skips the vision tower before any gather."""
     model_type = model_type_of(model)
     for name, value in model.state_dict().items():
-        yield from to_engine_tensors(name, full_tensor(value).detach(), model_type)
+        if with_vision or not is_vision_tower_name(name):
+            yield from to_engine_tensors(name, full_tensor(value).detach(), model_type)
+
+
+def iter_unfrozen_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every ``state_dict`` entry but the vision tower's (``model.freeze_vision``: the engine
+    keeps the copy it loaded, which never changes)."""
+    return iter_full_tensors(model, with_vision=False)
 
 
 class InProcessSink:

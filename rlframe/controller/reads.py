@@ -10,10 +10,15 @@ when the driver's Batch has it. Meta always goes.
 
 from __future__ import annotations
 
-GENERATE = ("prompt_tokens", "seed", "max_tokens")
-"""A rollout: each row's context (a list of ids), sampling seed and (optional) token cap."""
+IMAGES = "images"
+"""A vision-language row's images (a list of encoded images per row; optional): the
+rollout engine and the trainer's forward both read them."""
 
-FORWARD = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask")
+GENERATE = ("prompt_tokens", "seed", "max_tokens", IMAGES)
+"""A rollout: each row's context (a list of ids), sampling seed, (optional) token cap and
+(optional) images."""
+
+FORWARD = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask", IMAGES)
 """A training-engine forward over prompt + response (see rlframe.sequence_layout)."""
 
 POLICY_FORWARD = (*FORWARD, "routed_experts")

@@ -105,6 +105,7 @@ GPU_RECIPES = {
     "remax_qwen": "remax",
     "drgrpo_qwen": "grpo",
     "openai_agent_qwen": "grpo",
+    "vlm_qwen": "grpo",
 }
 
 

@@ -45,9 +45,14 @@ class RolloutEngine(Protocol):
     ``wake_up`` the weights are uninitialised memory until ``load_weights`` refills them."""
 
     def generate(
-        self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        spec: SamplingSpec,
+        images: list[list[bytes]] | None = None,
     ) -> list[RolloutSample]:
-        """One response per prompt; ``seeds[i]`` fixes prompt i's sampling."""
+        """One response per prompt; ``seeds[i]`` fixes prompt i's sampling. ``images[i]``:
+        prompt i's images (encoded bytes), whose pads prompt i holds already expanded."""
         ...
 
     def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:

@@ -88,13 +88,19 @@ def load_hf_model(
     """The HF model in ``dtype``: fp32 master weights for a model that trains (FSDP casts to
     the compute dtype), the compute dtype for a frozen one.
 
-    ``head="lm"``: the causal LM. ``head="value"``: the same backbone with a freshly
+    ``head="lm"``: the causal LM (a vision-language model's image-text-to-text model).
+    ``head="value"``: the same backbone with a freshly
     initialised scalar head per token (a critic), as ``AutoModelForTokenClassification``.
     ``attention``: a registered attention implementation (default :func:`pick_attention`).
     ``weights=False``: the architecture alone on the meta device (no memory, nothing read
     but the config), for ranks that receive rank 0's weights.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     kwargs = {
         "dtype": dtype,
@@ -103,6 +109,10 @@ def load_hf_model(
     }
     auto: type = AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    if getattr(config, "vision_config", None) is not None:
+        if head != "lm":
+            raise NotImplementedError(f"a {head} head on a vision-language model")
+        auto = AutoModelForImageTextToText
     if head == "value":
         auto = AutoModelForTokenClassification
         config.num_labels = 1
@@ -131,16 +141,44 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     )
 
 
+def find_block_lists(model: nn.Module) -> list[nn.ModuleList]:
+    """Every outermost block list: the decoder layers, and a vision-language model's vision
+    blocks beside them (Qwen2-VL's ``visual.blocks``)."""
+    found: list[tuple[str, nn.ModuleList]] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or name.rsplit(".", 1)[-1] not in LAYER_LIST_NAMES:
+            continue
+        if not any(name.startswith(f"{outer}.") for outer, _ in found):
+            found.append((name, module))
+    if not found:
+        find_decoder_layers(model)  # raises, naming what it looked for
+    return [module for _, module in found]
+
+
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
-    """Shard each decoder layer, then the root (embeddings, final norm, the head).
+    """Shard each decoder layer (and vision block), then the root (embeddings, final norm,
+    the head; a vision tower's patch embedding and merger).
 
     Per-layer units keep only one layer's full parameters alive at a time. Gradients are
     reduced in fp32 whatever the compute dtype, so small updates are not lost.
     """
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for layer in find_decoder_layers(model):
+    for layer in (layer for blocks in find_block_lists(model) for layer in blocks):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+VISION_TOWER = "visual"
+"""The vision tower's module name in Qwen2-VL-style models (its merger included)."""
+
+
+def freeze_vision_tower(model: nn.Module) -> None:
+    """Stop the vision tower's parameters from training (``model.freeze_vision``)."""
+    towers = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == VISION_TOWER]
+    if not towers:
+        raise ValueError(f"model.freeze_vision: {type(model).__name__} has no vision tower")
+    for tower in towers:
+        tower.requires_grad_(False)
 
 
 def build_train_model(
@@ -172,6 +210,8 @@ def build_train_model(
     model = load_hf_model(
         path, cfg, device, head, attention, weights=rank0 or not spread, dtype=dtype
     )
+    if cfg.freeze_vision:
+        freeze_vision_tower(model)
     if lora is not None and lora.enabled:
         from workers.engines.lora import apply_lora
 

