@@ -47,7 +47,9 @@ def build_sampling_spec(prompts: Batch, cfg: Config) -> SamplingSpec:
     """Sampling for one generate call: the run's settings, overridden by the batch's meta
     (``greedy`` for ReMax baselines, ``temperature`` for validation) and per-row caps."""
     meta = prompts.meta
-    per_row = tuple(int(m) for m in prompts["max_tokens"]) if "max_tokens" in prompts else None
+    per_row = (
+        tuple(int(m) for m in prompts.tensor("max_tokens")) if "max_tokens" in prompts else None
+    )
     return SamplingSpec(
         max_tokens=cfg.rollout.max_tokens,
         temperature=0.0 if meta.get("greedy") else meta.get("temperature", cfg.rollout.temperature),
@@ -114,9 +116,9 @@ class RolloutRole:
             raise RuntimeError("generate needs the rollout engine awake with loaded weights")
         rows = [
             ids[mask.bool()].tolist()
-            for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])
+            for ids, mask in zip(prompts.tensor("prompt_ids"), prompts.tensor("prompt_mask"))
         ]
-        seeds = [int(s) for s in prompts["seed"]]
+        seeds = [int(s) for s in prompts.column("seed")]
         start = time.perf_counter()
         samples = self.engine.generate(rows, seeds, build_sampling_spec(prompts, self.cfg))
         busy = time.perf_counter() - start

@@ -76,12 +76,12 @@ def score_micro_batches(
     sequence-parallel group scores its ranks' rows together; each rank returns its own."""
     engine.model.eval()
     batch, own_rows = engine.gather_rows(batch, block=len(batch))
-    out = torch.zeros(batch["response_ids"].shape)
+    out = torch.zeros(batch.tensor("response_ids").shape)
     batch = batch.with_tensors(row_index=torch.arange(len(batch)))
     sp_size = engine.sequence_parallel_size
     for micro in split_micro_batches(batch, sizes, engine.device, packed, sp_size):
         layout = build_layout(micro, packed)
-        out[micro["row_index"]] = layout.to_grid(score(layout).cpu())
+        out[micro.tensor("row_index")] = layout.to_grid(score(layout).cpu())
     return out[own_rows]
 
 
@@ -177,7 +177,7 @@ class TrainRole:
         )
         if needs_own:
             batch = batch.with_tensors(row_index=torch.arange(len(batch)))
-            own = torch.zeros(batch["response_ids"].shape)
+            own = torch.zeros(batch.tensor("response_ids").shape)
         metrics = run_minibatch_updates(
             self.actor,
             batch,
@@ -205,15 +205,18 @@ class TrainRole:
             entropy_grad=cfg.entropy_coef > 0,
         )
 
+        if token.entropy is None:  # asked for above: the loss's entropy term and metric
+            raise RuntimeError("compute_token_logprobs returned no entropy")
+
         def read(key: str) -> torch.Tensor | None:
-            return micro[key].to(self.device) if key in micro else None
+            return micro.tensor(key).to(self.device) if key in micro else None
 
         composed = compose_policy_loss(
             PolicyTerms(
                 logprobs=layout.to_grid(token.logprobs),
                 entropy=layout.to_grid(token.entropy),
-                advantages=micro["advantages"].to(self.device),
-                loss_mask=micro["loss_mask"].to(self.device),
+                advantages=micro.tensor("advantages").to(self.device),
+                loss_mask=micro.tensor("loss_mask").to(self.device),
                 scale=scale,
                 old_logprobs=read("old_logprobs"),
                 rollout_logprobs=read("rollout_logprobs"),
@@ -223,7 +226,7 @@ class TrainRole:
             self.policy_loss,
         )
         if own_logprobs is not None:
-            own_logprobs[micro["row_index"]] = composed.old_logprobs.cpu()
+            own_logprobs[micro.tensor("row_index")] = composed.old_logprobs.cpu()
         backward_summed_over_ranks(composed.loss, self.world_size)
         return composed.metrics
 

@@ -82,5 +82,7 @@ def build_prompt_batch(
         },
     ).repeat(n)
     copies = torch.arange(len(batch)) % n
-    seeds = [hash((seed, int(g), int(c))) & 0x7FFFFFFF for g, c in zip(batch["group"], copies)]
+    seeds = [
+        hash((seed, int(g), int(c))) & 0x7FFFFFFF for g, c in zip(batch.tensor("group"), copies)
+    ]
     return Batch(batch.tensors, batch.columns | {"seed": seeds}, batch.meta)
