@@ -83,12 +83,14 @@ def export_lora_checkpoint(
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from rlframe.config.lora import LoraConfig
+    from rlframe.lora_targets import list_peft_targets
 
     shards, meta_dir = checkpoint / "actor", checkpoint / HF_CONFIG
     info = json.loads((meta_dir / LORA_BASE).read_text())
     base_path = info.pop("base_model")
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(**info).to_peft())
+    lora = LoraConfig(**info)
+    model = get_peft_model(base, lora.to_peft(targets=list_peft_targets(base, lora)))
     saved = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
     state = model.state_dict()
     adapters = {k: v for k, v in state.items() if "lora_" in k}

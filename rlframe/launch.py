@@ -27,6 +27,7 @@ from rlframe.rollout import ExperienceProducer, Producer
 from rlframe.rollout.async_episodes import AsyncEpisodeProducer
 from rlframe.rollout.async_producer import AsyncProducer
 from rlframe.run_dir import lock_run_dir
+from rlframe.sync_check import pick_max_logprob_diff
 from rlframe.tracking import Tracker
 from rlframe.trainer import Trainer
 from rlframe.validation import Validator
@@ -168,6 +169,7 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             tracker,
             checkpointer,
             validator,
+            pick_max_logprob_diff(cfg, device),
         )
         if resume_from is not None:
             trainer.load_state_dict(checkpointer.load(resume_from))

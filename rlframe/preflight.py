@@ -41,7 +41,9 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     """Resolve and check plug-ins, worker classes, the run directory, model and data; raise
     ConfigError."""
     from rlframe.checkpoint import resolve_resume
-    from rlframe.lora_targets import check_lora_targets
+    from rlframe.expert_parallel import check_expert_parallel
+    from rlframe.lora_targets import check_lora_targets, trains_on_cpu
+    from rlframe.moe_routing import check_router_replay
     from rlframe.validation import split_validation_records
 
     check_local_pools(cfg)
@@ -53,7 +55,10 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
     check_sequence_parallel(cfg, model_path)
-    check_lora_targets(cfg, model_path)
+    check_expert_parallel(cfg, model_path)
+    check_router_replay(cfg, model_path)
+    on_cpu = cfg.model.lora.enabled and trains_on_cpu(cfg, count_local_gpus())
+    check_lora_targets(cfg, model_path, on_cpu)
     records = load_training_prompts(cfg, tokenizer)
     try:
         records, val_records = split_validation_records(records, cfg, tokenizer)

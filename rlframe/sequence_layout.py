@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlframe.moe_routing import ROUTED_EXPERTS
 from rlframe.protocol import Batch
 
 
@@ -41,6 +42,15 @@ class SequenceLayout:
     """[N] index of each selected token into the flattened [B, R] response grid."""
     grid_shape: tuple[int, int]
     """(B, R): rows and response width of the micro-batch."""
+    routed_experts: torch.Tensor | None = None
+    """[b, L, MoE layers, top_k] the experts each input token is to be routed to (-1: the
+    model's own choice), laid out like ``input_ids``; None without router replay."""
+
+    def flat_routed_experts(self) -> torch.Tensor | None:
+        """[b * L, MoE layers, top_k]: the tokens in the order the model's routers see them."""
+        if self.routed_experts is None:
+            return None
+        return self.routed_experts.flatten(0, 1)
 
     def to_grid(self, values: torch.Tensor) -> torch.Tensor:
         """[N] per selected token -> [B, R] with 0 elsewhere (differentiable)."""
@@ -58,6 +68,7 @@ class SequenceLayout:
             self.target_ids.to(device),
             self.grid_index.to(device),
             self.grid_shape,
+            move(self.routed_experts),
         )
 
 
@@ -91,6 +102,7 @@ def build_padded_layout(rows: Batch) -> SequenceLayout:
         response_ids[row, col],
         row * width + col,
         (rows_count, width),
+        rows.tensors.get(ROUTED_EXPERTS),
     )
 
 
@@ -114,6 +126,7 @@ def build_packed_layout(rows: Batch) -> SequenceLayout:
     # A row's tokens are contiguous, so the previous packed token is the same row's previous
     # real token.
     predict_index = packed_at[row, prompt_width + col] - 1
+    routing = rows.tensors.get(ROUTED_EXPERTS)
     return SequenceLayout(
         input_ids[None],
         position_ids[None],
@@ -122,6 +135,7 @@ def build_packed_layout(rows: Batch) -> SequenceLayout:
         response_ids[row, col],
         row * width + col,
         (rows_count, width),
+        None if routing is None else routing[real][None],
     )
 
 

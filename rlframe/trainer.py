@@ -26,6 +26,7 @@ from rlframe.protocol import Batch
 from rlframe.rollout import Producer
 from rlframe.sequence_layout import balance_rows
 from rlframe.step_metrics import collect_step_metrics
+from rlframe.sync_check import check_sync_gap
 from rlframe.tracking import StageTimer, Tracker
 from rlframe.validation import Validator
 
@@ -43,6 +44,8 @@ class Trainer:
         tracker: metrics and rollout logs.
         checkpointer: saves the run when due (None: never).
         validator: validation when due (None: never).
+        max_logprob_diff: the sync check's threshold in nats (None: off; see
+            :func:`rlframe.sync_check.pick_max_logprob_diff`).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class Trainer:
         tracker: Tracker,
         checkpointer: Checkpointer | None = None,
         validator: Validator | None = None,
+        max_logprob_diff: float | None = None,
     ) -> None:
         self.cfg, self.actor, self.critic = cfg, actor, critic
         self.experience, self.sync_weights, self.tracker = experience, sync_weights, tracker
@@ -66,10 +70,13 @@ class Trainer:
         self.weights_version = 0
         """The version of the trainer's weights (the last sync's): what it scores batches with."""
         self.checkpointer, self.validator = checkpointer, validator
+        self.max_logprob_diff = max_logprob_diff
 
     def fit(self) -> list[dict[str, float]]:
         """Steps from the current one (0, or a resumed checkpoint's) to ``trainer.total_steps``;
-        validation and checkpoints after the steps that are due."""
+        validation and checkpoints after the steps that are due. A step whose rollout/trainer
+        gap fails the sync check is logged, not saved, and raises
+        :class:`~rlframe.sync_check.BrokenSyncError`."""
         t = self.cfg.trainer
         history = []
         if self.validator is not None and t.val_before_train and self.step_count == 0:
@@ -81,6 +88,7 @@ class Trainer:
                 metrics |= self.validator.run()
             self.tracker.log(self.step_count, metrics)
             history.append(metrics)
+            check_sync_gap(self.step_count, metrics, self.max_logprob_diff)
             if self.checkpointer is not None and self.is_due(t.save_every):
                 self.checkpointer.save(self.step_count, self.state_dict())
         return history

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from rlframe.algorithms.losses import POLICY_LOSSES, LossScale
-from rlframe.algorithms.names import OffPolicyCorrection
+from rlframe.algorithms.names import OffPolicyCorrection, RouterReplay
 from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
 from rlframe.config import ActorConfig, Config
 from rlframe.config.lora import LoraConfig, LoraSync
@@ -114,7 +114,13 @@ class TrainRole:
         self.lora = cfg.model.lora
         sp_size = cfg.actor.sequence_parallel_size
         self.actor = FSDPEngine(
-            model_path, cfg.model, spec, device, lora=self.lora, sequence_parallel_size=sp_size
+            model_path,
+            cfg.model,
+            spec,
+            device,
+            lora=self.lora,
+            sequence_parallel_size=sp_size,
+            router_replay=cfg.algorithm.router_replay is RouterReplay.rollout,
         )
         # Under LoRA the reference is the policy with its adapters off: no second copy.
         self.ref = (
@@ -175,6 +181,8 @@ class TrainRole:
         batch, own_rows = self.actor.gather_rows(
             batch, block=self.cfg.actor.mini_batch_size // self.world_size
         )
+        if self.actor.replay is not None:
+            self.actor.replay.take_agreement()  # counted by the log-prob pass: not this update's
         if needs_own:
             batch = batch.with_tensors(row_index=torch.arange(len(batch)))
             own = torch.zeros(batch.tensor("response_ids").shape)
@@ -194,9 +202,27 @@ class TrainRole:
     ) -> dict[str, float]:
         """One micro-batch's forward, its loss (:func:`compose_policy_loss`) and backward.
         ``own_logprobs`` ([rows, R] of the whole update) receives this micro-batch's detached
-        log-probs when the batch has no old ones."""
-        cfg, a = self.cfg.algorithm, self.cfg.actor
+        log-probs when the batch has no old ones. Under router replay also
+        ``actor/routing_agreement``: the share of (token, MoE layer) pairs whose router, left
+        alone, would have chosen the experts the rollout recorded."""
         layout = build_layout(micro, self.packed)
+        # Replayed routing covers the backward too: gradient checkpointing re-runs the routers.
+        with self.actor.replaying(layout):
+            metrics = self.run_forward_backward(micro, layout, scale, own_logprobs)
+        if self.actor.replay is not None:
+            agreement = self.actor.replay.take_agreement()
+            if agreement is not None:
+                metrics["actor/routing_agreement"] = agreement
+        return metrics
+
+    def run_forward_backward(
+        self,
+        micro: Batch,
+        layout: SequenceLayout,
+        scale: LossScale,
+        own_logprobs: torch.Tensor | None,
+    ) -> dict[str, float]:
+        cfg, a = self.cfg.algorithm, self.cfg.actor
         token = self.actor.compute_token_logprobs(
             layout,
             self.cfg.rollout.temperature,

@@ -5,13 +5,14 @@ the prompt rows with their responses. It may call ``ctx.generate`` (the actor gr
 ``generate``: one engine call over all rows given, DP-split across ranks) as often as it
 likes; each call samples one turn for the rows it is given, up to the row's ``max_tokens``.
 
-The batch it returns holds, per row: ``prompt_ids``/``prompt_mask`` (left-padded; an agent
-may replace them, e.g. to add tool schemas), ``response_ids`` (right-padded to
-:func:`rlframe.config.agent.compute_response_width`), ``response_mask`` (1 on every real
-response token), ``loss_mask`` (1 on tokens the policy sampled), ``rollout_logprobs`` (the
-engine's log-probs of sampled tokens, 0 elsewhere) and the column ``finish_reason``;
-optionally ``env_reward``/``env_failed`` and the ``agent_*`` counters of
-:func:`rlframe.rollout.producer.collect_agent_metrics`.
+An agent grows :class:`~rlframe.rollout.rows.TokenRow` s (``sample_turns`` runs one engine
+call over them) and returns the prompt rows with their :func:`~rlframe.rollout.rows.collate`
+d grid (width :func:`rlframe.config.agent.compute_response_width`): ``prompt_ids``/
+``prompt_mask`` (an agent may replace them, e.g. to add tool schemas), ``response_ids``,
+``response_mask``, ``loss_mask`` (1 on tokens the policy sampled), ``rollout_logprobs``,
+``token_version``, ``weights_version``, the column ``finish_reason``; optionally
+``env_reward``/``env_failed`` and the ``agent_*`` counters of
+:func:`rlframe.rollout.producer.collect_agent_metrics` (as row extras).
 
 Built-ins: ``single_turn`` (here), ``openai`` (an OpenAI-compatible server for agents
 written against the ``openai`` client, :mod:`rlframe.agent_server`) and ``multi_turn``
@@ -28,13 +29,15 @@ from typing import Any
 from rlframe.algorithms.registry import Registry, load_function
 from rlframe.config import Config
 from rlframe.protocol import Batch
+from rlframe.rollout.rows import generate_batch
 
 
 @dataclass
 class AgentContext:
     generate: Callable[[Batch], Batch]
-    """The actor group's generate: prompt rows (``prompt_ids``, ``prompt_mask``, ``seed``,
-    optional ``max_tokens``; meta ``stop_token_ids``, ``pad_token_id``) -> one turn each."""
+    """The actor group's generate: one turn for each row of a request
+    (:func:`rlframe.rollout.rows.build_request`; meta ``stop_token_ids``) -> its response
+    (:func:`rlframe.rollout.rows.build_response`)."""
     tokenizer: Any
     """The model's tokenizer (driver side)."""
     config: Config
@@ -50,7 +53,7 @@ AGENTS: Registry[AgentFn] = Registry("rollout agent")
 @AGENTS.register("single_turn")
 def run_single_turn(prompts: Batch, ctx: AgentContext) -> Batch:
     """One sampled response per row: every response token is the policy's."""
-    return prompts.union(ctx.generate(prompts))
+    return generate_batch(ctx.generate, prompts, ctx.config.rollout.max_tokens)
 
 
 @AGENTS.register("openai")

@@ -33,13 +33,8 @@ from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.agents import AGENTS, AgentContext
-from rlframe.rollout.partial import (
-    Group,
-    Response,
-    assemble_group,
-    build_continuation,
-    merge_call,
-)
+from rlframe.rollout.partial import Group, build_continuation, merge_call
+from rlframe.rollout.rows import TokenRow, attach, collate
 from rlframe.rollout.sampling import concat_groups
 from rlframe.rollout.staleness import (
     GroupView,
@@ -211,9 +206,7 @@ class AsyncProducer:
         # One generation phase runs chunk after chunk: a colocated engine stays awake through
         # them all and sleeps only when the trainer's next call needs the device.
         meta = self.meta | {"more_turns": True}
-        batch = build_continuation(
-            todo, r.max_tokens, r.partial_chunk_tokens, self.tokenizer.pad_token_id, meta
-        )
+        batch = build_continuation(todo, r.max_tokens, r.partial_chunk_tokens, meta)
         return (self.submit_generate(batch), todo, time.perf_counter())
 
     def merge(self, todo: list[Any], out: Batch) -> list[Group]:
@@ -235,7 +228,7 @@ class AsyncProducer:
             [record], self.n, group_id, self.tokenizer.pad_token_id, self.cfg.trainer.seed
         )
         prompts.meta |= self.meta
-        responses = [Response(int(s)) for s in prompts["seed"]]
+        responses = [TokenRow(list(record.prompt_ids), seed=int(s)) for s in prompts["seed"]]
         return Group(group_id, record, prompts, responses, version)
 
     def score(self, groups: list[Group]) -> None:
@@ -246,8 +239,8 @@ class AsyncProducer:
             g.scored = scored
 
     def assemble(self, group: Group, width: int, pad: int) -> Batch:
-        """A finished group's rows, before rewards."""
-        return assemble_group(group, width, pad)
+        """A finished group's prompt rows and collated responses, before rewards."""
+        return attach(group.prompts, collate(group.responses, width, pad))
 
     def take(self, chosen: list[int]) -> Batch:
         """The chosen groups' rows, in the order chosen; they leave the producer."""
@@ -296,7 +289,7 @@ class AsyncProducer:
         group = self.build_group(
             PromptRecord(**saved["record"]), saved["group_id"], saved["start_version"]
         )
-        group.responses = [Response(**r) for r in saved["responses"]]
+        group.responses = [TokenRow(**r) for r in saved["responses"]]
         return group
 
     def close(self) -> None:

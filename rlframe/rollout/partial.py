@@ -11,36 +11,21 @@ CPU and on GPU, colocated or in a separate pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
-
-import torch
 
 from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
+from rlframe.rollout.rows import TokenRow, add_turns, build_request
 
 
-@dataclass
-class Response:
-    """One response of a group, as far as it got."""
-
-    seed: int
-    """The row's sampling seed (its first call uses it as is, as lockstep would)."""
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    """Weights version of each token."""
-    first_version: int = -1
-    """Version of the first call that ran it (-1: not run yet)."""
-    finish_reason: str | None = None
-    """``stop`` or ``length`` once complete; None while it goes on."""
-
-    def continuation_seed(self) -> int:
-        """A call that continues the response must not replay the random stream of its first
-        call (same seed, same draws): mix in how far it got."""
-        if not self.tokens:
-            return self.seed
-        return hash((self.seed, len(self.tokens))) & 0x7FFFFFFF
+def continuation_seed(row: TokenRow) -> int:
+    """A call that continues a response must not replay the random stream of its first call
+    (same seed, same draws): mix in how far it got. Its first call uses the seed as is, as
+    lockstep would."""
+    if not row.response_ids:
+        return row.seed
+    return hash((row.seed, len(row.response_ids))) & 0x7FFFFFFF
 
 
 @dataclass
@@ -51,7 +36,7 @@ class Group:
     record: PromptRecord
     prompts: Batch
     """The group's prompt rows (``build_prompt_batch`` of its one record)."""
-    responses: list[Response]
+    responses: list[TokenRow]
     start_version: int
     """Weights version when the group was admitted; its oldest until a token says older."""
     scored: Batch | None = None
@@ -72,33 +57,21 @@ class Group:
         return {
             "group_id": self.group_id,
             "record": vars(self.record),
-            "responses": [vars(r) for r in self.responses],
+            "responses": [asdict(r) for r in self.responses],
             "start_version": self.start_version,
         }
 
 
 def build_continuation(
-    todo: list[tuple[Group, int]], max_tokens: int, chunk: int, pad_id: int, meta: dict[str, Any]
+    todo: list[tuple[Group, int]], max_tokens: int, chunk: int, meta: dict[str, Any]
 ) -> Batch:
-    """The engine call for responses in flight: prompt + kept tokens, left-padded, each with
+    """The engine call for responses in flight: each row's context (prompt + kept tokens),
     its seed and its cap (what is left of ``max_tokens``, at most ``chunk`` when > 0)."""
-    contexts, seeds, caps = [], [], []
-    for group, i in todo:
-        r = group.responses[i]
-        contexts.append(list(group.record.prompt_ids) + r.tokens)
-        seeds.append(r.continuation_seed())
-        left = max_tokens - len(r.tokens)
-        caps.append(min(chunk, left) if chunk > 0 else left)
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(todo), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(todo), width, dtype=torch.long)
-    for row, context in enumerate(contexts):
-        ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
-        mask[row, width - len(context) :] = 1
-    return Batch(
-        {"prompt_ids": ids, "prompt_mask": mask, "max_tokens": torch.tensor(caps)},
-        {"seed": seeds},
-        dict(meta),
+    rows = [group.responses[i] for group, i in todo]
+    left = [max_tokens - len(r.response_ids) for r in rows]
+    caps = [min(chunk, n) if chunk > 0 else n for n in left]
+    return build_request(
+        [r.context for r in rows], [continuation_seed(r) for r in rows], caps, meta
     )
 
 
@@ -108,54 +81,14 @@ def merge_call(todo: list[tuple[Group, int]], out: Batch, max_tokens: int) -> li
     A response is complete at a stop token or at ``max_tokens`` in all; a call that only hit
     its chunk cap leaves it to go on. Rows of groups dropped meanwhile are ignored.
     """
+    kept = [row for row, (group, _) in enumerate(todo) if not group.dropped]
+    rows = [todo[row][0].responses[todo[row][1]] for row in kept]
+    add_turns(rows, out.rows(kept))
     finished = []
-    for row, (group, i) in enumerate(todo):
-        if group.dropped:
-            continue
-        r = group.responses[i]
-        n = int(out["response_mask"][row].sum())
-        version = int(out["weights_version"][row])
-        r.tokens += out["response_ids"][row, :n].tolist()
-        r.logprobs += out["rollout_logprobs"][row, :n].tolist()
-        r.versions += [version] * n
-        if r.first_version < 0:
-            r.first_version = version
-        if out["finish_reason"][row] == "stop":
-            r.finish_reason = "stop"
-        elif len(r.tokens) >= max_tokens:
-            r.finish_reason = "length"
+    for row, r in zip(kept, rows):
+        group = todo[row][0]
+        if r.finish_reason != "stop":
+            r.finish_reason = "length" if len(r.response_ids) >= max_tokens else None
         if group.finished and group.scored is None and group not in finished:
             finished.append(group)
     return finished
-
-
-def assemble_group(group: Group, width: int, pad_id: int) -> Batch:
-    """The finished group as the rows lockstep's agent returns (prompt and response columns),
-    plus ``token_version`` ``[rows, width]`` and, per row, ``weights_version`` = its oldest."""
-    rows = len(group.responses)
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    logprobs = torch.zeros(rows, width)
-    mask = torch.zeros(rows, width)
-    versions = torch.zeros(rows, width, dtype=torch.long)
-    for i, r in enumerate(group.responses):
-        n = len(r.tokens)
-        ids[i, :n] = torch.tensor(r.tokens, dtype=torch.long)
-        logprobs[i, :n] = torch.tensor(r.logprobs)
-        mask[i, :n] = 1
-        # Padding (and an empty response) carries the version its first call ran with.
-        versions[i] = r.first_version
-        versions[i, :n] = torch.tensor(r.versions, dtype=torch.long)
-    oldest = versions.min(1).values
-    response = Batch(
-        {
-            "response_ids": ids,
-            "response_mask": mask,
-            "loss_mask": mask.clone(),
-            "rollout_logprobs": logprobs,
-            "weights_version": oldest,
-            "token_version": versions,
-        },
-        {"finish_reason": [r.finish_reason for r in group.responses]},
-        {"weights_version": int(oldest.min())},
-    )
-    return group.prompts.union(response)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from rlframe.moe_routing import ROUTED_EXPERTS, left_pad_routed_experts
 from rlframe.protocol import Batch
 
 PROMPT_TENSORS = ("prompt_ids", "prompt_mask")
@@ -36,22 +37,24 @@ def select_groups(informative: list[Batch], uniform: list[Batch], wanted: int) -
 def concat_groups(groups: list[Batch]) -> Batch:
     """Rows of all groups in order. Rounds pad their prompts to different widths: left-pad
     the prompt tensors to the widest first (responses share one width already)."""
-    width = max(g["prompt_ids"].shape[1] for g in groups) if "prompt_ids" in groups[0] else 0
+    if "prompt_ids" not in groups[0]:
+        return Batch.concat(groups)
+    width = max(g["prompt_ids"].shape[1] for g in groups)
     pad_id = int(groups[0].meta.get("pad_token_id", 0))
-    padded = []
-    for g in groups:
-        extra = width - g["prompt_ids"].shape[1] if width else 0
-        if extra:
-            rows = len(g)
-            ids = torch.cat(
-                [torch.full((rows, extra), pad_id, dtype=g["prompt_ids"].dtype), g["prompt_ids"]], 1
+
+    def widen(g: Batch) -> Batch:
+        extra = width - g["prompt_ids"].shape[1]
+        ids = torch.nn.functional.pad(g["prompt_ids"], (extra, 0), value=pad_id)
+        g = g.with_tensors(
+            prompt_ids=ids, prompt_mask=torch.nn.functional.pad(g["prompt_mask"], (extra, 0))
+        )
+        if ROUTED_EXPERTS in g.tensors:  # aligned with prompt + response: padded alike
+            g = g.with_tensors(
+                **{ROUTED_EXPERTS: left_pad_routed_experts(g[ROUTED_EXPERTS], extra)}
             )
-            mask = torch.cat(
-                [torch.zeros((rows, extra), dtype=g["prompt_mask"].dtype), g["prompt_mask"]], 1
-            )
-            g = g.with_tensors(prompt_ids=ids, prompt_mask=mask)
-        padded.append(g)
-    return Batch.concat(padded)
+        return g
+
+    return Batch.concat([widen(g) for g in groups])
 
 
 def run_sampling_rounds(

@@ -5,8 +5,6 @@ long tail), and stamps the weights version the test says the engine holds."""
 
 from __future__ import annotations
 
-import torch
-
 from rlframe.config import (
     ActorConfig,
     Config,
@@ -21,6 +19,7 @@ from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.async_producer import AsyncProducer
+from rlframe.rollout.rows import build_response
 
 TOKENIZER = build_tiny_tokenizer()
 ONE = TOKENIZER.convert_tokens_to_ids("1")
@@ -36,32 +35,17 @@ class Engine:
         self.rows = 0
 
     def generate(self, prompts: Batch) -> Batch:
-        rows = len(prompts)
-        self.rows += rows
-        ids = torch.full((rows, MAX_TOKENS), TOKENIZER.pad_token_id)
-        mask = torch.zeros(rows, MAX_TOKENS)
-        reasons = []
-        for i in range(rows):
-            context = int(prompts["prompt_mask"][i].sum())
-            wanted = max(1, TOTAL - context)
-            cap = int(prompts["max_tokens"][i]) if "max_tokens" in prompts else MAX_TOKENS
-            n = min(wanted, cap)
-            ids[i, :n] = ONE
+        self.rows += len(prompts)
+        caps = prompts["max_tokens"].tolist() if "max_tokens" in prompts else None
+        turns = []
+        for i, context in enumerate(prompts["prompt_tokens"]):
+            wanted = max(1, TOTAL - len(context))
+            n = min(wanted, caps[i] if caps else MAX_TOKENS)
+            ids = [ONE] * n
             if n == wanted:
-                ids[i, n - 1] = TOKENIZER.eos_token_id
-            mask[i, :n] = 1
-            reasons.append("stop" if n == wanted else "length")
-        return Batch(
-            {
-                "response_ids": ids,
-                "response_mask": mask,
-                "loss_mask": mask.clone(),
-                "rollout_logprobs": -0.5 * mask,
-                "weights_version": torch.full((rows,), self.version),
-            },
-            {"finish_reason": reasons},
-            {"engine_s": 0.0},
-        )
+                ids[-1] = TOKENIZER.eos_token_id
+            turns.append((ids, [-0.5] * n, "stop" if n == wanted else "length"))
+        return build_response(turns, self.version, {"engine_s": 0.0})
 
     def submit(self, prompts: Batch) -> FinishedCall:
         return FinishedCall(self.generate(prompts))

@@ -21,6 +21,7 @@ from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer
+from rlframe.rollout.rows import build_response
 
 TOKENIZER = build_tiny_tokenizer()
 
@@ -30,23 +31,8 @@ DIGITS = torch.tensor(TOKENIZER.convert_tokens_to_ids(["0", "1"]))
 
 def generate(prompts: Batch) -> Batch:
     """One token per row: greedy rows answer "1", sampled rows the parity of their seed."""
-    rows = len(prompts)
-    token = DIGITS[
-        torch.ones(rows, dtype=torch.long)
-        if prompts.meta.get("greedy")
-        else torch.tensor([int(s) % 2 for s in prompts["seed"]])
-    ]
-    ids = torch.stack([token, torch.zeros(rows, dtype=torch.long)], 1)
-    mask = torch.tensor([[1.0, 0.0]] * rows)
-    return Batch(
-        {
-            "response_ids": ids,
-            "response_mask": mask,
-            "loss_mask": mask.clone(),
-            "rollout_logprobs": -mask,
-        },
-        {"finish_reason": ["stop"] * rows},
-    )
+    picks = [1] * len(prompts) if prompts.meta.get("greedy") else [s % 2 for s in prompts["seed"]]
+    return build_response([([int(DIGITS[p])], [-1.0], "stop") for p in picks], 0)
 
 
 def read_digit(response: str, ground_truth: str, sample: dict) -> float:

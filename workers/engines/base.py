@@ -34,6 +34,9 @@ class RolloutSample:
     """Log-prob of each response token under the sampling distribution (after temperature)."""
     finish_reason: str
     """``stop`` (a stop token) or ``length`` (max_tokens reached)."""
+    routed_experts: torch.Tensor | None = None
+    """int16 [prompt + response - 1, MoE layers, top_k]: the experts each token fed through
+    the model was routed to (see rlframe.moe_routing); None unless the engine records them."""
 
 
 class RolloutEngine(Protocol):

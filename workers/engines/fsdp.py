@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ from workers.engines.layout_forward import (  # noqa: F401 (re-exported: the eng
     run_as_root_forward,
 )
 from workers.engines.rank0_load import load_rank0_state
+from workers.engines.router_replay import RouterReplay, replay_layout
 from workers.engines.token_logprobs import TokenLogprobs
 from workers.engines.ulysses import (
     SequenceParallel,
@@ -229,6 +231,7 @@ class FSDPEngine:
         head: str = "lm",
         lora: LoraConfig | None = None,
         sequence_parallel_size: int = 1,
+        router_replay: bool = False,
     ):
         self.device = device
         compute_dtype = pick_dtype(model_cfg.dtype, device)
@@ -238,6 +241,8 @@ class FSDPEngine:
         self.model = build_train_model(
             path, model_cfg, device, head, lora, self.sp, frozen=optim is None
         )
+        self.replay = RouterReplay(self.model) if router_replay else None
+        """Hooks that route each token to the experts a layout carries (R3); None: off."""
         self.optimizer: torch.optim.Optimizer | None = None
         # Under LoRA only the adapters require grad: the optimizer holds only them.
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -264,16 +269,21 @@ class FSDPEngine:
         entropy_grad: bool = False,
     ) -> TokenLogprobs:
         """Log-probs (and entropy) of the layout's selected tokens
-        (see :func:`compute_layout_logprobs`)."""
-        return compute_layout_logprobs(
-            self.model,
-            layout.to(self.device),
-            temperature,
-            chunk,
-            with_entropy,
-            entropy_grad,
-            self.sp,
-        )
+        (see :func:`compute_layout_logprobs`), routed as the layout says under router replay."""
+        with self.replaying(layout):
+            return compute_layout_logprobs(
+                self.model,
+                layout.to(self.device),
+                temperature,
+                chunk,
+                with_entropy,
+                entropy_grad,
+                self.sp,
+            )
+
+    def replaying(self, layout: SequenceLayout) -> AbstractContextManager[None]:
+        """See :func:`workers.engines.router_replay.replay_layout`."""
+        return replay_layout(self.replay, layout)
 
     def compute_token_values(self, layout: SequenceLayout) -> torch.Tensor:
         """[N] value-head outputs at the positions that predict the selected tokens (critic)."""

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import torch
 
 from workers.engines.base import RolloutSample, SamplingSpec
+from workers.engines.router_replay import RoutingRecorder
 
 
 class HFRollout:
@@ -21,6 +22,7 @@ class HFRollout:
         dtype: torch.dtype,
         trust_remote_code: bool = False,
         sleep_level: int = 1,
+        record_routing: bool = False,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -31,6 +33,8 @@ class HFRollout:
         self.device = device
         self.discards_weights_on_sleep = sleep_level == 2
         self.shapes: dict[str, torch.Size] = {}
+        # Forward hooks on the MoE routers: every sample then carries its routed experts.
+        self.recorder = RoutingRecorder(self.model) if record_routing else None
 
     @torch.no_grad()
     def generate(
@@ -43,6 +47,8 @@ class HFRollout:
 
     def generate_one(self, prompt: list[int], seed: int, spec: SamplingSpec) -> RolloutSample:
         generator = torch.Generator(device=self.device).manual_seed(seed)
+        if self.recorder is not None:
+            self.recorder.clear()  # what other forwards (the sync probe) routed
         ids = torch.tensor([prompt], device=self.device)
         response: list[int] = []
         logprobs: list[float] = []
@@ -61,8 +67,16 @@ class HFRollout:
             logprobs.append(float(logp[token]))
             ids = torch.cat([ids, torch.tensor([[token]], device=self.device)], dim=1)
             if token in spec.stop_token_ids:
-                return RolloutSample(response, logprobs, "stop")
-        return RolloutSample(response, logprobs, "length")
+                return self.build_sample(response, logprobs, "stop")
+        return self.build_sample(response, logprobs, "length")
+
+    def build_sample(
+        self, response: list[int], logprobs: list[float], reason: str
+    ) -> RolloutSample:
+        """The sample, with the routing of the prompt and every response token but the last
+        (the one forward per token made: the prefill, then one per decoding step)."""
+        routing = self.recorder.take() if self.recorder is not None else None
+        return RolloutSample(response, logprobs, reason, routing)
 
     @torch.no_grad()
     def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:

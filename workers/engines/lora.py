@@ -28,7 +28,9 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module
     """
     from peft import get_peft_model
 
-    return get_peft_model(model, cfg.to_peft(head))
+    from rlframe.lora_targets import list_peft_targets
+
+    return get_peft_model(model, cfg.to_peft(head, list_peft_targets(model, cfg)))
 
 
 @contextlib.contextmanager

