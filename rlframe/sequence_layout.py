@@ -59,11 +59,13 @@ class SequenceLayout:
         return grid.index_put((self.grid_index,), values).view(rows, width)
 
     def to(self, device: str | torch.device) -> SequenceLayout:
-        mask = self.attention_mask
+        def move(optional: torch.Tensor | None) -> torch.Tensor | None:
+            return None if optional is None else optional.to(device)
+
         return SequenceLayout(
             self.input_ids.to(device),
             self.position_ids.to(device),
-            None if mask is None else mask.to(device),
+            move(self.attention_mask),
             self.predict_index.to(device),
             self.target_ids.to(device),
             self.grid_index.to(device),

@@ -77,7 +77,7 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     samples = build_samples(prompts)
     sessions = [
         server.sessions.open(s, int(seed), Episode(ctx.tokenizer, stop_ids))
-        for s, seed in zip(samples, prompts["seed"])
+        for s, seed in zip(samples, prompts.column("seed"))
     ]
     calls = [(closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions]
     agent = ctx.config.agent
@@ -103,10 +103,10 @@ def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
     if missing == 0:
         return batch
     filler = batch.rows([len(batch) - 1] * missing)
-    first_group = int(batch["group"].max()) + 1
+    first_group = int(batch.tensor("group").max()) + 1
     filler = filler.with_tensors(
-        loss_mask=torch.zeros_like(filler["loss_mask"]),
-        group=torch.arange(first_group, first_group + missing, dtype=batch["group"].dtype),
+        loss_mask=torch.zeros_like(filler.tensor("loss_mask")),
+        group=torch.arange(first_group, first_group + missing, dtype=batch.tensor("group").dtype),
     )
     return Batch.concat([batch, filler])
 
@@ -187,5 +187,5 @@ def assemble(
 
 def empty_row(prompts: Batch, i: int) -> TokenRow:
     """An episode that made no call: the loader's prompt and an empty response."""
-    ids = prompts["prompt_ids"][i][prompts["prompt_mask"][i].bool()].tolist()
+    ids = prompts.tensor("prompt_ids")[i][prompts.tensor("prompt_mask")[i].bool()].tolist()
     return TokenRow(ids, finish_reason="env_error")

@@ -74,7 +74,7 @@ class AsyncEpisodeProducer(AsyncProducer):
         out = self.agent(prompts, self.context)
         if "token_version" not in out:
             # Weights only move forward: no token is older than the version the call began with.
-            width = out["response_ids"].shape[1]
+            width = out.tensor("response_ids").shape[1]
             out = out.with_tensors(
                 token_version=torch.full((len(out), width), version, dtype=torch.long),
                 weights_version=torch.full((len(out),), version, dtype=torch.long),
@@ -91,7 +91,9 @@ class AsyncEpisodeProducer(AsyncProducer):
                 continue
             self.episodes[group.group_id] = rows
             for response, version, reason in zip(
-                group.responses, rows["weights_version"].tolist(), rows["finish_reason"]
+                group.responses,
+                rows.tensor("weights_version").tolist(),
+                rows.column("finish_reason"),
             ):
                 response.first_version = int(version)
                 response.finish_reason = str(reason)

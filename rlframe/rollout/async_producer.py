@@ -123,7 +123,7 @@ class AsyncProducer:
         window, self.last_collect = now - self.last_collect, now
         busy, self.engine_busy_s = self.engine_busy_s, 0.0
         metrics = compute_off_policy_metrics(
-            batch["token_version"], batch["response_mask"], self.version, dropped
+            batch.tensor("token_version"), batch.tensor("response_mask"), self.version, dropped
         )
         metrics |= {f"timing_s/{k}": v for k, v in timings.items()}
         metrics["timing_s/trainer_idle"] = now - start
@@ -228,7 +228,7 @@ class AsyncProducer:
             [record], self.n, group_id, self.tokenizer.pad_token_id, self.cfg.trainer.seed
         )
         prompts.meta |= self.meta
-        responses = [TokenRow(list(record.prompt_ids), seed=int(s)) for s in prompts["seed"]]
+        responses = [TokenRow(list(record.prompt_ids), seed=int(s)) for s in prompts.column("seed")]
         return Group(group_id, record, prompts, responses, version)
 
     def score(self, groups: list[Group]) -> None:
@@ -245,7 +245,12 @@ class AsyncProducer:
     def take(self, chosen: list[int]) -> Batch:
         """The chosen groups' rows, in the order chosen; they leave the producer."""
         by_id = {g.group_id: g for g in self.groups}
-        picked = [by_id[i].scored for i in chosen]
+        picked = []
+        for i in chosen:
+            scored = by_id[i].scored
+            if scored is None:
+                raise RuntimeError(f"group {i} was taken before it was scored")
+            picked.append(scored)
         self.groups = [g for g in self.groups if g.group_id not in set(chosen)]
         return concat_groups(picked)
 

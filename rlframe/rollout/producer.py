@@ -66,17 +66,17 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
     if "agent_turns" not in batch:
         return {}
     metrics = {
-        "agent/turns/mean": float(batch["agent_turns"].mean()),
-        "agent/tool_calls/mean": float(batch["agent_tool_calls"].mean()),
-        "agent/tool_errors": float(batch["agent_tool_errors"].sum()),
-        "agent/obs_tokens/mean": float(batch["agent_obs_tokens"].mean()),
-        "agent/obs_truncated": float(batch["agent_obs_cut"].sum()),
-        "agent/env_failures": float(batch["env_failed"].sum()),
-        "agent/env_reward/mean": float(batch["env_reward"].mean()),
+        "agent/turns/mean": float(batch.tensor("agent_turns").mean()),
+        "agent/tool_calls/mean": float(batch.tensor("agent_tool_calls").mean()),
+        "agent/tool_errors": float(batch.tensor("agent_tool_errors").sum()),
+        "agent/obs_tokens/mean": float(batch.tensor("agent_obs_tokens").mean()),
+        "agent/obs_truncated": float(batch.tensor("agent_obs_cut").sum()),
+        "agent/env_failures": float(batch.tensor("env_failed").sum()),
+        "agent/env_reward/mean": float(batch.tensor("env_reward").mean()),
         "agent/stuck_calls": float(count_stuck_calls()),
     }
     if "agent_episode" in batch:  # an openai episode can make several rows
-        rows = torch.bincount(batch["agent_episode"])
+        rows = torch.bincount(batch.tensor("agent_episode"))
         rows = rows[rows > 0]
         metrics["agent/rows_per_episode/mean"] = float(rows.float().mean())
         metrics["agent/rows_per_episode/max"] = float(rows.max())
@@ -196,4 +196,4 @@ class ExperienceProducer:
         )
         prompts.meta |= {"greedy": True}
         greedy = self.rewards.compute_rewards(self.generate(prompts))
-        return batch.with_tensors(baseline=greedy["reward"].repeat_interleave(n))
+        return batch.with_tensors(baseline=greedy.tensor("reward").repeat_interleave(n))
