@@ -2,8 +2,9 @@
 experience (generate, reward) -> log-probs -> advantage -> update -> weight sync.
 
 The driver owns the loop. Experience (prompts, agents, rewards, baselines) comes from the
-:class:`~rlframe.rollout.ExperienceProducer`; everything on a device is one call on a worker
-group (the actor's, the critic's), and the weights cross to the rollout engines through the
+:class:`~rlframe.rollout.ExperienceProducer`, one call a step; everything on a device is one
+call on a worker group (the actor's, the critic's), and the weights cross to the rollout
+engines through the
 ``sync_weights`` callable the launcher (:mod:`rlframe.launch`) builds for the placement.
 """
 
@@ -121,8 +122,7 @@ class Trainer:
         timer = StageTimer()
         with timer("step"):
             # gen, reward (and baseline): prompts -> rewarded responses, by the configured agent.
-            self.experience.submit()
-            batch, metrics = self.experience.collect()
+            batch, metrics = self.experience.next_batch()
             scored_with = self.weights_version
             batch = self.attach_old_logprobs(batch, timer)
             if self.use_ref:

@@ -12,6 +12,7 @@ shared with the critic.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 from rlframe.algorithms.losses import POLICY_LOSSES, LossScale
 from rlframe.algorithms.names import OffPolicyCorrection, RouterReplay
 from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
+from rlframe.algorithms.router import compute_load_balancing_loss, summarize_routing
 from rlframe.config import ActorConfig, Config
 from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.protocol import Batch, UpdateResult
@@ -34,6 +36,7 @@ from workers.engines.fsdp import (
     split_micro_batches,
 )
 from workers.engines.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
+from workers.engines.router_logits import find_router_spec, record_router_logits
 from workers.sync_probe import SyncProbe, build_probe_ids, compute_trainer_probe
 from workers.weight_sync import WeightSource, iter_full_tensors
 
@@ -134,6 +137,8 @@ class TrainRole:
         )
         self.weights_version = 0
         """The version of the last published weights (0: the checkpoint's)."""
+        self.router = find_router_spec(self.actor.model)
+        """Where a mixture-of-experts policy's router logits come from; None for dense ones."""
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, R] log-probs of the current policy (``old_logprobs``)."""
@@ -223,13 +228,14 @@ class TrainRole:
         own_logprobs: torch.Tensor | None,
     ) -> dict[str, float]:
         cfg, a = self.cfg.algorithm, self.cfg.actor
-        token = self.actor.compute_token_logprobs(
-            layout,
-            self.cfg.rollout.temperature,
-            a.logprob_chunk_size,
-            with_entropy=True,
-            entropy_grad=cfg.entropy_coef > 0,
-        )
+        with self.recording_routers() as router_logits:
+            token = self.actor.compute_token_logprobs(
+                layout,
+                self.cfg.rollout.temperature,
+                a.logprob_chunk_size,
+                with_entropy=True,
+                entropy_grad=cfg.entropy_coef > 0,
+            )
 
         if token.entropy is None:  # asked for above: the loss's entropy term and metric
             raise RuntimeError("compute_token_logprobs returned no entropy")
@@ -253,8 +259,49 @@ class TrainRole:
         )
         if own_logprobs is not None:
             own_logprobs[micro.tensor("row_index")] = composed.old_logprobs.cpu()
-        backward_summed_over_ranks(composed.loss, self.world_size)
-        return composed.metrics
+        loss, metrics = composed.loss, composed.metrics
+        if router_logits:
+            loss, metrics = self.add_router_terms(
+                loss, metrics, router_logits, layout, micro, scale
+            )
+        backward_summed_over_ranks(loss, self.world_size)
+        return metrics
+
+    @contextmanager
+    def recording_routers(self) -> Iterator[list[torch.Tensor]]:
+        """The router logits of the forward inside the block (none for a dense policy)."""
+        if self.router is None:
+            yield []
+            return
+        with record_router_logits(self.actor.model, self.router) as recorded:
+            yield recorded
+
+    def add_router_terms(
+        self,
+        loss: torch.Tensor,
+        metrics: dict[str, float],
+        router_logits: list[torch.Tensor],
+        layout: SequenceLayout,
+        micro: Batch,
+        scale: LossScale,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's loss plus ``algorithm.router_aux_loss_coef`` x the routers'
+        load-balancing loss (its share of the mini-batch: rows over the mini-batch's rows),
+        and the expert-load metrics, over every real token the routers saw (prompt and
+        response; padding left out)."""
+        assert self.router is not None
+        tokens = router_logits[0].shape[0]
+        mask = layout.attention_mask
+        if mask is None or mask.numel() != tokens:  # packed rows (no padding), or an SP shard
+            mask = torch.ones(tokens, device=router_logits[0].device)
+        mask = mask.reshape(-1)
+        top_k = self.router.top_k
+        aux = compute_load_balancing_loss(router_logits, top_k, mask)
+        coef = self.cfg.algorithm.router_aux_loss_coef
+        if coef > 0:
+            loss = loss + coef * aux * (len(micro) / scale.sequences)
+        routing = summarize_routing(router_logits, top_k, mask)
+        return loss, metrics | routing | {"actor/router_aux_loss": float(aux.detach())}
 
     def weight_source(self) -> WeightSource:
         """The policy's weights in sync buckets, cast to the rollout engine's dtype."""

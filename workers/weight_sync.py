@@ -26,7 +26,7 @@ from torch import nn
 
 from rlframe.controller.weight_group import WeightGroupSpec
 from workers.engines.dtensor_gather import full_tensor
-from workers.engines.weight_names import to_engine_name
+from workers.engines.weight_names import model_type_of, to_engine_tensors
 from workers.sync_probe import SyncProbe
 
 if TYPE_CHECKING:
@@ -76,9 +76,11 @@ class WeightSource:
 
 
 def iter_full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every ``state_dict`` entry as ``(engine name, full tensor)``."""
+    """Every ``state_dict`` entry as ``(engine name, full tensor)``, fused experts split into
+    the checkpoint's per-expert tensors (:func:`to_engine_tensors`)."""
+    model_type = model_type_of(model)
     for name, value in model.state_dict().items():
-        yield to_engine_name(name), full_tensor(value).detach()
+        yield from to_engine_tensors(name, full_tensor(value).detach(), model_type)
 
 
 class InProcessSink:

@@ -15,11 +15,11 @@ Rows: the episode's calls become one training row per chain of extending calls
 rows. Each row is a response of the prompt's group (same ``group`` id) with the episode's
 reward, so GRPO-style advantages compare it with the group's other rows: an episode of k
 rows weighs k times in its group's mean and std, and every row of it gets the same
-advantage. The batch then has more rows than ``data.batch_size * rollout.n``; it is filled
-up to a whole number of mini-batches (``actor.mini_batch_size``) with copies of its last row
-whose loss mask is 0, each in a group of its own (advantage 0), and the trainer takes the
-old log-probs in a pass of their own, since the update is then more than one mini-batch.
-DAPO's dynamic sampling keeps groups of ``rollout.n`` rows, so it refuses forked rows.
+advantage. A step then has more rows than ``data.batch_size * rollout.n``; the producer fills
+it up to whole mini-batches (:func:`rlframe.rollout.agents.fill_mini_batches`), and the
+trainer takes the old log-probs in a pass of their own, since the update is then more than
+one mini-batch. DAPO's dynamic sampling keeps groups of ``rollout.n`` rows, so it refuses
+forked rows.
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ import math
 import sys
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from rlframe.agent_server.app import AgentServer
 from rlframe.agent_server.sessions import Session
@@ -77,7 +75,7 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     samples = build_samples(prompts)
     sessions = [
         server.sessions.open(s, int(seed), Episode(ctx.tokenizer, stop_ids))
-        for s, seed in zip(samples, prompts.column("seed"))
+        for s, seed in zip(samples, prompts["seed"])
     ]
     calls = [(closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions]
     agent = ctx.config.agent
@@ -94,21 +92,7 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
             f"agent {agent.entry} rewrote its history ({len(batch)} rows from {len(prompts)} "
             "episodes): algorithm.dynamic_sampling needs one row per episode"
         )
-    return fill_mini_batches(batch, ctx.config.actor.mini_batch_size)
-
-
-def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
-    """Copies of the last row, loss mask 0 and a group each, up to whole mini-batches."""
-    missing = (-len(batch)) % mini_batch_size
-    if missing == 0:
-        return batch
-    filler = batch.rows([len(batch) - 1] * missing)
-    first_group = int(batch.tensor("group").max()) + 1
-    filler = filler.with_tensors(
-        loss_mask=torch.zeros_like(filler.tensor("loss_mask")),
-        group=torch.arange(first_group, first_group + missing, dtype=batch.tensor("group").dtype),
-    )
-    return Batch.concat([batch, filler])
+    return batch
 
 
 def closing(entry: Callable[..., Any], server: AgentServer, key: str) -> Callable[..., Any]:
@@ -187,5 +171,5 @@ def assemble(
 
 def empty_row(prompts: Batch, i: int) -> TokenRow:
     """An episode that made no call: the loader's prompt and an empty response."""
-    ids = prompts.tensor("prompt_ids")[i][prompts.tensor("prompt_mask")[i].bool()].tolist()
+    ids = prompts["prompt_ids"][i][prompts["prompt_mask"][i].bool()].tolist()
     return TokenRow(ids, finish_reason="env_error")

@@ -73,11 +73,11 @@ class AlgorithmConfig:
     kl_horizon: int = 10000
     """Adaptive controller: responses over which the coefficient moves by at most 20%."""
     dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal and sample more prompts until the batch
-    is full of groups that carry a signal."""
+    """DAPO: a finished group whose rewards are all equal is dropped and another prompt
+    admitted in its place, so a batch is full of groups that carry a signal."""
     max_sampling_rounds: int = 4
-    """DAPO: most generation rounds per step; a step that still lacks groups trains on what it
-    has."""
+    """DAPO: a step admits at most this many times ``data.batch_size`` prompts (its own and
+    the replacements); past that, groups of equal rewards are kept to fill the batch."""
     kl_coef: float = 0.0
     """Coefficient of the KL loss against the reference policy; 0 turns the reference off."""
     kl_estimator: str = "k3"
@@ -85,6 +85,11 @@ class AlgorithmConfig:
     gradient)."""
     entropy_coef: float = 0.0
     """Coefficient of the entropy bonus."""
+    router_aux_loss_coef: float = 0.0
+    """Mixture-of-experts models: coefficient of the router's load-balancing loss (Switch
+    Transformer's, averaged over MoE layers; 1 at perfect balance), added to the policy loss
+    (HF's MoE configs name it the same; Qwen3-MoE's sets 0.001). 0 leaves it out; dense
+    models ignore it."""
     policy_loss: str = "ppo_clip"
     """Policy loss: a registered name or ``pkg.module:function`` / ``file.py:function``."""
     loss_agg: str = "token-mean"
@@ -131,7 +136,14 @@ class AlgorithmConfig:
             0 <= self.clip_low <= 1, "algorithm.clip_low", f"must be in [0, 1], got {self.clip_low}"
         )
         require(self.clip_high >= 0, "algorithm.clip_high", f"must be >= 0, got {self.clip_high}")
-        for key in ("kl_coef", "kl_reward_coef", "entropy_coef", "kl_cov_coef", "loss_agg_norm"):
+        for key in (
+            "kl_coef",
+            "kl_reward_coef",
+            "entropy_coef",
+            "kl_cov_coef",
+            "loss_agg_norm",
+            "router_aux_loss_coef",
+        ):
             value = getattr(self, key)
             require(value >= 0, f"algorithm.{key}", f"must be >= 0, got {value}")
         for key in ("clip_cov_ratio", "kl_cov_ratio"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE, OffPolicyCorrection
+from rlframe.algorithms.names import OffPolicyCorrection
 from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_positive
 
@@ -84,9 +84,8 @@ class RolloutConfig:
     """Asynchronous training: a sample used in an update may have been generated, wholly or
     partly, with weights up to this many versions older than the ones the update starts from.
     0 (default): every sample comes from the current weights (lockstep, on-policy). >= 1: the
-    producer keeps generating ahead (rlframe.rollout.async_producer); see README "Asynchronous
-    training". Not with rollout.agent=openai, dynamic sampling or a greedy baseline; an agent
-    other than single_turn runs each episode whole (rlframe.rollout.async_episodes)."""
+    producer keeps generating ahead (rlframe.rollout.producer); see README "Asynchronous
+    training". An agent other than single_turn runs each episode whole."""
     stale_groups: StaleGroups = StaleGroups.wait
     """max_staleness >= 1: a group whose oldest token would exceed the bound at its update.
     wait: the trainer waits for such groups to finish and trains on them first (no sample is
@@ -159,15 +158,11 @@ MAX_ROWS_AHEAD = 65536
 in the driver and the rollout worker)."""
 
 
-def check_async(
-    r: RolloutConfig, dynamic_sampling: bool, advantage: str, batch_size: int, total_steps: int
-) -> None:
-    """Asynchronous training (``rollout.max_staleness >= 1``) produces experience group by
-    group: single-turn responses continue across engine calls, other agents' episodes run
-    whole in a driver thread. What needs a whole batch drawn at once (DAPO's sampling rounds,
-    ReMax's greedy baseline) is not built for it yet, nor the ``openai`` agent's server.
-    The bound itself must fit the run: no more versions than its steps, no more responses
-    ahead than :data:`MAX_ROWS_AHEAD`. In lockstep (0) the async-only keys are refused."""
+def check_async(r: RolloutConfig, batch_size: int, total_steps: int) -> None:
+    """The bound must fit the run (``rollout.max_staleness >= 1``): no more versions than
+    its steps, no more responses ahead than :data:`MAX_ROWS_AHEAD`, partial responses only
+    for ``single_turn`` (other agents' episodes run whole). In lockstep (0) the async-only
+    keys are refused."""
     if r.max_staleness == 0:
         require(
             r.partial_chunk_tokens == 0,
@@ -196,27 +191,11 @@ def check_async(
         f"rollout.n = {ahead} responses ahead, more than {MAX_ROWS_AHEAD}; at most "
         f"{MAX_ROWS_AHEAD // (batch_size * r.n) - 1} here",
     )
-    why = "rollout.max_staleness >= 1 (asynchronous training) supports"
-    require(
-        r.agent != "openai",
-        "rollout.agent",
-        f"{why} no rollout.agent=openai yet; set rollout.max_staleness=0",
-    )
     require(
         r.agent == "single_turn" or r.partial_chunk_tokens == 0,
         "rollout.partial_chunk_tokens",
         f"applies to rollout.agent=single_turn (an episode of {r.agent!r} runs whole), got "
         f"{r.partial_chunk_tokens}; set it 0",
-    )
-    require(
-        not dynamic_sampling,
-        "algorithm.dynamic_sampling",
-        f"{why} no dynamic sampling yet; set it false or rollout.max_staleness=0",
-    )
-    require(
-        advantage not in NEEDS_GREEDY_BASELINE,
-        "algorithm.advantage",
-        f"{why} no greedy baseline ({advantage}) yet; set rollout.max_staleness=0",
     )
 
 

@@ -66,13 +66,7 @@ class Config:
         check_lora(self.critic.lora, "critic.lora")
         check_adapter_sync(self.model.lora, self.rollout.engine.value, self.rollout.sleep_level)
         check_sync_gap(self.rollout, a.off_policy_correction)
-        check_async(
-            self.rollout,
-            a.dynamic_sampling,
-            a.advantage,
-            self.data.batch_size,
-            self.trainer.total_steps,
-        )
+        check_async(self.rollout, self.data.batch_size, self.trainer.total_steps)
         check_router_replay_setup(
             a.router_replay,
             self.rollout.agent,

@@ -12,7 +12,7 @@ d grid (width :func:`rlframe.config.agent.compute_response_width`): ``prompt_ids
 ``response_mask``, ``loss_mask`` (1 on tokens the policy sampled), ``rollout_logprobs``,
 ``token_version``, ``weights_version``, the column ``finish_reason``; optionally
 ``env_reward``/``env_failed`` and the ``agent_*`` counters of
-:func:`rlframe.rollout.producer.collect_agent_metrics` (as row extras).
+:func:`collect_agent_metrics` (as row extras).
 
 Built-ins: ``single_turn`` (here), ``openai`` (an OpenAI-compatible server for agents
 written against the ``openai`` client, :mod:`rlframe.agent_server`) and ``multi_turn``
@@ -26,8 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from rlframe.algorithms.registry import Registry, load_function
 from rlframe.config import Config
+from rlframe.envs.runner import count_stuck_calls
 from rlframe.protocol import Batch
 from rlframe.rollout.rows import generate_batch
 
@@ -63,3 +66,40 @@ def run_openai_agent(prompts: Batch, ctx: AgentContext) -> Batch:
     # package (an import here would close a circle), and its server stack (aiohttp) loads
     # only for the runs that use it.
     return load_function("rlframe.agent_server.agent:run_openai_episodes")(prompts, ctx)
+
+
+def collect_agent_metrics(batch: Batch) -> dict[str, float]:
+    """``agent/*`` metrics of a batch from an agent that reports them (empty otherwise)."""
+    if "agent_turns" not in batch:
+        return {}
+    metrics = {
+        "agent/turns/mean": float(batch["agent_turns"].mean()),
+        "agent/tool_calls/mean": float(batch["agent_tool_calls"].mean()),
+        "agent/tool_errors": float(batch["agent_tool_errors"].sum()),
+        "agent/obs_tokens/mean": float(batch["agent_obs_tokens"].mean()),
+        "agent/obs_truncated": float(batch["agent_obs_cut"].sum()),
+        "agent/env_failures": float(batch["env_failed"].sum()),
+        "agent/env_reward/mean": float(batch["env_reward"].mean()),
+        "agent/stuck_calls": float(count_stuck_calls()),
+    }
+    if "agent_episode" in batch:  # an openai episode can make several rows
+        rows = torch.bincount(batch["agent_episode"])
+        rows = rows[rows > 0]
+        metrics["agent/rows_per_episode/mean"] = float(rows.float().mean())
+        metrics["agent/rows_per_episode/max"] = float(rows.max())
+    return metrics
+
+
+def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
+    """Copies of the last row, loss mask 0 and a group each, up to whole mini-batches (an
+    agent that forks rows, such as ``openai``, makes any number of them)."""
+    missing = (-len(batch)) % mini_batch_size
+    if missing == 0:
+        return batch
+    filler = batch.rows([len(batch) - 1] * missing)
+    first_group = int(batch["group"].max()) + 1
+    filler = filler.with_tensors(
+        loss_mask=torch.zeros_like(filler["loss_mask"]),
+        group=torch.arange(first_group, first_group + missing, dtype=batch["group"].dtype),
+    )
+    return Batch.concat([batch, filler])

@@ -1,4 +1,4 @@
-"""Partial rollouts on the driver: responses that grow over several engine calls.
+"""Groups in flight, and partial rollouts: responses that grow over several engine calls.
 
 A response in flight keeps its tokens, their log-probs and the weights version each token was
 sampled with. An engine call continues it as a new request: the prompt followed by the kept
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import torch
 
 from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
@@ -30,44 +32,59 @@ def continuation_seed(row: TokenRow) -> int:
 
 @dataclass
 class Group:
-    """The ``n`` responses to one prompt, and the prompt rows they answer."""
+    """The responses to one prompt, from admission until a step takes them."""
 
     group_id: int
     record: PromptRecord
     prompts: Batch
-    """The group's prompt rows (``build_prompt_batch`` of its one record)."""
-    responses: list[TokenRow]
+    """The group's ``n`` prompt rows (``build_prompt_batch`` of its one record)."""
+    rows: list[TokenRow]
+    """Its responses as far as they got (``single_turn`` continues them call by call)."""
     start_version: int
-    """Weights version when the group was admitted; its oldest until a token says older."""
+    """Weights version when the group was admitted: none of its tokens is older (weights
+    only move forward), so this is its oldest version for the staleness bound."""
+    output: Batch | None = None
+    """The finished group's rows, before rewards."""
     scored: Batch | None = None
-    """The finished group with its rewards."""
+    """The finished group's rows with their rewards (and ReMax's baseline)."""
     dropped: bool = False
 
-    @property
-    def finished(self) -> bool:
-        return all(r.finish_reason is not None for r in self.responses)
-
-    @property
-    def oldest_version(self) -> int:
-        run = [r.first_version for r in self.responses if r.first_version >= 0]
-        return min([self.start_version, *run])
-
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable; the prompt rows and the rewards are rebuilt on load."""
-        return {
+        """JSON: a scored group's rows, or an unfinished one's token rows (the prompt rows
+        are rebuilt from the record on load)."""
+        state = {
             "group_id": self.group_id,
             "record": vars(self.record),
-            "responses": [asdict(r) for r in self.responses],
             "start_version": self.start_version,
         }
+        if self.scored is not None:
+            return state | {"scored": encode_batch(self.scored)}
+        return state | {"rows": [asdict(r) for r in self.rows]}
+
+
+def encode_batch(batch: Batch) -> dict[str, Any]:
+    """A batch as JSON: each tensor with its dtype, the columns and meta as they are."""
+    tensors = {
+        k: {"dtype": str(t.dtype).removeprefix("torch."), "data": t.tolist()}
+        for k, t in batch.tensors.items()
+    }
+    columns = {k: v.tolist() for k, v in batch.columns.items()}
+    return {"tensors": tensors, "columns": columns, "meta": dict(batch.meta)}
+
+
+def decode_batch(saved: dict[str, Any]) -> Batch:
+    tensors = {
+        k: torch.tensor(t["data"], dtype=getattr(torch, t["dtype"]))
+        for k, t in saved["tensors"].items()
+    }
+    return Batch(tensors, dict(saved["columns"]), dict(saved["meta"]))
 
 
 def build_continuation(
-    todo: list[tuple[Group, int]], max_tokens: int, chunk: int, meta: dict[str, Any]
+    rows: list[TokenRow], max_tokens: int, chunk: int, meta: dict[str, Any]
 ) -> Batch:
     """The engine call for responses in flight: each row's context (prompt + kept tokens),
     its seed and its cap (what is left of ``max_tokens``, at most ``chunk`` when > 0)."""
-    rows = [group.responses[i] for group, i in todo]
     left = [max_tokens - len(r.response_ids) for r in rows]
     caps = [min(chunk, n) if chunk > 0 else n for n in left]
     return build_request(
@@ -75,20 +92,10 @@ def build_continuation(
     )
 
 
-def merge_call(todo: list[tuple[Group, int]], out: Batch, max_tokens: int) -> list[Group]:
-    """Append one call's tokens to the responses it ran; the groups it finished.
-
-    A response is complete at a stop token or at ``max_tokens`` in all; a call that only hit
-    its chunk cap leaves it to go on. Rows of groups dropped meanwhile are ignored.
-    """
-    kept = [row for row, (group, _) in enumerate(todo) if not group.dropped]
-    rows = [todo[row][0].responses[todo[row][1]] for row in kept]
-    add_turns(rows, out.rows(kept))
-    finished = []
-    for row, r in zip(kept, rows):
-        group = todo[row][0]
+def merge_call(rows: list[TokenRow], out: Batch, max_tokens: int) -> None:
+    """Append one call's tokens to the responses it ran. A response is complete at a stop
+    token or at ``max_tokens`` in all; a call that only hit its chunk cap leaves it to go on."""
+    add_turns(rows, out)
+    for r in rows:
         if r.finish_reason != "stop":
             r.finish_reason = "length" if len(r.response_ids) >= max_tokens else None
-        if group.finished and group.scored is None and group not in finished:
-            finished.append(group)
-    return finished

@@ -75,7 +75,7 @@ def test_fillers_and_rule_scores_shared_by_an_episode() -> None:
 
 
 def test_fillers_complete_a_mini_batch() -> None:
-    from rlframe.agent_server.agent import fill_mini_batches
+    from rlframe.rollout.agents import fill_mini_batches
 
     _, batch = run("unscored")
     filled = fill_mini_batches(batch.rows(list(range(5))), 8)

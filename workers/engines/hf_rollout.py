@@ -8,6 +8,7 @@ import torch
 
 from workers.engines.base import RolloutSample, SamplingSpec
 from workers.engines.router_replay import RoutingRecorder
+from workers.engines.weight_names import to_model_tensor
 
 
 class HFRollout:
@@ -92,7 +93,7 @@ class HFRollout:
         params = self.model.state_dict()
         with torch.no_grad():
             for name, tensor in weights:
-                params[name].copy_(tensor)
+                to_model_tensor(params, name).copy_(tensor)
 
     def sleep(self) -> None:
         if not self.discards_weights_on_sleep or self.shapes:

@@ -21,6 +21,7 @@ from rlframe.config import RolloutConfig
 from rlframe.config.lora import LoraConfig, LoraSync
 from workers.engines.base import RolloutSample, SamplingSpec
 from workers.engines.vllm_lora import AdapterSlot, build_lora_engine_args
+from workers.engines.vllm_moe import forget_moe_kernels
 
 CPU_MAX_NUM_SEQS = 256
 
@@ -145,6 +146,9 @@ class VLLMRollout:
             self.adapter.load(weights)
             self.llm.reset_prefix_cache()
             return
+        if self.device == "cpu":
+            # vLLM's CPU MoE kernels skip their prepack on a reload (workers/engines/vllm_moe.py).
+            self.llm.collective_rpc(forget_moe_kernels)
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )
