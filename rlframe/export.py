@@ -92,7 +92,12 @@ def export_lora_checkpoint(
     import torch.distributed.checkpoint as dcp
     from peft import get_peft_model
     from torch.distributed.checkpoint import FileSystemReader
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+        PreTrainedModel,
+    )
 
     from rlframe.config.lora import LoraConfig
     from rlframe.lora_targets import list_peft_targets
@@ -114,13 +119,16 @@ def export_lora_checkpoint(
         dcp.load({"model": adapters}, checkpoint_id=str(shards))
     out_dir.mkdir(parents=True, exist_ok=True)
     if merge:
-        model.merge_and_unload().to(dtype).save_pretrained(out_dir, safe_serialization=True)
+        merged = model.merge_and_unload().to(dtype)
+        if not isinstance(merged, PreTrainedModel):  # peft hands back the model it wrapped
+            raise TypeError(f"merging the adapters gave a {type(merged).__name__}")
+        merged.save_pretrained(out_dir, safe_serialization=True)
         try:
             GenerationConfig.from_pretrained(meta_dir).save_pretrained(out_dir)
         except OSError:
             pass
     else:
-        model.to(dtype).save_pretrained(out_dir)
+        model.to(dtype).save_pretrained(str(out_dir))
     AutoTokenizer.from_pretrained(meta_dir).save_pretrained(out_dir)
     return out_dir
 

@@ -88,14 +88,16 @@ class SequenceLayout:
         return grid.index_put((self.grid_index,), values).view(rows, width)
 
     def to(self, device: str | torch.device) -> SequenceLayout:
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        def move(optional: torch.Tensor | None) -> torch.Tensor | None:
+            return None if optional is None else optional.to(device)
+
         return SequenceLayout(
-            move(self.input_ids),
-            move(self.position_ids),
+            self.input_ids.to(device),
+            self.position_ids.to(device),
             move(self.attention_mask),
-            move(self.predict_index),
-            move(self.target_ids),
-            move(self.grid_index),
+            self.predict_index.to(device),
+            self.target_ids.to(device),
+            self.grid_index.to(device),
             self.grid_shape,
             move(self.routed_experts),
             move(self.pixel_values),
@@ -106,20 +108,22 @@ class SequenceLayout:
 
 def select_tokens(rows: Batch) -> torch.Tensor:
     """[B, R] bool: response tokens that need a prediction (sampled by the policy)."""
-    selected = rows["response_mask"].bool()
+    selected = rows.tensor("response_mask").bool()
     if "loss_mask" in rows:
-        selected &= rows["loss_mask"].bool()
+        selected &= rows.tensor("loss_mask").bool()
     return selected
 
 
 def build_padded_layout(rows: Batch, images: RowImages | None = None) -> SequenceLayout:
     """One row per response: prompts left-padded, responses right-padded, positions counted
     over real tokens (mrope's with ``images``), an attention mask hiding the padding."""
-    prompt_ids, response_ids = rows["prompt_ids"], rows["response_ids"]
+    prompt_ids, response_ids = rows.tensor("prompt_ids"), rows.tensor("response_ids")
     rows_count, prompt_width = prompt_ids.shape
     width = response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-    attention_mask = torch.cat([rows["prompt_mask"], rows["response_mask"]], dim=1).long()
+    attention_mask = torch.cat(
+        [rows.tensor("prompt_mask"), rows.tensor("response_mask")], dim=1
+    ).long()
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
     placeholders = None
     if images is not None:
@@ -168,11 +172,11 @@ def build_packed_layout(rows: Batch, images: RowImages | None = None) -> Sequenc
     """All rows' real tokens (prompt, then response) in one sequence of shape [1, T], without
     padding, positions restarting at 0 for each row and no attention mask. With ``images``
     the text positions come first, then each row's mrope positions."""
-    prompt_ids, response_ids = rows["prompt_ids"], rows["response_ids"]
+    prompt_ids, response_ids = rows.tensor("prompt_ids"), rows.tensor("response_ids")
     prompt_width = prompt_ids.shape[1]
     rows_count, width = response_ids.shape
-    real = torch.cat([rows["prompt_mask"], rows["response_mask"]], dim=1).bool()
-    if not bool(rows["prompt_mask"].bool().any(1).all()):
+    real = torch.cat([rows.tensor("prompt_mask"), rows.tensor("response_mask")], dim=1).bool()
+    if not bool(rows.tensor("prompt_mask").bool().any(1).all()):
         raise ValueError(
             "every row needs at least one prompt token: it predicts the first response token"
         )
@@ -219,8 +223,8 @@ def count_row_tokens(rows: Batch, packed: bool) -> torch.Tensor:
     """[B] tokens each row costs in a forward: its real tokens when packed, the padded width
     otherwise."""
     if packed:
-        return (rows["prompt_mask"].sum(1) + rows["response_mask"].sum(1)).long()
-    width = rows["prompt_ids"].shape[1] + rows["response_ids"].shape[1]
+        return (rows.tensor("prompt_mask").sum(1) + rows.tensor("response_mask").sum(1)).long()
+    width = rows.tensor("prompt_ids").shape[1] + rows.tensor("response_ids").shape[1]
     return torch.full((len(rows),), width, dtype=torch.long)
 
 

@@ -54,9 +54,9 @@ class Trainer:
         cfg: Config,
         actor: ActorGroup,
         critic: CriticGroup | None,
-        experience: Producer | None,
+        experience: Producer,
         sync_weights: Callable[[], int],
-        tracker: Tracker | None,
+        tracker: Tracker,
         checkpointer: Checkpointer | None = None,
         validator: Validator | None = None,
         max_logprob_diff: float | None = None,
@@ -135,7 +135,7 @@ class Trainer:
                 batch, adv_metrics = self.compute_advantages(batch)
             if self.critic is not None:
                 with timer("update_critic"):
-                    metrics |= self.update_critic(batch)
+                    metrics |= self.update_critic(self.critic, batch)
             if self.actor_updates():
                 with timer("update"):
                     batch, actor_metrics = self.update_actor(batch)
@@ -165,7 +165,11 @@ class Trainer:
         """``mismatch/*`` (trainer vs rollout) and ``off_policy/behav_weight_*`` (decoupled)."""
         if not self.has_trainer_logprobs:
             return {}
-        args = (batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"])
+        args = (
+            batch.tensor("old_logprobs"),
+            batch.tensor("rollout_logprobs"),
+            batch.tensor("loss_mask"),
+        )
         return compute_mismatch_metrics(*args, self.cfg.algorithm) | compute_off_policy_metrics(
             *args, self.cfg.algorithm
         )
@@ -175,7 +179,7 @@ class Trainer:
         the trainer's forward pass (timed as ``old_logprob``), or none yet when the update is
         exactly on-policy and returns its own."""
         if self.cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout:
-            return batch.with_tensors(old_logprobs=batch["rollout_logprobs"])
+            return batch.with_tensors(old_logprobs=batch.tensor("rollout_logprobs"))
         if not self.needs_old_logprob_pass(len(batch)):
             return batch
         with timer("old_logprob"):
@@ -189,10 +193,10 @@ class Trainer:
             self.cfg, rows, kl_in_reward=self.kl_ctrl.value > 0, actor_updates=self.actor_updates()
         )
 
-    def update_critic(self, batch: Batch) -> dict[str, float]:
+    def update_critic(self, critic: CriticGroup, batch: Batch) -> dict[str, float]:
         """One value update on rank-balanced rows; its metrics averaged over the ranks."""
         order = balance_rows(batch, self.cfg.trainer.world_size, self.cfg.actor.mini_batch_size)
-        return average(self.critic.update(batch.rows(order)))
+        return average(critic.update(batch.rows(order)))
 
     def update_actor(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """One policy update on rank-balanced rows, and its metrics. After an on-policy
@@ -204,20 +208,21 @@ class Trainer:
         own = [r.own_logprobs for r in per_rank if r.own_logprobs is not None]
         if "old_logprobs" in batch:
             return batch, metrics
-        old = torch.empty(batch["response_mask"].shape)
+        old = torch.empty(batch.tensor("response_mask").shape)
         old[order] = torch.cat(own)
         return batch.with_tensors(old_logprobs=old), metrics
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Token rewards (minus the in-reward KL penalty, which feeds its controller), then
         the configured estimator's advantages and returns; the ``adv/*`` and KL metrics."""
-        mask, metrics = batch["loss_mask"], {}
-        token_rewards = place_on_last_token(batch["reward"], mask)
+        mask = batch.tensor("loss_mask")
+        metrics: dict[str, float] = {}
+        token_rewards = place_on_last_token(batch.tensor("reward"), mask)
         if self.kl_ctrl.value > 0:
             token_rewards, kl = apply_kl_penalty(
                 token_rewards,
-                batch["old_logprobs"],
-                batch["ref_logprobs"],
+                batch.tensor("old_logprobs"),
+                batch.tensor("ref_logprobs"),
                 mask,
                 self.kl_ctrl.value,
                 self.cfg.algorithm.kl_reward_estimator,
@@ -228,7 +233,7 @@ class Trainer:
             AdvantageInputs(
                 rewards=token_rewards.sum(-1),
                 loss_mask=mask,
-                group_index=batch["group"],
+                group_index=batch.tensor("group"),
                 config=self.cfg.algorithm,
                 token_rewards=token_rewards,
                 values=batch.tensors.get("values"),
@@ -242,11 +247,11 @@ class Trainer:
         keep = min(self.cfg.trainer.rollouts_to_log, len(batch))
         rows = [
             {
-                "prompt": batch["prompt"][i],
-                "response": batch["response"][i],
-                "ground_truth": batch["ground_truth"][i],
-                "reward": float(batch["reward"][i]),
-                "finish_reason": batch["finish_reason"][i],
+                "prompt": batch.column("prompt")[i],
+                "response": batch.column("response")[i],
+                "ground_truth": batch.column("ground_truth")[i],
+                "reward": float(batch.tensor("reward")[i]),
+                "finish_reason": batch.column("finish_reason")[i],
             }
             for i in range(keep)
         ]

@@ -54,7 +54,9 @@ def build_sampling_spec(prompts: Batch, cfg: Config) -> SamplingSpec:
     """Sampling for one generate call: the run's settings, overridden by the batch's meta
     (``greedy`` for ReMax baselines, ``temperature`` for validation) and per-row caps."""
     meta = prompts.meta
-    per_row = tuple(int(m) for m in prompts["max_tokens"]) if "max_tokens" in prompts else None
+    per_row = (
+        tuple(int(m) for m in prompts.tensor("max_tokens")) if "max_tokens" in prompts else None
+    )
     return SamplingSpec(
         max_tokens=cfg.rollout.max_tokens,
         temperature=0.0 if meta.get("greedy") else meta.get("temperature", cfg.rollout.temperature),
@@ -99,8 +101,8 @@ class RolloutRole:
         """
         if not (self.awake and self.weights_valid):
             raise RuntimeError("generate needs the rollout engine awake with loaded weights")
-        rows = [[int(t) for t in ids] for ids in prompts["prompt_tokens"]]
-        seeds = [int(s) for s in prompts["seed"]]
+        rows = [[int(t) for t in ids] for ids in prompts.column("prompt_tokens")]
+        seeds = [int(s) for s in prompts.column("seed")]
         start = time.perf_counter()
         images = [list(r) for r in prompts["images"]] if "images" in prompts else None
         spec = build_sampling_spec(prompts, self.cfg)

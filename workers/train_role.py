@@ -87,12 +87,12 @@ def score_micro_batches(
     ``images``: a vision-language model's encoder of the rows' images."""
     engine.model.eval()
     batch, own_rows = engine.gather_rows(batch, block=len(batch))
-    out = torch.zeros(batch["response_ids"].shape)
+    out = torch.zeros(batch.tensor("response_ids").shape)
     batch = batch.with_tensors(row_index=torch.arange(len(batch)))
     sp_size = engine.sequence_parallel_size
     for micro in split_micro_batches(batch, sizes, engine.device, packed, sp_size):
         layout = build_layout(micro, packed, None if images is None else images.encode(micro))
-        out[micro["row_index"]] = layout.to_grid(score(layout).cpu())
+        out[micro.tensor("row_index")] = layout.to_grid(score(layout).cpu())
     return out[own_rows]
 
 
@@ -200,7 +200,7 @@ class TrainRole:
             self.actor.replay.take_agreement()  # counted by the log-prob pass: not this update's
         if needs_own:
             batch = batch.with_tensors(row_index=torch.arange(len(batch)))
-            own = torch.zeros(batch["response_ids"].shape)
+            own = torch.zeros(batch.tensor("response_ids").shape)
         metrics = run_minibatch_updates(
             self.actor,
             batch,
@@ -249,15 +249,18 @@ class TrainRole:
                 entropy_grad=cfg.entropy_coef > 0,
             )
 
+        if token.entropy is None:  # asked for above: the loss's entropy term and metric
+            raise RuntimeError("compute_token_logprobs returned no entropy")
+
         def read(key: str) -> torch.Tensor | None:
-            return micro[key].to(self.device) if key in micro else None
+            return micro.tensor(key).to(self.device) if key in micro else None
 
         composed = compose_policy_loss(
             PolicyTerms(
                 logprobs=layout.to_grid(token.logprobs),
                 entropy=layout.to_grid(token.entropy),
-                advantages=micro["advantages"].to(self.device),
-                loss_mask=micro["loss_mask"].to(self.device),
+                advantages=micro.tensor("advantages").to(self.device),
+                loss_mask=micro.tensor("loss_mask").to(self.device),
                 scale=scale,
                 old_logprobs=read("old_logprobs"),
                 rollout_logprobs=read("rollout_logprobs"),
@@ -267,7 +270,7 @@ class TrainRole:
             self.policy_loss,
         )
         if own_logprobs is not None:
-            own_logprobs[micro["row_index"]] = composed.old_logprobs.cpu()
+            own_logprobs[micro.tensor("row_index")] = composed.old_logprobs.cpu()
         loss, metrics = composed.loss, composed.metrics
         if router_logits:
             loss, metrics = self.add_router_terms(

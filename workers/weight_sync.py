@@ -133,7 +133,8 @@ class WeightGroup:
     @property
     def timeout(self) -> timedelta:
         """How long a collective of this group may wait for its peers before it fails."""
-        return self.group.options._timeout
+        # torch's stubs lack ProcessGroup.options, which NCCL and gloo groups have.
+        return self.group.options._timeout  # type: ignore[attr-defined]
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's ``tensor`` into every other rank's ``tensor`` (same shape and dtype);
@@ -161,7 +162,8 @@ def build_backend_group(
         options = dist.ProcessGroupNCCL.Options()
     else:
         backend = dist.ProcessGroupGloo
-        options = dist.ProcessGroupGloo._Options()
+        # torch's stubs lack gloo's _Options, the only way to give a gloo group its timeout.
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._devices = [dist.ProcessGroupGloo.create_default_device()]
     options._timeout = timeout
     return backend(store, rank, size, options)

@@ -75,7 +75,7 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     samples = build_samples(prompts)
     sessions = [
         server.sessions.open(s, int(seed), Episode(ctx.tokenizer, stop_ids))
-        for s, seed in zip(samples, prompts["seed"])
+        for s, seed in zip(samples, prompts.column("seed"))
     ]
     calls = [(closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions]
     agent = ctx.config.agent
@@ -171,5 +171,5 @@ def assemble(
 
 def empty_row(prompts: Batch, i: int) -> TokenRow:
     """An episode that made no call: the loader's prompt and an empty response."""
-    ids = prompts["prompt_ids"][i][prompts["prompt_mask"][i].bool()].tolist()
+    ids = prompts.tensor("prompt_ids")[i][prompts.tensor("prompt_mask")[i].bool()].tolist()
     return TokenRow(ids, finish_reason="env_error")

@@ -271,8 +271,8 @@ class AgentServer:
                     "the trainer's log-probs assume", "unsupported_parameter", key,
                 )  # fmt: skip
         for key in ("max_tokens", "max_completion_tokens"):
-            value = body.get(key)
-            if value is not None and (type(value) is not int or value < 1):
+            cap = body.get(key)
+            if cap is not None and (type(cap) is not int or cap < 1):
                 raise APIError(400, f"{key} must be a positive integer", "invalid_request", key)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:

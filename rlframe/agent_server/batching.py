@@ -105,10 +105,10 @@ class GenerateBatcher:
         return [
             Turn(list(ids), list(logprobs), str(reason), int(version))
             for ids, logprobs, reason, version in zip(
-                out["response_tokens"],
-                out["token_logprobs"],
-                out["finish_reason"],
-                out["weights_version"].tolist(),
+                out.column("response_tokens"),
+                out.column("token_logprobs"),
+                out.column("finish_reason"),
+                out.tensor("weights_version").tolist(),
             )
         ]
 

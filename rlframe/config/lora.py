@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from rlframe.config.checks import require
+
+if TYPE_CHECKING:
+    import peft
 
 # vLLM's ``max_lora_rank`` choices: it serves adapters of any rank up to the one it is given.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -48,7 +52,7 @@ class LoraConfig:
     def enabled(self) -> bool:
         return self.rank > 0
 
-    def to_peft(self, head: str = "lm", targets: list[str] | None = None):  # -> peft.LoraConfig
+    def to_peft(self, head: str = "lm", targets: list[str] | None = None) -> peft.LoraConfig:
         """The peft config: empty ``target_modules`` is ``targets`` when given (the attention
         of an MoE model: :func:`rlframe.lora_targets.list_peft_targets`), else every linear
         layer of the decoder (``all-linear`` leaves the LM head out). ``head="value"`` (a
@@ -58,7 +62,8 @@ class LoraConfig:
 
         return PeftLoraConfig(
             r=self.rank,
-            lora_alpha=self.alpha,
+            # peft annotates lora_alpha int, but only divides it by r: a float alpha is exact.
+            lora_alpha=self.alpha,  # type: ignore[arg-type]
             lora_dropout=self.dropout,
             target_modules=list(self.target_modules) or targets or "all-linear",
             bias="none",

@@ -83,5 +83,7 @@ def build_prompt_batch(
         columns["images"] = [list(r.images) for r in records]
     batch = Batch({"prompt_ids": ids, "prompt_mask": mask, "group": groups}, columns).repeat(n)
     copies = torch.arange(len(batch)) % n
-    seeds = [hash((seed, int(g), int(c))) & 0x7FFFFFFF for g, c in zip(batch["group"], copies)]
+    seeds = [
+        hash((seed, int(g), int(c))) & 0x7FFFFFFF for g, c in zip(batch.tensor("group"), copies)
+    ]
     return Batch(batch.tensors, batch.columns | {"seed": seeds}, batch.meta)

@@ -15,7 +15,10 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 TINY_PREFIX = "tiny:"
 TINY_LORA_PREFIX = "tiny-lora:"
@@ -113,7 +116,7 @@ def resolve_tiny_build(
     return str(target)
 
 
-def build_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer: every character in CHARACTERS is one token."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -143,7 +146,7 @@ def build_tiny_config(spec: TinyModelSpec, tokenizer: Any, **extra: Any) -> Any:
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
         **extra,
     )
 
@@ -216,7 +219,7 @@ def build_tiny_moe_model(spec: TinyModelSpec, target: Path) -> None:
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(spec.seed)
     model = Qwen3MoeForCausalLM(config)

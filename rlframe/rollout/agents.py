@@ -73,17 +73,17 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
     if "agent_turns" not in batch:
         return {}
     metrics = {
-        "agent/turns/mean": float(batch["agent_turns"].mean()),
-        "agent/tool_calls/mean": float(batch["agent_tool_calls"].mean()),
-        "agent/tool_errors": float(batch["agent_tool_errors"].sum()),
-        "agent/obs_tokens/mean": float(batch["agent_obs_tokens"].mean()),
-        "agent/obs_truncated": float(batch["agent_obs_cut"].sum()),
-        "agent/env_failures": float(batch["env_failed"].sum()),
-        "agent/env_reward/mean": float(batch["env_reward"].mean()),
+        "agent/turns/mean": float(batch.tensor("agent_turns").mean()),
+        "agent/tool_calls/mean": float(batch.tensor("agent_tool_calls").mean()),
+        "agent/tool_errors": float(batch.tensor("agent_tool_errors").sum()),
+        "agent/obs_tokens/mean": float(batch.tensor("agent_obs_tokens").mean()),
+        "agent/obs_truncated": float(batch.tensor("agent_obs_cut").sum()),
+        "agent/env_failures": float(batch.tensor("env_failed").sum()),
+        "agent/env_reward/mean": float(batch.tensor("env_reward").mean()),
         "agent/stuck_calls": float(count_stuck_calls()),
     }
     if "agent_episode" in batch:  # an openai episode can make several rows
-        rows = torch.bincount(batch["agent_episode"])
+        rows = torch.bincount(batch.tensor("agent_episode"))
         rows = rows[rows > 0]
         metrics["agent/rows_per_episode/mean"] = float(rows.float().mean())
         metrics["agent/rows_per_episode/max"] = float(rows.max())
@@ -97,9 +97,9 @@ def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
     if missing == 0:
         return batch
     filler = batch.rows([len(batch) - 1] * missing)
-    first_group = int(batch["group"].max()) + 1
+    first_group = int(batch.tensor("group").max()) + 1
     filler = filler.with_tensors(
-        loss_mask=torch.zeros_like(filler["loss_mask"]),
-        group=torch.arange(first_group, first_group + missing, dtype=batch["group"].dtype),
+        loss_mask=torch.zeros_like(filler.tensor("loss_mask")),
+        group=torch.arange(first_group, first_group + missing, dtype=batch.tensor("group").dtype),
     )
     return Batch.concat([batch, filler])

@@ -42,11 +42,14 @@ def mix_seed(seed: int, turn: int) -> int:
 
 def build_samples(prompts: Batch) -> list[dict[str, Any]]:
     """What ``env.reset`` gets: the prompt row's text, chat turns, ground truth and columns."""
-    messages = prompts["messages"] if "messages" in prompts else [None] * len(prompts)
+    messages = prompts.column("messages") if "messages" in prompts else [None] * len(prompts)
     return [
         {**extra, "prompt": p, "messages": m, "ground_truth": gt}
         for p, m, gt, extra in zip(
-            prompts["prompt"], messages, prompts["ground_truth"], prompts["extra"]
+            prompts.column("prompt"),
+            messages,
+            prompts.column("ground_truth"),
+            prompts.column("extra"),
         )
     ]
 
@@ -88,11 +91,13 @@ class EpisodeRunner:
 
     def start(self, i: int, outcome: CallOutcome) -> TokenRow:
         stats = {name: 0.0 for name in STATS}
-        seed = int(self.prompts["seed"][i])
+        seed = int(self.prompts.column("seed")[i])
         if outcome.error is not None:
             # on_env_error=fail_episode: nothing to sample from; keep the loader's prompt.
             self.done.add(i)
-            ids = self.prompts["prompt_ids"][i][self.prompts["prompt_mask"][i].bool()].tolist()
+            ids = self.prompts.tensor("prompt_ids")[i][
+                self.prompts.tensor("prompt_mask")[i].bool()
+            ].tolist()
             stats["env_failed"] = 1.0
             return TokenRow(ids, seed=seed, finish_reason="env_error", row_extras=stats)
         messages = check_messages(outcome.value, self.env_name, "reset")
@@ -115,7 +120,7 @@ class EpisodeRunner:
         caps = [min(per_turn, budget - r.sampled) for r in todo]
         meta = dict(self.prompts.meta) | {"more_turns": True}
         out = sample_turns(self.ctx.generate, todo, seeds, caps, meta)
-        self.weights_version = int(out["weights_version"].max())
+        self.weights_version = int(out.tensor("weights_version").max())
 
     def step_envs(self, rows: list[TokenRow], live: list[int], turn: int) -> None:
         """Every live env sees its turn's text; the episodes that go on get the observation."""
@@ -177,8 +182,8 @@ class EpisodeRunner:
 
     def describe(self, row: int) -> str:
         prompt, truth = (
-            str(self.prompts["prompt"][row])[-120:],
-            str(self.prompts["ground_truth"][row]),
+            str(self.prompts.column("prompt")[row])[-120:],
+            str(self.prompts.column("ground_truth")[row]),
         )
         return f"prompt {prompt!r}, ground truth {truth!r}"
 

@@ -49,6 +49,18 @@ class Group:
     """The finished group's rows with their rewards (and ReMax's baseline)."""
     dropped: bool = False
 
+    def require_output(self) -> Batch:
+        """The finished group's rows; ValueError (naming the group) before it finished."""
+        if self.output is None:
+            raise ValueError(f"group {self.group_id} has not finished")
+        return self.output
+
+    def require_scored(self) -> Batch:
+        """The rows with their rewards; ValueError (naming the group) before scoring."""
+        if self.scored is None:
+            raise ValueError(f"group {self.group_id} has not been scored")
+        return self.scored
+
     def state_dict(self) -> dict[str, Any]:
         """JSON: a scored group's rows, or an unfinished one's token rows (the prompt rows
         are rebuilt from the record on load)."""

@@ -167,7 +167,7 @@ class ExperienceProducer:
             window, self.last_batch = now - self.last_batch, now
             busy, self.engine_busy_s = self.engine_busy_s, 0.0
             metrics |= compute_off_policy_metrics(
-                batch["token_version"], batch["response_mask"], self.version, dropped
+                batch.tensor("token_version"), batch.tensor("response_mask"), self.version, dropped
             )
             metrics["timing_s/trainer_idle"] = now - start
             metrics["timing_s/rollout_idle"] = max(0.0, window - busy)
@@ -271,7 +271,7 @@ class ExperienceProducer:
                 if all(row.finish_reason is not None for row in g.rows):
                     g.output = attach(g.prompts, collate(g.rows, width, pad))
         else:
-            groups = out["group"].tolist()
+            groups = out.tensor("group").tolist()
             for g in todo:
                 g.output = out.rows([i for i, gid in enumerate(groups) if gid == g.group_id])
         return [g for g in todo if g.output is not None and not g.dropped]
@@ -280,9 +280,9 @@ class ExperienceProducer:
         """Rewards for newly finished groups, in one reward-stage call; DAPO's drops; ReMax's
         greedy baselines."""
         started = time.perf_counter()
-        scored = self.rewards.compute_rewards(concat_groups([g.output for g in groups]))
+        scored = self.rewards.compute_rewards(concat_groups([g.require_output() for g in groups]))
         self.timings["reward"] += time.perf_counter() - started
-        sizes = [len(g.output) for g in groups]
+        sizes = [len(g.require_output()) for g in groups]
         ends = torch.tensor(sizes).cumsum(0).tolist()
         uniform = []
         for g, end, size in zip(groups, ends, sizes):
@@ -306,8 +306,9 @@ class ExperienceProducer:
         prompts = Batch(prompts.tensors, prompts.columns, prompts.meta | {"greedy": True})
         greedy = self.rewards.compute_rewards(self.agent(prompts, self.context))
         for g in groups:
-            reward = greedy["reward"][greedy["group"] == g.group_id][0]
-            g.scored = g.scored.with_tensors(baseline=reward.repeat(len(g.scored)))
+            reward = greedy.tensor("reward")[greedy.tensor("group") == g.group_id][0]
+            rows = g.require_scored()
+            g.scored = rows.with_tensors(baseline=reward.repeat(len(rows)))
 
     def admit(self) -> Group:
         if not self.records:
@@ -323,13 +324,13 @@ class ExperienceProducer:
             [record], self.n, group_id, self.tokenizer.pad_token_id, self.cfg.trainer.seed
         )
         prompts.meta |= self.meta
-        rows = [TokenRow(list(record.prompt_ids), seed=int(s)) for s in prompts["seed"]]
+        rows = [TokenRow(list(record.prompt_ids), seed=int(s)) for s in prompts.column("seed")]
         return Group(group_id, record, prompts, rows, version)
 
     def take(self, chosen: list[int]) -> Batch:
         """The chosen groups' rows, in the order chosen; they leave the producer."""
         by_id = {g.group_id: g for g in self.groups}
-        picked = [by_id[i].scored for i in chosen]
+        picked = [by_id[i].require_scored() for i in chosen]
         self.groups = [g for g in self.groups if g.group_id not in set(chosen)]
         return concat_groups(picked)
 
@@ -396,7 +397,7 @@ def stamp_versions(out: Batch, version: int) -> Batch:
     no token is older)."""
     if "token_version" in out:
         return out
-    width = out["response_ids"].shape[1]
+    width = out.tensor("response_ids").shape[1]
     return out.with_tensors(
         token_version=torch.full((len(out), width), version, dtype=torch.long),
         weights_version=torch.full((len(out),), version, dtype=torch.long),

@@ -152,12 +152,14 @@ def collate(rows: Sequence[TokenRow], width: int, pad_id: int, version: int = 0)
             tensors[name] = pad_token_extra(responses, width)
     for name in sorted({k for r in rows for k in r.row_extras}):
         values = [r.row_extras.get(name) for r in rows]
+        numbers = [v for v in values if isinstance(v, int | float)]
+        arrays = [v for v in values if isinstance(v, torch.Tensor)]
         if all(type(v) is int for v in values):
             tensors[name] = torch.tensor(values, dtype=torch.long)
-        elif all(isinstance(v, int | float) for v in values):
-            tensors[name] = torch.tensor([float(v) for v in values])
-        elif all(isinstance(v, torch.Tensor) for v in values):
-            tensors[name] = torch.stack(values)
+        elif len(numbers) == len(values):
+            tensors[name] = torch.tensor([float(v) for v in numbers])
+        elif len(arrays) == len(values):
+            tensors[name] = torch.stack(arrays)
         else:
             columns[name] = values
     return Batch(tensors, columns)
@@ -204,7 +206,10 @@ def build_request(
     per-row token caps (None: the run's ``rollout.max_tokens``) and the call's meta (stop
     ids, ``greedy``, ``more_turns``)."""
     tensors = {} if caps is None else {"max_tokens": torch.tensor(list(caps), dtype=torch.long)}
-    columns = {"prompt_tokens": [list(c) for c in contexts], "seed": [int(s) for s in seeds]}
+    columns: dict[str, Sequence[Any]] = {
+        "prompt_tokens": [list(c) for c in contexts],
+        "seed": [int(s) for s in seeds],
+    }
     return Batch(tensors, columns, dict(meta))
 
 
@@ -229,13 +234,13 @@ def build_response(
 def add_turns(rows: Sequence[TokenRow], out: Batch) -> None:
     """Append each row's turn of an engine call (:func:`build_response`), with its routed
     experts where the engine recorded them (:func:`rlframe.moe_routing.take_routed_experts`)."""
-    routing = out[ROUTED_EXPERTS] if ROUTED_EXPERTS in out else [None] * len(rows)
+    routing = out.column(ROUTED_EXPERTS) if ROUTED_EXPERTS in out else [None] * len(rows)
     for row, ids, logprobs, reason, version, experts in zip(
         rows,
-        out["response_tokens"],
-        out["token_logprobs"],
-        out["finish_reason"],
-        out["weights_version"].tolist(),
+        out.column("response_tokens"),
+        out.column("token_logprobs"),
+        out.column("finish_reason"),
+        out.tensor("weights_version").tolist(),
         routing,
     ):
         extras = None if experts is None else take_routed_experts(row, experts, len(ids))
@@ -259,7 +264,9 @@ def read_prompt_rows(prompts: Batch) -> list[TokenRow]:
     """A row per prompt row of a Batch (left-padded ``prompt_ids``), with its seed."""
     return [
         TokenRow(ids[mask.bool()].tolist(), seed=int(seed))
-        for ids, mask, seed in zip(prompts["prompt_ids"], prompts["prompt_mask"], prompts["seed"])
+        for ids, mask, seed in zip(
+            prompts.tensor("prompt_ids"), prompts.tensor("prompt_mask"), prompts.column("seed")
+        )
     ]
 
 
@@ -272,7 +279,7 @@ def generate_batch(generate: Callable[[Batch], Batch], prompts: Batch, width: in
     """The prompt rows with one sampled turn each (capped by a ``max_tokens`` tensor where
     the prompts have one), as a training grid: the ``single_turn`` agent."""
     rows = read_prompt_rows(prompts)
-    caps = prompts["max_tokens"].tolist() if "max_tokens" in prompts else None
+    caps = prompts.tensor("max_tokens").tolist() if "max_tokens" in prompts else None
     sample_turns(generate, rows, [r.seed for r in rows], caps, prompts.meta)
     pad = int(prompts.meta["pad_token_id"])
     return attach(prompts, collate(rows, width, pad))

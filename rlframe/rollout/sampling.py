@@ -16,7 +16,7 @@ from rlframe.protocol import Batch
 
 def has_uniform_rewards(group: Batch) -> bool:
     """Whether every row of a scored group has the same reward."""
-    return not bool((group["reward"] != group["reward"][0]).any())
+    return not bool((group.tensor("reward") != group.tensor("reward")[0]).any())
 
 
 def concat_groups(groups: list[Batch]) -> Batch:
@@ -24,18 +24,18 @@ def concat_groups(groups: list[Batch]) -> Batch:
     the prompt tensors to the widest first (responses share one width already)."""
     if "prompt_ids" not in groups[0]:
         return Batch.concat(groups)
-    width = max(g["prompt_ids"].shape[1] for g in groups)
+    width = max(g.tensor("prompt_ids").shape[1] for g in groups)
     pad_id = int(groups[0].meta.get("pad_token_id", 0))
 
     def widen(g: Batch) -> Batch:
-        extra = width - g["prompt_ids"].shape[1]
-        ids = torch.nn.functional.pad(g["prompt_ids"], (extra, 0), value=pad_id)
+        extra = width - g.tensor("prompt_ids").shape[1]
+        ids = torch.nn.functional.pad(g.tensor("prompt_ids"), (extra, 0), value=pad_id)
         g = g.with_tensors(
-            prompt_ids=ids, prompt_mask=torch.nn.functional.pad(g["prompt_mask"], (extra, 0))
+            prompt_ids=ids, prompt_mask=torch.nn.functional.pad(g.tensor("prompt_mask"), (extra, 0))
         )
         if ROUTED_EXPERTS in g.tensors:  # aligned with prompt + response: padded alike
             g = g.with_tensors(
-                **{ROUTED_EXPERTS: left_pad_routed_experts(g[ROUTED_EXPERTS], extra)}
+                **{ROUTED_EXPERTS: left_pad_routed_experts(g.tensor(ROUTED_EXPERTS), extra)}
             )
         return g
 

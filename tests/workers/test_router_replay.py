@@ -57,7 +57,8 @@ def make_prompts() -> Batch:
     mask = (torch.arange(PROMPT)[None] >= PROMPT - lengths[:, None]).long()
     ids = torch.randint(3, 52, (ROWS, PROMPT), generator=g) * mask
     return Batch(
-        {"prompt_ids": ids, "prompt_mask": mask, "seed": torch.arange(ROWS)},
+        {"prompt_ids": ids, "prompt_mask": mask},
+        {"seed": list(range(ROWS))},  # a column, as the prompt loader makes it
         meta={"pad_token_id": 0, "stop_token_ids": [1]},
     )
 

@@ -23,6 +23,7 @@ from rlframe.algorithms.losses import LossScale
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.dtensor_gather import full_tensor
+from workers.engines.hf_model import HFModel
 from workers.engines.layout_forward import (  # noqa: F401 (re-exported: the engine's API)
     compute_layout_hidden,
     compute_layout_logprobs,
@@ -40,6 +41,8 @@ from workers.engines.ulysses import (
 )
 
 if TYPE_CHECKING:  # the config package needs omegaconf, which bench/gpu_check.py goes without
+    from transformers import PreTrainedModel
+
     from rlframe.config import ActorConfig, ModelConfig
     from rlframe.config.lora import LoraConfig
 
@@ -84,7 +87,7 @@ def load_hf_model(
     attention: str | None = None,
     weights: bool = True,
     dtype: torch.dtype = torch.float32,
-) -> nn.Module:
+) -> PreTrainedModel:
     """The HF model in ``dtype``: fp32 master weights for a model that trains (FSDP casts to
     the compute dtype), the compute dtype for a frozen one.
 
@@ -107,14 +110,13 @@ def load_hf_model(
         "attn_implementation": attention or pick_attention(device, pick_dtype(cfg.dtype, device)),
         "trust_remote_code": cfg.trust_remote_code,
     }
-    auto: type = AutoModelForCausalLM
+    auto = AutoModelForTokenClassification if head == "value" else AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if getattr(config, "vision_config", None) is not None:
         if head != "lm":
             raise NotImplementedError(f"a {head} head on a vision-language model")
         auto = AutoModelForImageTextToText
     if head == "value":
-        auto = AutoModelForTokenClassification
         config.num_labels = 1
         # No dropout before the value head (HF defaults it to 0.1): values in the update must
         # be those compute_values gave, which the clipped value loss compares them with.
@@ -189,7 +191,7 @@ def build_train_model(
     lora: LoraConfig | None = None,
     sp: SequenceParallel | None = None,
     frozen: bool = False,
-) -> nn.Module:
+) -> HFModel:
     """Load (with the Ulysses attention wrapper under sequence parallelism), then (1) LoRA
     adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) the local shards on the
     device.
@@ -207,15 +209,16 @@ def build_train_model(
     # A frozen model (the reference) needs no fp32 master copy: half the memory in bf16.
     dtype = pick_dtype(cfg.dtype, device) if frozen else torch.float32
     attention = register_ulysses_attention(sp.kernel) if sp is not None else None
-    model = load_hf_model(
+    base = load_hf_model(
         path, cfg, device, head, attention, weights=rank0 or not spread, dtype=dtype
     )
+    model: HFModel = base
     if cfg.freeze_vision:
         freeze_vision_tower(model)
     if lora is not None and lora.enabled:
         from workers.engines.lora import apply_lora
 
-        model = apply_lora(model, lora, head)
+        model = apply_lora(base, lora, head)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Taken before sharding: the full tensors stay referenced here until they are sent.
@@ -223,7 +226,7 @@ def build_train_model(
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     apply_fsdp(model, mesh, pick_dtype(cfg.dtype, device))
     if not spread:
-        return model.to(device)
+        return model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
     return load_rank0_state(model, full_state, device)
 
 
@@ -243,7 +246,7 @@ class OptimizerSpec:
     """Optimizer steps in the whole run."""
 
 
-def build_lr_lambda(spec: OptimizerSpec):
+def build_lr_lambda(spec: OptimizerSpec) -> Callable[[int], float]:
     """Linear warm-up, then constant or cosine decay to 10% of the peak."""
 
     def factor(step: int) -> float:
@@ -377,7 +380,7 @@ class FSDPEngine:
             self.move_to("cuda")
 
     def move_to(self, device: str) -> None:
-        self.model.to(device)
+        self.model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
         for state in self.optimizer.state.values() if self.optimizer else []:
             for k, v in state.items():
                 # AdamW's step counts stay on the host: on the GPU, every step would read each
@@ -389,7 +392,9 @@ class FSDPEngine:
 def compute_global_loss_scale(mini: Batch, device: str, sp_size: int = 1) -> LossScale:
     """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over
     ranks (the ``sp_size`` ranks of a sequence-parallel group hold the same rows)."""
-    counts = torch.tensor([mini["loss_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
+    counts = torch.tensor(
+        [mini.tensor("loss_mask").sum().item(), float(len(mini))], dtype=torch.float64
+    )
     if device == "cuda":
         counts = counts.cuda()
     dist.all_reduce(counts)

@@ -30,7 +30,7 @@ class HFRollout:
         self.model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code
         )
-        self.model.to(device).eval()
+        self.model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
         self.device = device
         self.discards_weights_on_sleep = sleep_level == 2
         self.shapes: dict[str, torch.Size] = {}

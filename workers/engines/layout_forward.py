@@ -6,12 +6,13 @@ rank's slice of them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
 from rlframe.sequence_layout import SequenceLayout
+from workers.engines.hf_model import HFModel
 from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
 from workers.engines.ulysses import SequenceParallel, ShardedLayout, shard_layout
 
@@ -46,7 +47,7 @@ def find_vision_language_backbone(model: nn.Module) -> nn.Module | None:
     return None
 
 
-def compute_layout_hidden(model: nn.Module, layout: SequenceLayout) -> torch.Tensor:
+def compute_layout_hidden(model: HFModel, layout: SequenceLayout) -> torch.Tensor:
     """[N, H] final hidden states at the positions that predict the selected tokens. A
     vision-language model runs its vision tower on the layout's images first."""
     backbone = find_vision_language_backbone(model)
@@ -71,7 +72,7 @@ def compute_layout_hidden(model: nn.Module, layout: SequenceLayout) -> torch.Ten
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, layout.predict_index)
 
 
-def compute_varlen_kwargs(model: nn.Module, layout: SequenceLayout) -> dict:
+def compute_varlen_kwargs(model: HFModel, layout: SequenceLayout) -> dict[str, Any]:
     """flash-attention's varlen lengths of a packed layout, computed once for the forward
     (transformers otherwise re-derives them from the position ids in every layer, with a
     host sync each time); nothing for other kernels, which ignore them."""
@@ -91,7 +92,9 @@ def compute_varlen_kwargs(model: nn.Module, layout: SequenceLayout) -> dict:
     }
 
 
-def compute_own_hidden(model: nn.Module, layout: SequenceLayout, sp: SequenceParallel | None):
+def compute_own_hidden(
+    model: HFModel, layout: SequenceLayout, sp: SequenceParallel | None
+) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
     """(hidden [n, H], targets [n], gather): the final hidden states of the selected tokens
     this rank predicts, and the function that turns [n] values into the layout's [N] (all
     of them without sequence parallelism; this rank's slice's with it)."""
@@ -104,7 +107,7 @@ def compute_own_hidden(model: nn.Module, layout: SequenceLayout, sp: SequencePar
 
 
 def compute_layout_logprobs(
-    model: nn.Module,
+    model: HFModel,
     layout: SequenceLayout,
     temperature: float,
     chunk: int,
@@ -130,7 +133,7 @@ def compute_layout_logprobs(
     return TokenLogprobs(logprobs, entropy)
 
 
-def run_sharded_forward(model: nn.Module, shard: ShardedLayout):
+def run_sharded_forward(model: nn.Module, shard: ShardedLayout) -> Any:
     """The model called on this rank's slice; the Ulysses attention reads ``sequence_shard``."""
     return model(
         input_ids=shard.input_ids,
@@ -142,7 +145,7 @@ def run_sharded_forward(model: nn.Module, shard: ShardedLayout):
 
 
 def compute_layout_values(
-    model: nn.Module, layout: SequenceLayout, sp: SequenceParallel | None = None
+    model: HFModel, layout: SequenceLayout, sp: SequenceParallel | None = None
 ) -> torch.Tensor:
     """[N] value-head outputs (a token classifier with one label) at the positions that
     predict the selected tokens."""

@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rlframe.config.lora import LoraConfig
 from workers.engines.dtensor_gather import full_tensor
+from workers.engines.hf_model import HFModel
 from workers.engines.weight_names import model_type_of, to_adapter_name, to_engine_tensors
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+    from transformers import PreTrainedModel
 
-def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module:
+
+def apply_lora(model: PreTrainedModel, cfg: LoraConfig, head: str = "lm") -> PeftModel:
     """The model with adapters on its target layers; only the adapters require grad.
 
     A step of building the training model, before gradient checkpointing and FSDP2 sharding
@@ -34,14 +41,18 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module
 
 
 @contextlib.contextmanager
-def adapters_disabled(model: nn.Module) -> Iterator[None]:
+def adapters_disabled(model: HFModel) -> Iterator[None]:
     """The base model: the reference policy is the policy with its adapters off, not a
     second copy of the weights."""
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel):
+        raise TypeError(f"{type(model).__name__} has no adapters to disable (apply_lora)")
     with model.disable_adapter():
         yield
 
 
-def list_lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+def list_lora_layers(model: nn.Module) -> dict[str, LoraLayer]:
     """Module name -> peft LoRA layer (the ``nn.Linear`` wrappers that hold base and adapter)."""
     from peft.tuners.lora import LoraLayer
 

@@ -18,7 +18,7 @@ Only routers that take the softmax over all experts and then the top-k (renormal
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -66,7 +66,7 @@ class RoutingRecorder:
             router.register_forward_hook(self.make_hook(i)) for i, router in enumerate(self.routers)
         ]
 
-    def make_hook(self, layer: int):
+    def make_hook(self, layer: int) -> Callable[[nn.Module, tuple, tuple], None]:
         def keep(module: nn.Module, args: tuple, output: tuple) -> None:
             self.calls[layer].append(output[2].detach().to("cpu", torch.int16))
 
@@ -126,7 +126,7 @@ class RouterReplay:
         finally:
             self.target = outer
 
-    def make_hook(self, layer: int):
+    def make_hook(self, layer: int) -> Callable[[nn.Module, tuple, tuple], tuple | None]:
         def replay(module: nn.Module, args: tuple, output: tuple) -> tuple | None:
             if self.target is None:
                 return None

@@ -50,7 +50,8 @@ class VLLMRollout:
         from vllm import LLM
 
         # model.lora.sync=adapter: serve pushed adapters over the base loaded here.
-        serves_adapters = lora is not None and lora.enabled and lora.sync is LoraSync.adapter
+        adapters = lora is not None and lora.enabled and lora.sync is LoraSync.adapter
+        served = lora if adapters else None
         self.sleep_level = cfg.sleep_level
         # Level 2 is treated as discarding on every device, also where vLLM's sleep is a
         # no-op (CPU), so CPU runs take the same weight-reload path as GPU runs.
@@ -59,7 +60,7 @@ class VLLMRollout:
         self.llm = LLM(
             **build_engine_args(path, cfg, device, max_model_len, seed, dtype, lora, record_routing)
         )
-        self.adapter = AdapterSlot(self.llm, lora, path) if serves_adapters else None
+        self.adapter = AdapterSlot(self.llm, served, path) if served is not None else None
         self.image_token_id = read_image_token_id(path)
         """A vision-language model's image token (None for a text model)."""
 
@@ -96,7 +97,9 @@ class VLLMRollout:
             check_prompt_ids(prompt, list(out.prompt_token_ids))
             c = out.outputs[0]
             ids = list(c.token_ids)
-            logprobs = [c.logprobs[i][t].logprob for i, t in enumerate(ids)]
+            if c.logprobs is None or out.prompt_token_ids is None:
+                raise RuntimeError("vLLM returned a sample without its log-probs or prompt")
+            logprobs = [read_token_logprob(c.logprobs[i], t) for i, t in enumerate(ids)]
             routing = self.read_routed_experts(c, len(out.prompt_token_ids), len(ids))
             samples.append(RolloutSample(ids, logprobs, c.finish_reason or "length", routing))
         return samples
@@ -127,7 +130,10 @@ class VLLMRollout:
         (out,) = self.llm.generate(
             [TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, **self.lora_kwargs()
         )
-        return [out.prompt_logprobs[i][t].logprob for i, t in enumerate(ids) if i > 0]
+        if out.prompt_logprobs is None:
+            raise RuntimeError("vLLM returned no prompt log-probs (prompt_logprobs=0 was asked)")
+        given = out.prompt_logprobs
+        return [read_token_logprob(given[i], t) for i, t in enumerate(ids) if i > 0]
 
     def lora_kwargs(self) -> dict:
         """The adapter version requests sample from (none: the loaded weights alone)."""
@@ -331,3 +337,10 @@ def is_mapped(path: str) -> bool:
         except OSError:  # gone meanwhile, or another user's process
             continue
     return False
+
+
+def read_token_logprob(position: dict[int, Any] | None, token: int) -> float:
+    """The log-prob vLLM reports for ``token`` at one position (a ``{token: Logprob}``)."""
+    if position is None:
+        raise RuntimeError(f"vLLM reported no log-probs at the position of token {token}")
+    return float(position[token].logprob)
