@@ -35,7 +35,7 @@ VISION_TOKEN_KEYS = (
 )
 
 
-def list_vision_token_ids(config) -> list[int]:  # noqa: ANN001 (a transformers config)
+def list_vision_token_ids(config: object) -> list[int]:
     """The special vision tokens of a vision-language model's config ([] for a text model)."""
     ids = (getattr(config, key, None) for key in VISION_TOKEN_KEYS)
     return [int(i) for i in ids if i is not None]

@@ -72,7 +72,7 @@ def build_prompt_batch(
         ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
         mask[i, width - len(r.prompt_ids) :] = 1
     groups = torch.arange(first_group, first_group + len(records))
-    columns = {
+    columns: dict[str, list[Any]] = {
         "prompt": [r.prompt for r in records],
         "ground_truth": [r.ground_truth for r in records],
         "extra": [r.extra for r in records],

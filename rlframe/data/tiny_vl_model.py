@@ -122,7 +122,7 @@ def build_tiny_vl_config(spec: TinyModelSpec, tokenizer: Any) -> Any:
         vision_start_token_id=ids[VISION_START],
         vision_end_token_id=ids[VISION_END],
         tie_word_embeddings=True,
-        torch_dtype="float32",
+        dtype="float32",
         **special,
     )
 

@@ -110,6 +110,7 @@ def load_hf_model(
         "attn_implementation": attention or pick_attention(device, pick_dtype(cfg.dtype, device)),
         "trust_remote_code": cfg.trust_remote_code,
     }
+    auto: type[AutoModelForCausalLM | AutoModelForImageTextToText | AutoModelForTokenClassification]
     auto = AutoModelForTokenClassification if head == "value" else AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
     if getattr(config, "vision_config", None) is not None:

@@ -6,7 +6,7 @@ rank's slice of them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
@@ -37,13 +37,14 @@ def run_as_root_forward(model: nn.Module, fn: Callable[[], T]) -> T:
         del model.forward
 
 
-def find_vision_language_backbone(model: nn.Module) -> nn.Module | None:
+def find_vision_language_backbone(model: nn.Module) -> HFModel | None:
     """The backbone of a vision-language model (the module holding both the vision tower and
     the language model, Qwen2-VL's ``model``), wherever a wrapper put it; None for a text
     model."""
     for module in model.modules():
         if hasattr(module, "visual") and hasattr(module, "language_model"):
-            return module
+            # Qwen2-VL's backbone is a transformers PreTrainedModel (Qwen2VLModel).
+            return cast("HFModel", module)
     return None
 
 

@@ -94,11 +94,11 @@ class VLLMRollout:
         )
         samples = []
         for prompt, out in zip(prompts, outputs, strict=True):
-            check_prompt_ids(prompt, list(out.prompt_token_ids))
             c = out.outputs[0]
             ids = list(c.token_ids)
             if c.logprobs is None or out.prompt_token_ids is None:
                 raise RuntimeError("vLLM returned a sample without its log-probs or prompt")
+            check_prompt_ids(prompt, list(out.prompt_token_ids))
             logprobs = [read_token_logprob(c.logprobs[i], t) for i, t in enumerate(ids)]
             routing = self.read_routed_experts(c, len(out.prompt_token_ids), len(ids))
             samples.append(RolloutSample(ids, logprobs, c.finish_reason or "length", routing))
