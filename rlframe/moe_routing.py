@@ -6,8 +6,8 @@ An engine records the experts of every token it fed through the model: the promp
 response token but the last (the sampled last token is never fed back; vLLM's
 ``routed_experts`` covers the same ``prompt + response - 1`` tokens). They cross the rollout
 wire as a ``routed_experts`` column (one tensor per row), become the token rows' extra of that
-name (:func:`take_routed_experts`: the prompt's part a prompt extra, the rest per response
-token), and :func:`rlframe.rollout.rows.collate` lays them out as the training grid's
+name (:func:`rlframe.rollout.rows.take_routed_experts`: the prompt's part a prompt extra,
+the rest per response token), and :func:`rlframe.rollout.rows.collate` lays them out as the training grid's
 ``routed_experts``: int16 [rows, P + R, MoE layers, top_k], aligned with ``prompt_ids`` +
 ``response_ids``, -1 where nothing was recorded. A -1 token is routed by the trainer's own
 router, which changes nothing that is scored: the last token's hidden state predicts no
@@ -25,7 +25,6 @@ from rlframe.algorithms.names import RouterReplay
 if TYPE_CHECKING:  # the config package needs omegaconf, which the layout code's importers
     # (bench/gpu_check.py) go without
     from rlframe.config import Config
-    from rlframe.rollout.rows import TokenRow
 
 ROUTED_EXPERTS = "routed_experts"
 """The batch key of each token's routed experts."""
@@ -36,28 +35,6 @@ REPLAYABLE_MODEL_TYPES = frozenset({"qwen3_moe", "qwen2_moe", "olmoe", "mixtral"
 """transformers model types whose router takes the softmax over all experts, then the top-k
 (renormalised or not): the weights :func:`workers.engines.router_replay.compute_replayed_weights`
 recomputes. ``qwen3_moe`` is the one tested (``tiny-moe:<seed>``)."""
-
-
-def take_routed_experts(row: TokenRow, routing: torch.Tensor, new_tokens: int) -> dict:
-    """File one engine call's ``routing`` of a row ([context + new_tokens - 1, layers, k], in
-    token order) on the row: the prompt's part as the row's prompt extra, and the returned
-    per-token extra of its ``new_tokens`` response tokens (the last one None: never fed).
-    A row's first call only: a later call's context holds response tokens already routed
-    (possibly by older weights), which ``algorithm.router_replay`` does not reconcile yet."""
-    if row.response_ids:
-        raise ValueError(
-            "routed experts of a continued row (another turn, a partial rollout) are not "
-            "carried: algorithm.router_replay=rollout needs single_turn rows in lockstep"
-        )
-    prompt = len(row.prompt_ids)
-    if routing.shape[0] != prompt + new_tokens - 1:
-        raise ValueError(
-            f"routed experts of {routing.shape[0]} tokens for a prompt of {prompt} and "
-            f"{new_tokens} new tokens (expected {prompt + new_tokens - 1})"
-        )
-    row.prompt_extras[ROUTED_EXPERTS] = list(routing[:prompt])
-    response = list(routing[prompt:])
-    return {ROUTED_EXPERTS: response + [None] if new_tokens else []}
 
 
 def left_pad_routed_experts(routing: torch.Tensor, extra: int) -> torch.Tensor:

@@ -57,9 +57,9 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     check_sequence_parallel(cfg, model_path)
     check_expert_parallel(cfg, model_path)
     check_router_replay(cfg, model_path)
+    check_vision(cfg, model_path)
     on_cpu = cfg.model.lora.enabled and trains_on_cpu(cfg, count_local_gpus())
     check_lora_targets(cfg, model_path, on_cpu)
-    check_vision(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:
         records, val_records = split_validation_records(records, cfg, tokenizer)

@@ -18,7 +18,7 @@ import torch
 
 from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
-from rlframe.rollout.rows import TokenRow, add_turns, build_request
+from rlframe.rollout.rows import TokenRow, add_turns, build_request, read_row_images
 
 
 def continuation_seed(row: TokenRow) -> int:
@@ -99,9 +99,8 @@ def build_continuation(
     its seed and its cap (what is left of ``max_tokens``, at most ``chunk`` when > 0)."""
     left = [max_tokens - len(r.response_ids) for r in rows]
     caps = [min(chunk, n) if chunk > 0 else n for n in left]
-    return build_request(
-        [r.context for r in rows], [continuation_seed(r) for r in rows], caps, meta
-    )
+    seeds = [continuation_seed(r) for r in rows]
+    return build_request([r.context for r in rows], seeds, caps, meta, read_row_images(rows))
 
 
 def merge_call(rows: list[TokenRow], out: Batch, max_tokens: int) -> None:

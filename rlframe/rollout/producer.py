@@ -38,7 +38,7 @@ from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.agents import AGENTS, AgentContext, collect_agent_metrics, fill_mini_batches
 from rlframe.rollout.partial import Group, build_continuation, decode_batch, merge_call
-from rlframe.rollout.rows import TokenRow, attach, collate
+from rlframe.rollout.rows import TokenRow, attach, collate, image_extras
 from rlframe.rollout.sampling import concat_groups, has_uniform_rewards
 from rlframe.rollout.staleness import (
     GroupView,
@@ -324,7 +324,10 @@ class ExperienceProducer:
             [record], self.n, group_id, self.tokenizer.pad_token_id, self.cfg.trainer.seed
         )
         prompts.meta |= self.meta
-        rows = [TokenRow(list(record.prompt_ids), seed=int(s)) for s in prompts.column("seed")]
+        rows = [
+            TokenRow(list(record.prompt_ids), seed=int(s), row_extras=image_extras(record.images))
+            for s in prompts.column("seed")
+        ]
         return Group(group_id, record, prompts, rows, version)
 
     def take(self, chosen: list[int]) -> Batch:

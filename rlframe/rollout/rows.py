@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from rlframe.moe_routing import ROUTED_EXPERTS, take_routed_experts
+from rlframe.controller.reads import IMAGES
+from rlframe.moe_routing import ROUTED_EXPERTS
 from rlframe.protocol import Batch
 
 
@@ -201,16 +202,27 @@ def build_request(
     seeds: Sequence[int],
     caps: Sequence[int] | None,
     meta: dict[str, Any],
+    images: Sequence[list[bytes]] | None = None,
 ) -> Batch:
     """An engine call that continues each context (a row's :attr:`TokenRow.context`): seeds,
-    per-row token caps (None: the run's ``rollout.max_tokens``) and the call's meta (stop
-    ids, ``greedy``, ``more_turns``)."""
+    per-row token caps (None: the run's ``rollout.max_tokens``), the call's meta (stop ids,
+    ``greedy``, ``more_turns``) and, for a vision-language model, each row's images (the
+    context's image pads stand for them; :func:`read_row_images`)."""
     tensors = {} if caps is None else {"max_tokens": torch.tensor(list(caps), dtype=torch.long)}
     columns: dict[str, Sequence[Any]] = {
         "prompt_tokens": [list(c) for c in contexts],
         "seed": [int(s) for s in seeds],
     }
+    if images is not None:
+        columns[IMAGES] = [list(i) for i in images]
     return Batch(tensors, columns, dict(meta))
+
+
+def read_row_images(rows: Sequence[TokenRow]) -> list[list[bytes]] | None:
+    """Each row's images (its ``images`` row extra: encoded bytes, in prompt order); None
+    when no row has any, so a text model's request carries no images column."""
+    images = [list(r.row_extras.get(IMAGES, [])) for r in rows]
+    return images if any(images) else None
 
 
 def build_response(
@@ -233,7 +245,7 @@ def build_response(
 
 def add_turns(rows: Sequence[TokenRow], out: Batch) -> None:
     """Append each row's turn of an engine call (:func:`build_response`), with its routed
-    experts where the engine recorded them (:func:`rlframe.moe_routing.take_routed_experts`)."""
+    experts where the engine recorded them (:func:`take_routed_experts`)."""
     routing = out.column(ROUTED_EXPERTS) if ROUTED_EXPERTS in out else [None] * len(rows)
     for row, ids, logprobs, reason, version, experts in zip(
         rows,
@@ -247,6 +259,30 @@ def add_turns(rows: Sequence[TokenRow], out: Batch) -> None:
         row.add_turn(list(ids), list(logprobs), str(reason), int(version), extras)
 
 
+def take_routed_experts(
+    row: TokenRow, routing: torch.Tensor, new_tokens: int
+) -> dict[str, list[Any]]:
+    """File one engine call's ``routing`` of a row ([context + new_tokens - 1, layers, k], in
+    token order) on the row: the prompt's part as the row's prompt extra, and the returned
+    per-token extra of its ``new_tokens`` response tokens (the last one None: never fed).
+    A row's first call only: a later call's context holds response tokens already routed
+    (possibly by older weights), which ``algorithm.router_replay`` does not reconcile yet."""
+    if row.response_ids:
+        raise ValueError(
+            "routed experts of a continued row (another turn, a partial rollout) are not "
+            "carried: algorithm.router_replay=rollout needs single_turn rows in lockstep"
+        )
+    prompt = len(row.prompt_ids)
+    if routing.shape[0] != prompt + new_tokens - 1:
+        raise ValueError(
+            f"routed experts of {routing.shape[0]} tokens for a prompt of {prompt} and "
+            f"{new_tokens} new tokens (expected {prompt + new_tokens - 1})"
+        )
+    row.prompt_extras[ROUTED_EXPERTS] = list(routing[:prompt])
+    response = list(routing[prompt:])
+    return {ROUTED_EXPERTS: response + [None] if new_tokens else []}
+
+
 def sample_turns(
     generate: Callable[[Batch], Batch],
     rows: Sequence[TokenRow],
@@ -255,19 +291,31 @@ def sample_turns(
     meta: dict[str, Any],
 ) -> Batch:
     """One blocking engine call that appends a turn to every row; the call's response."""
-    out = generate(build_request([r.context for r in rows], seeds, caps, meta))
+    out = generate(
+        build_request([r.context for r in rows], seeds, caps, meta, read_row_images(rows))
+    )
     add_turns(rows, out)
     return out
 
 
 def read_prompt_rows(prompts: Batch) -> list[TokenRow]:
-    """A row per prompt row of a Batch (left-padded ``prompt_ids``), with its seed."""
+    """A row per prompt row of a Batch (left-padded ``prompt_ids``), with its seed and, where
+    the prompts have an ``images`` column, its images as a row extra."""
+    images = list(prompts.column(IMAGES)) if IMAGES in prompts else [[]] * len(prompts)
     return [
-        TokenRow(ids[mask.bool()].tolist(), seed=int(seed))
-        for ids, mask, seed in zip(
-            prompts.tensor("prompt_ids"), prompts.tensor("prompt_mask"), prompts.column("seed")
+        TokenRow(ids[mask.bool()].tolist(), seed=int(seed), row_extras=image_extras(row_images))
+        for ids, mask, seed, row_images in zip(
+            prompts.tensor("prompt_ids"),
+            prompts.tensor("prompt_mask"),
+            prompts.column("seed"),
+            images,
         )
     ]
+
+
+def image_extras(images: Sequence[bytes]) -> dict[str, Any]:
+    """The row extras of a prompt with ``images`` (none for a text prompt)."""
+    return {IMAGES: list(images)} if len(images) else {}
 
 
 def attach(prompts: Batch, grid: Batch) -> Batch:

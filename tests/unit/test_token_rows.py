@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import torch
 
+from rlframe.protocol import Batch
 from rlframe.rollout.rows import (
     TokenRow,
     add_turns,
     build_request,
     build_response,
     collate,
+    read_prompt_rows,
+    sample_turns,
 )
 
 PAD = 0
@@ -79,3 +82,31 @@ def test_the_wire_carries_each_rows_context_and_appends_its_turn() -> None:
     assert rows[0].response_ids[-1] == 14 and rows[0].versions[-1] == 5
     assert rows[1].response_ids == [21] and rows[1].turns == 2
     assert rows[0].sampled == 4 and rows[0].finish_reason == "stop"
+
+
+def test_images_travel_in_the_rows_to_every_engine_call_and_into_the_grid() -> None:
+    """A vision-language prompt's images become its rows' extra: each call that continues
+    the row sends them with its context (vLLM needs them for the image pads), and the grid
+    carries them to the trainer's forward. A text prompt's call carries no images column."""
+    prompts = Batch(
+        {
+            "prompt_ids": torch.tensor([[PAD, 5], [6, 7]]),
+            "prompt_mask": torch.tensor([[0, 1], [1, 1]]),
+        },
+        {"seed": [1, 2], "images": [[b"png-a"], []]},
+    )
+    rows = read_prompt_rows(prompts)
+    sent: list[Batch] = []
+
+    def engine(request: Batch) -> Batch:
+        sent.append(request)
+        return build_response([([9], [-0.5], "length")] * len(request), 1)
+
+    sample_turns(engine, rows, [1, 2], None, {})
+    sample_turns(engine, rows, [3, 4], None, {})  # a continuation sends them again
+    assert [list(r["images"]) for r in sent] == [[[b"png-a"], []]] * 2
+    grid = collate(rows, width=2, pad_id=PAD)
+    assert list(grid["images"]) == [[b"png-a"], None]
+    text = read_prompt_rows(Batch(prompts.tensors, {"seed": [1, 2]}))
+    sample_turns(engine, text, [1, 2], None, {})
+    assert "images" not in sent[-1]

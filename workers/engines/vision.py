@@ -43,7 +43,9 @@ class ImageEncoder:
     def encode(self, rows: Batch) -> RowImages:
         """The rows' images in row order; rows without an ``images`` column have none (they
         still get mrope positions, which a packed layout of this model needs)."""
-        per_row = [list(r) for r in rows["images"]] if "images" in rows else [[]] * len(rows)
+        per_row = (
+            [list(r or []) for r in rows.column("images")] if "images" in rows else [[]] * len(rows)
+        )
         flat = [image for row in per_row for image in row]
         self.process([image for image in dict.fromkeys(flat) if image not in self.cache])
         counts = [len(r) for r in per_row]
