@@ -215,6 +215,7 @@ def run_loop(tmp_path: Path, **trainer: Any) -> tuple[list[int], list[int], Path
     loop.cfg = make_config(tmp_path, **trainer)
     loop.step_count = 0
     loop.tracker = RecordingTracker()
+    loop.max_logprob_diff = None  # the sync check reads rollout/logprob_diff; none here
     loop.validator = CountingValidator()
     loop.checkpointer = Checkpointer(tmp_path, 100, {}, lambda d: d.mkdir(), export_hf=False)
     loop.fit()
