@@ -78,6 +78,7 @@ class Check:
             dtype="bfloat16" if device == "cuda" else "float32",
             trust_remote_code=False,
             gradient_checkpointing=False,
+            freeze_vision=False,
         )
         self.results: dict[str, Any] = {"device": describe_device(device), "shape": asdict(shape)}
         self.peak_flops: float | None = None

@@ -14,6 +14,8 @@ from ray import cloudpickle
 from rlframe.controller.worker_group import WorkerGroup
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.pools import build_broadcast_sync, join_weight_group, pick_weight_group_spec
+from rlframe.protocol import Batch
+from rlframe.rollout.rows import generate_batch
 from tests.plugins import corrupt_experts
 from tests.ray.factories import TinyGroups, logprob_gap, prompts_for, tiny_config
 
@@ -27,16 +29,22 @@ CORRUPT = 1e-3
 """Where the gap of one corrupted expert (of 8 in one of 2 layers) must lie above."""
 
 
+WIDTH = 6
+"""The response grid's width: tiny_config's ``rollout.max_tokens``."""
+
+
+def sample(rollout: WorkerGroup, seed: int) -> Batch:
+    return generate_batch(rollout.generate, prompts_for(seed), WIDTH)
+
+
 def measure_gap(trainer: WorkerGroup, rollout: WorkerGroup, seed: int) -> float:
-    prompts = prompts_for(seed)
-    batch = prompts.union(rollout.generate(prompts))
+    batch = sample(rollout, seed)
     return logprob_gap(batch, trainer.compute_logprobs(batch)["old_logprobs"])
 
 
 def update(trainer: WorkerGroup, rollout: WorkerGroup, seed: int) -> None:
     """One update with a strong signal, so that every sync moves the experts."""
-    prompts = prompts_for(seed)
-    batch = prompts.union(rollout.generate(prompts))
+    batch = sample(rollout, seed)
     mask = batch["response_mask"]
     trainer.update(
         batch.with_tensors(

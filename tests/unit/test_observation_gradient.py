@@ -69,19 +69,16 @@ def parameter_grads(
     cfg = Config(rollout=RolloutConfig(temperature=1.0), algorithm=algorithm)
     # The engine's log-prob path on a plain (unsharded) model: it reads .model, .device and
     # .sp (no sequence parallelism).
-    actor = SimpleNamespace(model=model, device="cpu", sp=None)
+    actor = SimpleNamespace(model=model, device="cpu", sp=None, replay=None)
     actor.compute_token_logprobs = MethodType(FSDPEngine.compute_token_logprobs, actor)
-    worker = SimpleNamespace(
-        cfg=cfg,
-        device="cpu",
-        world_size=1,
-        actor=actor,
-        packed=False,
-        policy_loss=POLICY_LOSSES.get(loss),
-    )
-    TrainRole.forward_backward(
-        worker, batch, LossScale(tokens=float(LOSS_MASK.sum()), sequences=2.0)
-    )
+    actor.replaying = MethodType(FSDPEngine.replaying, actor)
+    # The role's own update code on this plain model: a text policy without routers.
+    worker = TrainRole.__new__(TrainRole)
+    worker.cfg, worker.device, worker.world_size = cfg, "cpu", 1
+    worker.actor, worker.packed = actor, False
+    worker.policy_loss = POLICY_LOSSES.get(loss)
+    worker.images, worker.router = None, None
+    worker.forward_backward(batch, LossScale(tokens=float(LOSS_MASK.sum()), sequences=2.0))
     return [p.grad.clone() for p in model.parameters()]
 
 
