@@ -10,7 +10,7 @@ same ``prompt + response - 1`` tokens). They cross the rollout wire as a ``route
 response token), and :func:`rlframe.rollout.rows.collate` lays them out as the training grid's
 ``routed_experts``: int16 [rows, P + R, MoE layers, top_k], aligned with ``prompt_ids`` +
 ``response_ids``, -1 where nothing was recorded. A -1 token is routed by the trainer's own router,
-which changes nothing that is scored: the last token's hidden state predicts no scored token. """
+which changes nothing that is scored: the last token's hidden state predicts no scored token."""
 
 from __future__ import annotations
 

@@ -52,12 +52,14 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     # A run directory in use is resumed or refused, never overwritten.
     resume_from = resolve_resume(cfg)
     model_path, tokenizer = load_model_files(cfg)
+    # What a vision-language model cannot do yet goes first: it names the real limit where a
+    # later check (the agent's chat template) would name a symptom.
+    check_vision(cfg, model_path)
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
     check_sequence_parallel(cfg, model_path)
     check_expert_parallel(cfg, model_path)
     check_router_replay(cfg, model_path)
-    check_vision(cfg, model_path)
     on_cpu = cfg.model.lora.enabled and trains_on_cpu(cfg, count_local_gpus())
     check_lora_targets(cfg, model_path, on_cpu)
     records = load_training_prompts(cfg, tokenizer)
@@ -325,7 +327,9 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
 
 def check_vision(cfg: Config, model_path: str) -> None:
     """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
-    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet."""
+    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet, and only the
+    ``single_turn`` agent puts a prompt's images in its rows (another agent's engine calls
+    would send image pads without their images)."""
     from transformers import AutoConfig
 
     try:
@@ -343,6 +347,7 @@ def check_vision(cfg: Config, model_path: str) -> None:
         "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
         "model.lora.rank": cfg.model.lora.enabled,
         "critic.enable": cfg.critic.enable,
+        "rollout.agent": cfg.rollout.agent != "single_turn",
     }
     for key, used in unsupported.items():
         if used:
