@@ -5,6 +5,7 @@ run it tensor-parallel as before, so a wrong model would pass unseen)."""
 from __future__ import annotations
 
 from rlframe.config import Config, ConfigError
+from rlframe.model_config import read_model_config
 
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 """Where a transformers config holds its routed experts per layer (Qwen-MoE; Mixtral and
@@ -22,13 +23,8 @@ def check_expert_parallel(cfg: Config, model_path: str) -> None:
     whose config cannot be read here is left to the workers."""
     if not cfg.rollout.expert_parallel:
         return
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(
-            model_path, trust_remote_code=cfg.model.trust_remote_code
-        )
-    except Exception:  # a model id whose config is not reachable: the workers will say
+    config = read_model_config(model_path, cfg.model.trust_remote_code)
+    if config is None:
         return
     if count_routed_experts(config) == 0:
         raise ConfigError(

@@ -64,13 +64,10 @@ def check_router_replay(cfg: Config, model_path: str) -> None:
             "runs on CUDA only (Model Runner V2 needs Triton); on this machine use "
             "rollout.engine=hf, which records routing on CPU",
         )
-    from transformers import AutoConfig
+    from rlframe.model_config import read_model_config
 
-    try:
-        config = AutoConfig.from_pretrained(
-            model_path, trust_remote_code=cfg.model.trust_remote_code
-        )
-    except Exception:  # a model id whose config is not reachable: the workers will say
+    config = read_model_config(model_path, cfg.model.trust_remote_code)
+    if config is None:
         return
     model_type = getattr(config, "model_type", "?")
     if model_type in REPLAYABLE_MODEL_TYPES:

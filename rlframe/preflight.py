@@ -18,6 +18,7 @@ from typing import Any
 
 from rlframe.config import Config, ConfigError, Device, Placement, first_line
 from rlframe.data.prompts import PromptRecord
+from rlframe.model_config import read_model_config
 
 
 @dataclass
@@ -297,18 +298,13 @@ def check_agent(cfg: Config, tokenizer: Any) -> None:
 def check_sequence_length(cfg: Config, model_path: str) -> None:
     """The longest prompt + response must fit the model's positions (vLLM refuses to start
     otherwise, after Ray). Multi-turn responses hold observations too."""
-    from transformers import AutoConfig
-
     from rlframe.config.agent import compute_response_width, is_multi_turn
 
-    try:
-        config = AutoConfig.from_pretrained(
-            model_path, trust_remote_code=cfg.model.trust_remote_code
-        )
-        # A vision-language model's positions are its language model's.
-        limit = getattr(config.get_text_config(), "max_position_embeddings", None)
-    except Exception:  # a model id whose config is not reachable: vLLM will say
+    config = read_model_config(model_path, cfg.model.trust_remote_code)
+    if config is None:  # a model id whose config is not reachable: vLLM will say
         return
+    # A vision-language model's positions are its language model's.
+    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
     width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
     longest = cfg.data.max_prompt_length + width
     if limit is not None and longest > limit:
@@ -330,13 +326,8 @@ def check_vision(cfg: Config, model_path: str) -> None:
     its rows (images, mrope) have no Ulysses split, critic or LoRA path yet, and only the
     ``single_turn`` agent puts a prompt's images in its rows (another agent's engine calls
     would send image pads without their images)."""
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(
-            model_path, trust_remote_code=cfg.model.trust_remote_code
-        )
-    except Exception:  # a model id whose config is not reachable: the workers will say
+    config = read_model_config(model_path, cfg.model.trust_remote_code)
+    if config is None:
         return
     if getattr(config, "vision_config", None) is None:
         if cfg.model.freeze_vision:
@@ -365,13 +356,8 @@ def check_sequence_parallel(cfg: Config, model_path: str) -> None:
     sizes = {k: v for k, v in sizes.items() if v > 1}
     if not sizes:
         return
-    from transformers import AutoConfig
-
-    try:
-        config = AutoConfig.from_pretrained(
-            model_path, trust_remote_code=cfg.model.trust_remote_code
-        )
-    except Exception:  # a model id whose config is not reachable: the workers will say
+    config = read_model_config(model_path, cfg.model.trust_remote_code)
+    if config is None:
         return
     config = getattr(config, "text_config", config)
     heads = getattr(config, "num_attention_heads", None)

@@ -44,7 +44,7 @@ from workers.sync_probe import (
     compute_trainer_probe,
     list_vision_token_ids,
 )
-from workers.weight_sync import WeightSource, iter_full_tensors, iter_unfrozen_tensors
+from workers.weight_sync import WeightSource, iter_full_tensors
 
 
 def count_optimizer_steps(cfg: Config) -> int:
@@ -111,7 +111,7 @@ def pick_sync_tensors(
     """What a weight sync streams: every tensor (but a frozen vision tower's), or under LoRA
     the merged weights (``sync=merged``) or the adapters alone (``sync=adapter``)."""
     if not lora.enabled:
-        return iter_unfrozen_tensors if freeze_vision else iter_full_tensors
+        return partial(iter_full_tensors, with_vision=not freeze_vision)
     return iter_adapter_tensors if lora.sync is LoraSync.adapter else iter_merged_tensors
 
 

@@ -80,17 +80,12 @@ def iter_full_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Every ``state_dict`` entry as ``(engine name, full tensor)``, fused experts split into
     the checkpoint's per-expert tensors (:func:`to_engine_tensors`). ``with_vision=False``
-    skips the vision tower before any gather."""
+    skips the vision tower before any gather (``model.freeze_vision``: the engine keeps the
+    copy it loaded, which never changes)."""
     model_type = model_type_of(model)
     for name, value in model.state_dict().items():
         if with_vision or not is_vision_tower_name(name):
             yield from to_engine_tensors(name, full_tensor(value).detach(), model_type)
-
-
-def iter_unfrozen_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every ``state_dict`` entry but the vision tower's (``model.freeze_vision``: the engine
-    keeps the copy it loaded, which never changes)."""
-    return iter_full_tensors(model, with_vision=False)
 
 
 class InProcessSink:

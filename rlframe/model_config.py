@@ -1,0 +1,23 @@
+"""The model's HF config as the checks before Ray read it: read once per model folder.
+
+Several pre-flight checks (sequence length, sequence parallelism, expert parallelism, router
+replay, vision) each need the config; reading and parsing ``config.json`` (or resolving a hub
+id) once keeps start-up from doing it five times.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+
+@lru_cache(maxsize=8)
+def read_model_config(model_path: str, trust_remote_code: bool) -> Any | None:
+    """The transformers config of ``model_path``; None when it cannot be read here (a model
+    id whose config is not reachable: the workers will say why). The checks only read it."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    except Exception:
+        return None
