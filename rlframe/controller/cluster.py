@@ -57,6 +57,7 @@ def init_ray(cfg: RayConfig) -> bool:
         include_dashboard=cfg.include_dashboard,
         dashboard_host=LOOPBACK,
         _node_ip_address=LOOPBACK,
+        _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
         log_to_driver=True,
         configure_logging=False,
     )
