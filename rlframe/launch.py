@@ -145,16 +145,16 @@ def run_training(cfg: Config) -> list[dict[str, float]]:
             [],
             [],
         )
-        checked: list[RunInputs] = []
+        checked: list[tuple[RunInputs, float]] = []
 
         def check_while_workers_start() -> None:
             began = time.time()
-            checked.append(check_driver_inputs(cfg, found))
-            startup.DRIVER.attach("workers", {"driver checks": time.time() - began})
+            checked.append((check_driver_inputs(cfg, found), time.time() - began))
 
         workers = start_workers(launch, check_while_workers_start)
         startup.DRIVER.mark("workers")
-        inputs = checked[0]
+        inputs, seconds = checked[0]
+        startup.DRIVER.attach("workers", {"driver checks": seconds})
         tokenizer, records, val_records = inputs.tokenizer, inputs.records, inputs.val_records
         actor, critic = workers.actor, workers.critic
         tracker = Tracker(
