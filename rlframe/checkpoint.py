@@ -161,6 +161,9 @@ def write_hf_config(
     except OSError:
         pass  # the model ships no generation config
     tokenizer.save_pretrained(dest)
+    from rlframe.data.images import save_processor
+
+    save_processor(model_path, dest)
 
 
 class Checkpointer:

@@ -5,9 +5,11 @@
 CHECKPOINT is a checkpoint folder (``<run>/checkpoints/step_N``) or a run directory (its
 latest checkpoint). The sharded actor state is read on this one process, whatever the world
 size it was saved with, so this runs on a machine without GPUs or Ray. ``OUT_DIR`` then loads
-with ``AutoModelForCausalLM.from_pretrained`` and with vLLM. A LoRA run's checkpoint holds the
-adapters alone: it exports as a peft adapter folder over the base model it was trained on
-(``PeftModel.from_pretrained``), or with ``--merge`` as the merged plain model.
+with ``AutoModelForCausalLM.from_pretrained`` (a vision-language model with
+``AutoModelForImageTextToText`` and its processor with ``AutoProcessor``) and with vLLM. A
+LoRA run's checkpoint holds the adapters alone: it exports as a peft adapter folder over the
+base model it was trained on (``PeftModel.from_pretrained``), or with ``--merge`` as the merged
+plain model.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import torch
 
 from rlframe.checkpoint_layout import DRIVER_STATE, HF_CONFIG, LORA_BASE, find_latest_checkpoint
+from rlframe.data.images import save_processor
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -40,13 +43,21 @@ def export_checkpoint(
     checkpoint as a peft adapter folder, or with ``merge`` as the merged model."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoTokenizer,
+        GenerationConfig,
+    )
 
     shards, meta_dir = checkpoint / "actor", checkpoint / HF_CONFIG
     if (meta_dir / LORA_BASE).is_file():
         return export_lora_checkpoint(checkpoint, out_dir, dtype, merge)
     config = AutoConfig.from_pretrained(meta_dir)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    vision = getattr(config, "vision_config", None) is not None
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    model = auto.from_config(config, dtype=torch.float32)
     saved = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
     # The state dict's tensors are the model's own: DCP loads into them in place.
     state = model.state_dict()
@@ -64,6 +75,7 @@ def export_checkpoint(
     out_dir.mkdir(parents=True, exist_ok=True)
     model.to(dtype).save_pretrained(out_dir, safe_serialization=True)
     AutoTokenizer.from_pretrained(meta_dir).save_pretrained(out_dir)
+    save_processor(str(meta_dir), out_dir)
     try:
         GenerationConfig.from_pretrained(meta_dir).save_pretrained(out_dir)
     except OSError:
@@ -80,15 +92,22 @@ def export_lora_checkpoint(
     import torch.distributed.checkpoint as dcp
     from peft import get_peft_model
     from torch.distributed.checkpoint import FileSystemReader
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+        PreTrainedModel,
+    )
 
     from rlframe.config.lora import LoraConfig
+    from rlframe.lora_targets import list_peft_targets
 
     shards, meta_dir = checkpoint / "actor", checkpoint / HF_CONFIG
     info = json.loads((meta_dir / LORA_BASE).read_text())
     base_path = info.pop("base_model")
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
-    model = get_peft_model(base, LoraConfig(**info).to_peft())
+    lora = LoraConfig(**info)
+    model = get_peft_model(base, lora.to_peft(targets=list_peft_targets(base, lora)))
     saved = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
     state = model.state_dict()
     adapters = {k: v for k, v in state.items() if "lora_" in k}
@@ -100,13 +119,16 @@ def export_lora_checkpoint(
         dcp.load({"model": adapters}, checkpoint_id=str(shards))
     out_dir.mkdir(parents=True, exist_ok=True)
     if merge:
-        model.merge_and_unload().to(dtype).save_pretrained(out_dir, safe_serialization=True)
+        merged = model.merge_and_unload().to(dtype)
+        if not isinstance(merged, PreTrainedModel):  # peft hands back the model it wrapped
+            raise TypeError(f"merging the adapters gave a {type(merged).__name__}")
+        merged.save_pretrained(out_dir, safe_serialization=True)
         try:
             GenerationConfig.from_pretrained(meta_dir).save_pretrained(out_dir)
         except OSError:
             pass
     else:
-        model.to(dtype).save_pretrained(out_dir)
+        model.to(dtype).save_pretrained(str(out_dir))
     AutoTokenizer.from_pretrained(meta_dir).save_pretrained(out_dir)
     return out_dir
 

@@ -24,9 +24,8 @@ from rlframe.interrupts import install_interrupt_handlers
 from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer, Producer
-from rlframe.rollout.async_episodes import AsyncEpisodeProducer
-from rlframe.rollout.async_producer import AsyncProducer
 from rlframe.run_dir import lock_run_dir
+from rlframe.sync_check import pick_max_logprob_diff
 from rlframe.tracking import Tracker
 from rlframe.trainer import Trainer
 from rlframe.validation import Validator
@@ -67,18 +66,11 @@ def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> di
 def build_producer(
     cfg: Config, workers: Workers, tokenizer: Any, loader: PromptLoader, rewards: RewardStage
 ) -> tuple[Producer, Callable[[], int]]:
-    """The experience producer and the ``sync_weights`` the trainer calls: lockstep at
-    ``rollout.max_staleness=0`` (exactly the synchronous trainer), else the asynchronous
-    producer, which learns each new weights version from the sync."""
-    if cfg.rollout.max_staleness == 0:
-        lockstep = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards)
-        return lockstep, workers.sync_weights
-    overlap = cfg.rollout.placement is Placement.separate
-    # single_turn responses continue across engine calls; other agents' episodes run whole.
-    kind = AsyncProducer if cfg.rollout.agent == "single_turn" else AsyncEpisodeProducer
-    producer = kind(
-        cfg, workers.submit_generate, workers.generate, tokenizer, loader, rewards, overlap
-    )
+    """The experience producer and the ``sync_weights`` the trainer calls (the producer learns
+    each new weights version from it). A separate rollout pool generates ahead while the
+    trainer trains, at ``rollout.max_staleness >= 1``."""
+    overlap = cfg.rollout.placement is Placement.separate and cfg.rollout.max_staleness > 0
+    producer = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards, overlap)
     return producer, producer.track_sync(workers.sync_weights)
 
 
@@ -191,6 +183,7 @@ def run_training(cfg: Config) -> list[dict[str, float]]:
             tracker,
             checkpointer,
             validator,
+            pick_max_logprob_diff(cfg, device),
         )
         if resume_from is not None:
             trainer.load_state_dict(checkpointer.load(resume_from))

@@ -108,9 +108,12 @@ class DriverLogs:
         try:
             import ray
 
-            session_logs = Path(ray._private.worker._global_node.get_logs_dir_path())
-        except Exception:  # noqa: BLE001 - no local node: nothing to link
+            node = ray._private.worker._global_node
+        except Exception:  # noqa: BLE001 - Ray's private layout moved: nothing to link
             return None
+        if node is None:  # a Ray client connection: no local node
+            return None
+        session_logs = Path(node.get_logs_dir_path())
         link = self.log_dir / "ray"
         if link.is_symlink() or link.exists():
             link.unlink()

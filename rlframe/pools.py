@@ -25,7 +25,7 @@ from rlframe.config.placement import resolve_actor_worker_cls, rollout_pool, tra
 from rlframe.controller import roles
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.weight_group import WeightGroupSpec
-from rlframe.controller.worker_group import CallHandle, WorkerGroup, wait_calls
+from rlframe.controller.worker_group import WorkerGroup, wait_calls
 from rlframe.protocol import Batch
 
 WorkerEnv = Callable[[int], dict[str, str]]
@@ -40,8 +40,6 @@ class Workers:
     critic: roles.CriticGroup | None
     reward_model: roles.RewardModelGroup | None
     generate: Callable[[Batch], Batch]
-    submit_generate: Callable[[Batch], CallHandle]
-    """``generate`` without waiting (the asynchronous producer's)."""
     sync_weights: Callable[[], int]
     """Moves the trained weights to the rollout engines; returns the new version."""
     push_current: Callable[[], int] | None
@@ -137,7 +135,6 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
             critic,
             reward_model,
             hybrid.generate,
-            lambda prompts: hybrid.submit("generate", prompts),
             build_colocated_sync(hybrid),
             None,
         )
@@ -159,7 +156,6 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
         critic,
         reward_model,
         rollout.generate,
-        lambda prompts: rollout.submit("generate", prompts),
         sync,
         push,
     )

@@ -81,7 +81,9 @@ def check_driver_inputs(cfg: Config, found: WorkerInputs) -> RunInputs:
     """What the driver feeds the workers, checked while they start: the tokenizer, the agent
     and its chat template, the model's limits against the config, and the prompts. Raise
     ConfigError."""
-    from rlframe.lora_targets import check_lora_targets
+    from rlframe.expert_parallel import check_expert_parallel
+    from rlframe.lora_targets import check_lora_targets, trains_on_cpu
+    from rlframe.moe_routing import check_router_replay
     from rlframe.validation import split_validation_records
 
     model_path = found.model_path
@@ -89,7 +91,11 @@ def check_driver_inputs(cfg: Config, found: WorkerInputs) -> RunInputs:
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
     check_sequence_parallel(cfg, model_path)
-    check_lora_targets(cfg, model_path)
+    check_expert_parallel(cfg, model_path)
+    check_router_replay(cfg, model_path)
+    on_cpu = cfg.model.lora.enabled and trains_on_cpu(cfg, count_local_gpus())
+    check_lora_targets(cfg, model_path, on_cpu)
+    check_vision(cfg, model_path)
     records = load_training_prompts(cfg, tokenizer)
     try:
         records, val_records = split_validation_records(records, cfg, tokenizer)
@@ -334,11 +340,11 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
     from rlframe.config.agent import compute_response_width, is_multi_turn
 
     try:
-        limit = getattr(
-            AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.model.trust_remote_code),
-            "max_position_embeddings",
-            None,
+        config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=cfg.model.trust_remote_code
         )
+        # A vision-language model's positions are its language model's.
+        limit = getattr(config.get_text_config(), "max_position_embeddings", None)
     except Exception:  # a model id whose config is not reachable: vLLM will say
         return
     width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
@@ -355,6 +361,32 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
             "agent.max_obs_tokens" if is_multi_turn(cfg.rollout.agent) else "rollout.max_tokens",
             f"{parts} = {longest} tokens exceeds the model's {limit} positions",
         )
+
+
+def check_vision(cfg: Config, model_path: str) -> None:
+    """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
+    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(
+            model_path, trust_remote_code=cfg.model.trust_remote_code
+        )
+    except Exception:  # a model id whose config is not reachable: the workers will say
+        return
+    if getattr(config, "vision_config", None) is None:
+        if cfg.model.freeze_vision:
+            raise ConfigError("model.freeze_vision", f"{model_path} has no vision tower")
+        return
+    unsupported = {
+        "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size > 1,
+        "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
+        "model.lora.rank": cfg.model.lora.enabled,
+        "critic.enable": cfg.critic.enable,
+    }
+    for key, used in unsupported.items():
+        if used:
+            raise ConfigError(key, f"not supported yet for a vision-language model ({model_path})")
 
 
 def check_sequence_parallel(cfg: Config, model_path: str) -> None:
@@ -398,18 +430,19 @@ def describe_load_error(error: BaseException) -> str:
 
 
 def load_model_files(cfg: Config) -> tuple[str, Any]:
-    """The model directory (building ``tiny:N``) and its tokenizer."""
+    """The model directory (building ``tiny:N``, ``tiny-vl:N``) and its tokenizer."""
     path = resolve_model_files(cfg)
     return path, load_tokenizer(cfg, path)
 
 
 def resolve_model_files(cfg: Config) -> str:
-    """The model directory (building ``tiny:N``): a folder with a config.json and loadable
-    weights, or a model id."""
-    from rlframe.data.tiny_model import is_tiny_model, resolve_model_path
+    """The model directory (building ``tiny:N``, ``tiny-vl:N``): a folder with a config.json
+    and loadable weights, or a model id."""
+    from rlframe.data.tiny_model import is_tiny_model
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
 
     try:
-        path = resolve_model_path(cfg.model.path)
+        path = resolve_tiny_vl_path(cfg.model.path)
     except ValueError as e:
         raise ConfigError("model.path", str(e)) from None
     local = Path(path).expanduser()

@@ -9,8 +9,8 @@ results back together.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
@@ -29,9 +29,11 @@ def as_column(values: Sequence[Any] | np.ndarray) -> np.ndarray:
     return column
 
 
-@dataclass
 class Batch:
     """Row-aligned tensors and columns plus batch-level metadata.
+
+    Read a tensor with ``batch.tensor(key)`` and a column with ``batch.column(key)``: each
+    says in its type which kind it returns, and fails naming the key if the kind is wrong.
 
     Example:
         >>> b = Batch({"ids": torch.arange(6).view(3, 2)}, {"answer": ["1", "2", "3"]})
@@ -39,16 +41,28 @@ class Batch:
         [2, 1]
     """
 
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    columns: dict[str, np.ndarray] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor]
+    columns: dict[str, np.ndarray]
+    meta: dict[str, Any]
 
-    def __post_init__(self) -> None:
-        self.columns = {k: as_column(v) for k, v in self.columns.items()}
+    def __init__(
+        self,
+        tensors: Mapping[str, torch.Tensor] | None = None,
+        columns: Mapping[str, Sequence[Any] | np.ndarray] | None = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.tensors = dict(tensors or {})
+        # Columns arrive as lists from callers (texts, chat turns); rows are arrays from here on.
+        self.columns = {k: as_column(v) for k, v in (columns or {}).items()}
+        self.meta = dict(meta or {})
         sizes = {f"tensor {k!r}": v.shape[0] for k, v in self.tensors.items()}
         sizes |= {f"column {k!r}": len(v) for k, v in self.columns.items()}
         if len(set(sizes.values())) > 1:
             raise ValueError(f"Batch rows disagree: {sizes}")
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) for k, v in self.tensors.items()}
+        return f"Batch(rows={len(self)}, tensors={shapes}, columns={list(self.columns)})"
 
     def __len__(self) -> int:
         for t in self.tensors.values():
@@ -61,11 +75,28 @@ class Batch:
         return [*self.tensors, *self.columns]
 
     def __getitem__(self, key: str) -> torch.Tensor | np.ndarray:
+        """A tensor or a column; code that knows which calls ``tensor`` or ``column``."""
         if key in self.tensors:
             return self.tensors[key]
         if key in self.columns:
             return self.columns[key]
         raise KeyError(f"Batch has no {key!r}; it has {self.keys()}")
+
+    def tensor(self, key: str) -> torch.Tensor:
+        """The tensor ``key``; TypeError if ``key`` is a column, KeyError if it is absent."""
+        if key in self.tensors:
+            return self.tensors[key]
+        if key in self.columns:
+            raise TypeError(f"Batch {key!r} is a column, not a tensor")
+        raise KeyError(f"Batch has no tensor {key!r}; it has {self.keys()}")
+
+    def column(self, key: str) -> np.ndarray:
+        """The column ``key``; TypeError if ``key`` is a tensor, KeyError if it is absent."""
+        if key in self.columns:
+            return self.columns[key]
+        if key in self.tensors:
+            raise TypeError(f"Batch {key!r} is a tensor, not a column")
+        raise KeyError(f"Batch has no column {key!r}; it has {self.keys()}")
 
     def __contains__(self, key: str) -> bool:
         return key in self.tensors or key in self.columns

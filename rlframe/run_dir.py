@@ -126,7 +126,7 @@ def check_resume_changes(cfg: Config, checkpoint: Path, step: int) -> None:
     ]
     if not changed:
         return
-    fatal = [k for k in ("model.path", "critic.enable") if k in changed]
+    fatal: list[str] = [k for k in ("model.path", "critic.enable") if k in changed]
     if family(old.get("algorithm.advantage")) != family(new.get("algorithm.advantage")):
         fatal.append("algorithm.advantage")
     fatal += [k for k in list_adapter_keys(old, new) if k in changed]

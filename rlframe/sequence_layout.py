@@ -15,7 +15,27 @@ from dataclasses import dataclass
 
 import torch
 
+from rlframe.moe_routing import ROUTED_EXPERTS
+from rlframe.mrope import ImageTokens, compute_mrope_positions
 from rlframe.protocol import Batch
+
+
+@dataclass
+class RowImages:
+    """The images of a micro-batch's rows, encoded for the vision tower (rows in order)."""
+
+    pixel_values: torch.Tensor
+    """[patches, C * T * P * P] every image's patches."""
+    grid_thw: torch.Tensor
+    """[images, 3] each image's (time, height, width) patch grid."""
+    per_row: list[int]
+    """How many of the images each row holds."""
+    tokens: ImageTokens
+    """The model's image token and patch merge."""
+
+    def row_grids(self) -> list[torch.Tensor]:
+        """Each row's [images, 3] grids."""
+        return list(self.grid_thw.split(self.per_row))
 
 
 @dataclass
@@ -28,7 +48,9 @@ class SequenceLayout:
     input_ids: torch.Tensor
     """[b, L] token ids: b = rows when padded, b = 1 when packed."""
     position_ids: torch.Tensor
-    """[b, L] positions, restarting at 0 for every packed sequence."""
+    """[b, L] positions, restarting at 0 for every packed sequence. With images, mrope's
+    [3, b, L] (padded) or [4, 1, L] (packed: the text positions that delimit the packed
+    sequences, then the three mrope rows)."""
     attention_mask: torch.Tensor | None
     """[b, L] 1 on real tokens when padded; None when packed, so that transformers derives a
     block-diagonal causal mask from the restarting position ids."""
@@ -41,6 +63,23 @@ class SequenceLayout:
     """[N] index of each selected token into the flattened [B, R] response grid."""
     grid_shape: tuple[int, int]
     """(B, R): rows and response width of the micro-batch."""
+    routed_experts: torch.Tensor | None = None
+    """[b, L, MoE layers, top_k] the experts each input token is to be routed to (-1: the
+    model's own choice), laid out like ``input_ids``; None without router replay."""
+    pixel_values: torch.Tensor | None = None
+    """[patches, D] the rows' images for the vision tower; None without images."""
+    image_grid_thw: torch.Tensor | None = None
+    """[images, 3] the patch grid of each image in ``pixel_values``."""
+    placeholder_ids: torch.Tensor | None = None
+    """With images: ``input_ids`` with -1 for each image token in a response (sampled, so
+    text to the engine: its own embedding and a text position); what the model's
+    image-placeholder mask reads."""
+
+    def flat_routed_experts(self) -> torch.Tensor | None:
+        """[b * L, MoE layers, top_k]: the tokens in the order the model's routers see them."""
+        if self.routed_experts is None:
+            return None
+        return self.routed_experts.flatten(0, 1)
 
     def to_grid(self, values: torch.Tensor) -> torch.Tensor:
         """[N] per selected token -> [B, R] with 0 elsewhere (differentiable)."""
@@ -49,35 +88,52 @@ class SequenceLayout:
         return grid.index_put((self.grid_index,), values).view(rows, width)
 
     def to(self, device: str | torch.device) -> SequenceLayout:
-        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        def move(optional: torch.Tensor | None) -> torch.Tensor | None:
+            return None if optional is None else optional.to(device)
+
         return SequenceLayout(
-            move(self.input_ids),
-            move(self.position_ids),
+            self.input_ids.to(device),
+            self.position_ids.to(device),
             move(self.attention_mask),
-            move(self.predict_index),
-            move(self.target_ids),
-            move(self.grid_index),
+            self.predict_index.to(device),
+            self.target_ids.to(device),
+            self.grid_index.to(device),
             self.grid_shape,
+            move(self.routed_experts),
+            move(self.pixel_values),
+            move(self.image_grid_thw),
+            move(self.placeholder_ids),
         )
 
 
 def select_tokens(rows: Batch) -> torch.Tensor:
     """[B, R] bool: response tokens that need a prediction (sampled by the policy)."""
-    selected = rows["response_mask"].bool()
+    selected = rows.tensor("response_mask").bool()
     if "loss_mask" in rows:
-        selected &= rows["loss_mask"].bool()
+        selected &= rows.tensor("loss_mask").bool()
     return selected
 
 
-def build_padded_layout(rows: Batch) -> SequenceLayout:
+def build_padded_layout(rows: Batch, images: RowImages | None = None) -> SequenceLayout:
     """One row per response: prompts left-padded, responses right-padded, positions counted
-    over real tokens, an attention mask hiding the padding."""
-    prompt_ids, response_ids = rows["prompt_ids"], rows["response_ids"]
+    over real tokens (mrope's with ``images``), an attention mask hiding the padding."""
+    prompt_ids, response_ids = rows.tensor("prompt_ids"), rows.tensor("response_ids")
     rows_count, prompt_width = prompt_ids.shape
     width = response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-    attention_mask = torch.cat([rows["prompt_mask"], rows["response_mask"]], dim=1).long()
+    attention_mask = torch.cat(
+        [rows.tensor("prompt_mask"), rows.tensor("response_mask")], dim=1
+    ).long()
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    placeholders = None
+    if images is not None:
+        placeholders = mark_placeholders(prompt_ids, response_ids, images.tokens)
+        position_ids = torch.zeros(3, *input_ids.shape, dtype=torch.long)
+        for i, grids in enumerate(images.row_grids()):
+            real = attention_mask[i].bool()
+            position_ids[:, i, real] = compute_mrope_positions(
+                placeholders[i][real], grids, images.tokens
+            )
     row, col = select_tokens(rows).nonzero(as_tuple=True)
     # Position t predicts token t + 1: the last prompt position predicts the first response token.
     predict_index = row * (prompt_width + width) + prompt_width + col - 1
@@ -89,22 +145,52 @@ def build_padded_layout(rows: Batch) -> SequenceLayout:
         response_ids[row, col],
         row * width + col,
         (rows_count, width),
+        rows.tensors.get(ROUTED_EXPERTS),
+        *attach_images(images),
+        placeholders,
     )
 
 
-def build_packed_layout(rows: Batch) -> SequenceLayout:
+def attach_images(images: RowImages | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A layout's (pixel values, image grids): None without images."""
+    if images is None or not images.grid_thw.numel():
+        return None, None
+    return images.pixel_values, images.grid_thw
+
+
+def mark_placeholders(
+    prompt_ids: torch.Tensor, response_ids: torch.Tensor, tokens: ImageTokens
+) -> torch.Tensor:
+    """[B, P + R] prompt and response ids with -1 for every image token of a response: a
+    policy may sample the image token, which stands for no image there (vLLM embeds it as
+    text and gives it a text position)."""
+    sampled = torch.where(response_ids == tokens.image_token_id, -1, response_ids)
+    return torch.cat([prompt_ids, sampled], dim=1)
+
+
+def build_packed_layout(rows: Batch, images: RowImages | None = None) -> SequenceLayout:
     """All rows' real tokens (prompt, then response) in one sequence of shape [1, T], without
-    padding, positions restarting at 0 for each row and no attention mask."""
-    prompt_ids, response_ids = rows["prompt_ids"], rows["response_ids"]
+    padding, positions restarting at 0 for each row and no attention mask. With ``images``
+    the text positions come first, then each row's mrope positions."""
+    prompt_ids, response_ids = rows.tensor("prompt_ids"), rows.tensor("response_ids")
     prompt_width = prompt_ids.shape[1]
     rows_count, width = response_ids.shape
-    real = torch.cat([rows["prompt_mask"], rows["response_mask"]], dim=1).bool()
-    if not bool(rows["prompt_mask"].bool().any(1).all()):
+    real = torch.cat([rows.tensor("prompt_mask"), rows.tensor("response_mask")], dim=1).bool()
+    if not bool(rows.tensor("prompt_mask").bool().any(1).all()):
         raise ValueError(
             "every row needs at least one prompt token: it predicts the first response token"
         )
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)[real]
-    position_ids = (real.long().cumsum(1) - 1)[real]
+    position_ids = (real.long().cumsum(1) - 1)[real][None]
+    placeholders = None
+    if images is not None:
+        marked = mark_placeholders(prompt_ids, response_ids, images.tokens)
+        mrope = [
+            compute_mrope_positions(marked[i][real[i]], grids, images.tokens)
+            for i, grids in enumerate(images.row_grids())
+        ]
+        position_ids = torch.cat([position_ids, torch.cat(mrope, dim=1)])
+        placeholders = marked[real][None]
     # Where each real (row, column) token lands in the packed sequence.
     packed_at = torch.full(real.shape, -1, dtype=torch.long)
     packed_at[real] = torch.arange(int(real.sum()))
@@ -112,27 +198,33 @@ def build_packed_layout(rows: Batch) -> SequenceLayout:
     # A row's tokens are contiguous, so the previous packed token is the same row's previous
     # real token.
     predict_index = packed_at[row, prompt_width + col] - 1
+    routing = rows.tensors.get(ROUTED_EXPERTS)
     return SequenceLayout(
         input_ids[None],
-        position_ids[None],
+        position_ids[:, None] if images is not None else position_ids,
         None,
         predict_index,
         response_ids[row, col],
         row * width + col,
         (rows_count, width),
+        None if routing is None else routing[real][None],
+        *attach_images(images),
+        placeholders,
     )
 
 
-def build_layout(rows: Batch, packed: bool) -> SequenceLayout:
-    return build_packed_layout(rows) if packed else build_padded_layout(rows)
+def build_layout(rows: Batch, packed: bool, images: RowImages | None = None) -> SequenceLayout:
+    """The packed or padded layout of ``rows``; ``images`` (a vision-language model's rows'
+    images, encoded) adds the vision inputs and mrope positions."""
+    return build_packed_layout(rows, images) if packed else build_padded_layout(rows, images)
 
 
 def count_row_tokens(rows: Batch, packed: bool) -> torch.Tensor:
     """[B] tokens each row costs in a forward: its real tokens when packed, the padded width
     otherwise."""
     if packed:
-        return (rows["prompt_mask"].sum(1) + rows["response_mask"].sum(1)).long()
-    width = rows["prompt_ids"].shape[1] + rows["response_ids"].shape[1]
+        return (rows.tensor("prompt_mask").sum(1) + rows.tensor("response_mask").sum(1)).long()
+    width = rows.tensor("prompt_ids").shape[1] + rows.tensor("response_ids").shape[1]
     return torch.full((len(rows),), width, dtype=torch.long)
 
 

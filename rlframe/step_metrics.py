@@ -21,33 +21,33 @@ def collect_step_metrics(
     """The step's metrics: rewards, lengths, rollout/trainer agreement (only when the batch's
     ``old_logprobs`` are the trainer's: ``trainer_logprobs``; see
     :func:`compute_logprob_diffs` for ``trainer_version``), timings."""
-    mask = batch["loss_mask"]
+    mask = batch.tensor("loss_mask")
     # Sampled tokens only: tool observations in a multi-turn response are not the policy's.
     lengths = mask.sum(1)
-    rewards = batch["reward"]
+    rewards = batch.tensor("reward")
     metrics = {
         "reward/mean": float(rewards.mean()),
         "reward/max": float(rewards.max()),
         "reward/min": float(rewards.min()),
-        "reward/score_mean": float(batch["score"].mean()),
+        "reward/score_mean": float(batch.tensor("score").mean()),
         "response_length/mean": float(lengths.float().mean()),
         "response_length/max": float(lengths.max()),
         "response_length/clip_ratio": float(
-            sum(r == "length" for r in batch["finish_reason"]) / len(batch)
+            sum(r == "length" for r in batch.column("finish_reason")) / len(batch)
         ),
         "rollout/weights_version": read_weights_version(batch),
     }
     if trainer_logprobs:
         metrics |= compute_logprob_diffs(
-            batch["rollout_logprobs"],
-            batch["old_logprobs"],
+            batch.tensor("rollout_logprobs"),
+            batch.tensor("old_logprobs"),
             mask,
             read_token_versions(batch),
             trainer_version,
         )
     metrics |= collect_reward_metrics(batch)
     metrics |= timer.metrics()
-    tokens = float(batch["response_mask"].sum() + batch["prompt_mask"].sum())
+    tokens = float(batch.tensor("response_mask").sum() + batch.tensor("prompt_mask").sum())
     metrics["perf/tokens_per_s"] = tokens / metrics["timing_s/step"]
     return metrics
 
@@ -87,21 +87,21 @@ def read_token_versions(batch: Batch) -> torch.Tensor | None:
     where the producer kept one per token, else each row's ``weights_version`` on all its
     tokens; None when the batch carries neither."""
     if "token_version" in batch.tensors:
-        return batch["token_version"]
+        return batch.tensor("token_version")
     if "weights_version" in batch.tensors:
-        return batch["weights_version"].unsqueeze(1).expand_as(batch["loss_mask"])
+        return batch.tensor("weights_version").unsqueeze(1).expand_as(batch.tensor("loss_mask"))
     return None
 
 
 def collect_reward_metrics(batch: Batch) -> dict[str, float]:
     """Failed rule-reward samples (counts) and the means of the reward's parts, when present."""
-    metrics = {}
+    metrics: dict[str, float] = {}
     for key, name in (("reward_errors", "reward/errors"), ("reward_timeouts", "reward/timeouts")):
         if key in batch.tensors:
-            metrics[name] = float(batch[key].sum())
+            metrics[name] = float(batch.tensor(key).sum())
     for key, name in (("rule_score", "reward/rule_mean"), ("rm_score", "reward/model_mean")):
         if key in batch.tensors:
-            metrics[name] = float(batch[key].float().mean())
+            metrics[name] = float(batch.tensor(key).float().mean())
     return metrics
 
 
@@ -109,5 +109,5 @@ def read_weights_version(batch: Batch) -> float:
     """The mean weights version the batch's rows were generated with: the per-row
     ``weights_version`` column, or the batch-level meta value of engines that set only that."""
     if "weights_version" in batch.tensors:
-        return float(batch["weights_version"].float().mean())
+        return float(batch.tensor("weights_version").float().mean())
     return float(batch.meta.get("weights_version", 0))

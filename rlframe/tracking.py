@@ -65,7 +65,10 @@ class Tracker:
         """Open the wandb run on first use, so a resumed run can first load the id it continues."""
         import wandb
 
-        config = asdict(self.run_config) if is_dataclass(self.run_config) else self.run_config
+        config = self.run_config
+        # A dataclass instance (the run's Config) becomes a dict; anything else goes as it is.
+        if is_dataclass(config) and not isinstance(config, type):
+            config = asdict(config)
         self.wandb_run = wandb.init(
             project=self.project,
             name=self.experiment,

@@ -2,8 +2,9 @@
 experience (generate, reward) -> log-probs -> advantage -> update -> weight sync.
 
 The driver owns the loop. Experience (prompts, agents, rewards, baselines) comes from the
-:class:`~rlframe.rollout.ExperienceProducer`; everything on a device is one call on a worker
-group (the actor's, the critic's), and the weights cross to the rollout engines through the
+:class:`~rlframe.rollout.ExperienceProducer`, one call a step; everything on a device is one
+call on a worker group (the actor's, the critic's), and the weights cross to the rollout
+engines through the
 ``sync_weights`` callable the launcher (:mod:`rlframe.launch`) builds for the placement.
 """
 
@@ -26,6 +27,7 @@ from rlframe.protocol import Batch
 from rlframe.rollout import Producer
 from rlframe.sequence_layout import balance_rows
 from rlframe.step_metrics import collect_step_metrics
+from rlframe.sync_check import check_sync_gap
 from rlframe.tracking import StageTimer, Tracker
 from rlframe.validation import Validator
 
@@ -43,6 +45,8 @@ class Trainer:
         tracker: metrics and rollout logs.
         checkpointer: saves the run when due (None: never).
         validator: validation when due (None: never).
+        max_logprob_diff: the sync check's threshold in nats (None: off; see
+            :func:`rlframe.sync_check.pick_max_logprob_diff`).
     """
 
     def __init__(
@@ -50,11 +54,12 @@ class Trainer:
         cfg: Config,
         actor: ActorGroup,
         critic: CriticGroup | None,
-        experience: Producer | None,
+        experience: Producer,
         sync_weights: Callable[[], int],
-        tracker: Tracker | None,
+        tracker: Tracker,
         checkpointer: Checkpointer | None = None,
         validator: Validator | None = None,
+        max_logprob_diff: float | None = None,
     ) -> None:
         self.cfg, self.actor, self.critic = cfg, actor, critic
         self.experience, self.sync_weights, self.tracker = experience, sync_weights, tracker
@@ -66,10 +71,13 @@ class Trainer:
         self.weights_version = 0
         """The version of the trainer's weights (the last sync's): what it scores batches with."""
         self.checkpointer, self.validator = checkpointer, validator
+        self.max_logprob_diff = max_logprob_diff
 
     def fit(self) -> list[dict[str, float]]:
         """Steps from the current one (0, or a resumed checkpoint's) to ``trainer.total_steps``;
-        validation and checkpoints after the steps that are due."""
+        validation and checkpoints after the steps that are due. A step whose rollout/trainer
+        gap fails the sync check is logged, not saved, and raises
+        :class:`~rlframe.sync_check.BrokenSyncError`."""
         t = self.cfg.trainer
         history = []
         if self.validator is not None and t.val_before_train and self.step_count == 0:
@@ -81,6 +89,7 @@ class Trainer:
                 metrics |= self.validator.run()
             self.tracker.log(self.step_count, metrics)
             history.append(metrics)
+            check_sync_gap(self.step_count, metrics, self.max_logprob_diff)
             if self.checkpointer is not None and self.is_due(t.save_every):
                 self.checkpointer.save(self.step_count, self.state_dict())
         return history
@@ -113,8 +122,7 @@ class Trainer:
         timer = StageTimer()
         with timer("step"):
             # gen, reward (and baseline): prompts -> rewarded responses, by the configured agent.
-            self.experience.submit()
-            batch, metrics = self.experience.collect()
+            batch, metrics = self.experience.next_batch()
             scored_with = self.weights_version
             batch = self.attach_old_logprobs(batch, timer)
             if self.use_ref:
@@ -127,7 +135,7 @@ class Trainer:
                 batch, adv_metrics = self.compute_advantages(batch)
             if self.critic is not None:
                 with timer("update_critic"):
-                    metrics |= self.update_critic(batch)
+                    metrics |= self.update_critic(self.critic, batch)
             if self.actor_updates():
                 with timer("update"):
                     batch, actor_metrics = self.update_actor(batch)
@@ -157,7 +165,11 @@ class Trainer:
         """``mismatch/*`` (trainer vs rollout) and ``off_policy/behav_weight_*`` (decoupled)."""
         if not self.has_trainer_logprobs:
             return {}
-        args = (batch["old_logprobs"], batch["rollout_logprobs"], batch["loss_mask"])
+        args = (
+            batch.tensor("old_logprobs"),
+            batch.tensor("rollout_logprobs"),
+            batch.tensor("loss_mask"),
+        )
         return compute_mismatch_metrics(*args, self.cfg.algorithm) | compute_off_policy_metrics(
             *args, self.cfg.algorithm
         )
@@ -167,7 +179,7 @@ class Trainer:
         the trainer's forward pass (timed as ``old_logprob``), or none yet when the update is
         exactly on-policy and returns its own."""
         if self.cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout:
-            return batch.with_tensors(old_logprobs=batch["rollout_logprobs"])
+            return batch.with_tensors(old_logprobs=batch.tensor("rollout_logprobs"))
         if not self.needs_old_logprob_pass(len(batch)):
             return batch
         with timer("old_logprob"):
@@ -181,10 +193,10 @@ class Trainer:
             self.cfg, rows, kl_in_reward=self.kl_ctrl.value > 0, actor_updates=self.actor_updates()
         )
 
-    def update_critic(self, batch: Batch) -> dict[str, float]:
+    def update_critic(self, critic: CriticGroup, batch: Batch) -> dict[str, float]:
         """One value update on rank-balanced rows; its metrics averaged over the ranks."""
         order = balance_rows(batch, self.cfg.trainer.world_size, self.cfg.actor.mini_batch_size)
-        return average(self.critic.update(batch.rows(order)))
+        return average(critic.update(batch.rows(order)))
 
     def update_actor(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """One policy update on rank-balanced rows, and its metrics. After an on-policy
@@ -196,20 +208,21 @@ class Trainer:
         own = [r.own_logprobs for r in per_rank if r.own_logprobs is not None]
         if "old_logprobs" in batch:
             return batch, metrics
-        old = torch.empty(batch["response_mask"].shape)
+        old = torch.empty(batch.tensor("response_mask").shape)
         old[order] = torch.cat(own)
         return batch.with_tensors(old_logprobs=old), metrics
 
     def compute_advantages(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """Token rewards (minus the in-reward KL penalty, which feeds its controller), then
         the configured estimator's advantages and returns; the ``adv/*`` and KL metrics."""
-        mask, metrics = batch["loss_mask"], {}
-        token_rewards = place_on_last_token(batch["reward"], mask)
+        mask = batch.tensor("loss_mask")
+        metrics: dict[str, float] = {}
+        token_rewards = place_on_last_token(batch.tensor("reward"), mask)
         if self.kl_ctrl.value > 0:
             token_rewards, kl = apply_kl_penalty(
                 token_rewards,
-                batch["old_logprobs"],
-                batch["ref_logprobs"],
+                batch.tensor("old_logprobs"),
+                batch.tensor("ref_logprobs"),
                 mask,
                 self.kl_ctrl.value,
                 self.cfg.algorithm.kl_reward_estimator,
@@ -220,7 +233,7 @@ class Trainer:
             AdvantageInputs(
                 rewards=token_rewards.sum(-1),
                 loss_mask=mask,
-                group_index=batch["group"],
+                group_index=batch.tensor("group"),
                 config=self.cfg.algorithm,
                 token_rewards=token_rewards,
                 values=batch.tensors.get("values"),
@@ -234,11 +247,11 @@ class Trainer:
         keep = min(self.cfg.trainer.rollouts_to_log, len(batch))
         rows = [
             {
-                "prompt": batch["prompt"][i],
-                "response": batch["response"][i],
-                "ground_truth": batch["ground_truth"][i],
-                "reward": float(batch["reward"][i]),
-                "finish_reason": batch["finish_reason"][i],
+                "prompt": batch.column("prompt")[i],
+                "response": batch.column("response")[i],
+                "ground_truth": batch.column("ground_truth")[i],
+                "reward": float(batch.tensor("reward")[i]),
+                "finish_reason": batch.column("finish_reason")[i],
             }
             for i in range(keep)
         ]

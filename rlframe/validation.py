@@ -136,7 +136,7 @@ class Validator:
             "pad_token_id": tokenizer.pad_token_id,
             "temperature": cfg.val.temperature,
         }
-        extras = list(self.prompts["extra"])
+        extras = list(self.prompts.column("extra"))
         has_source = all("data_source" in e for e in extras)
         self.sources = [str(e["data_source"]) for e in extras] if has_source else None
 
@@ -144,9 +144,9 @@ class Validator:
         """Sample and reward the validation prompts with the current weights; ``val/*`` metrics."""
         batch = self.rewards.compute_rewards(self.generate(self.prompts))
         return compute_validation_metrics(
-            batch["score"],
-            batch["reward"],
-            batch["loss_mask"].sum(1),
+            batch.tensor("score"),
+            batch.tensor("reward"),
+            batch.tensor("loss_mask").sum(1),
             self.cfg.val.n,
             self.cfg.val.pass_threshold,
             self.sources,

@@ -101,13 +101,13 @@ class CriticWorker(Worker):
         )
 
     def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
-        mask = micro["loss_mask"].to(self.device)
+        mask = micro.tensor("loss_mask").to(self.device)
         layout = build_layout(micro, self.packed)
         values = layout.to_grid(self.engine.compute_token_values(layout))
         token_loss, clipped = compute_value_loss(
             values,
-            micro["values"].to(self.device),
-            micro["returns"].to(self.device),
+            micro.tensor("values").to(self.device),
+            micro.tensor("returns").to(self.device),
             self.cfg.critic.cliprange_value,
         )
         loss = aggregate_loss(token_loss, mask, "token-mean", scale)

@@ -96,7 +96,7 @@ class HybridWorker(Worker):
             self.enter_train_mode()
         return out
 
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_FORWARD)
     def compute_logprobs(self, batch: Batch) -> Batch:
         """The current policy's log-probs of the response tokens (``old_logprobs``)."""
         self.enter_train_mode()

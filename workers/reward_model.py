@@ -90,7 +90,7 @@ class RewardModelWorker(Worker):
         """
         rows = [
             render_conversation(self.tokenizer, list(m), str(r), self.cfg.reward.model.max_length)
-            for m, r in zip(batch["messages"], batch["response"])
+            for m, r in zip(batch.column("messages"), batch.column("response"))
         ]
         size = self.cfg.reward.model.micro_batch_size
         scores = [self.score_rows(rows[i : i + size]) for i in range(0, len(rows), size)]

@@ -13,10 +13,13 @@ from collections.abc import Iterable
 
 import torch
 
+from rlframe.algorithms.names import RouterReplay
 from rlframe.config import Config, RolloutEngineName
 from rlframe.config.agent import compute_response_width
-from rlframe.protocol import Batch
-from workers.engines.base import RolloutEngine, RolloutSample, SamplingSpec
+from rlframe.moe_routing import ROUTED_EXPERTS
+from rlframe.protocol import Batch, as_column
+from rlframe.rollout.rows import build_response
+from workers.engines.base import RolloutEngine, SamplingSpec
 from workers.engines.fsdp import pick_dtype
 from workers.sync_probe import (
     ProbeReading,
@@ -31,53 +34,35 @@ from workers.sync_probe import (
 def build_rollout_engine(cfg: Config, model_path: str, device: str, rank: int) -> RolloutEngine:
     dtype = pick_dtype(cfg.model.dtype, device)
     r = cfg.rollout
+    # algorithm.router_replay=rollout: every sample carries the experts its tokens went to.
+    record = cfg.algorithm.router_replay is RouterReplay.rollout
     if r.engine is RolloutEngineName.hf:
         from workers.engines.hf_rollout import HFRollout
 
-        return HFRollout(model_path, device, dtype, cfg.model.trust_remote_code, r.sleep_level)
+        return HFRollout(
+            model_path, device, dtype, cfg.model.trust_remote_code, r.sleep_level, record
+        )
     from workers.engines.vllm_rollout import VLLMRollout
 
     max_len = cfg.data.max_prompt_length + compute_response_width(r.max_tokens, r.agent, cfg.agent)
     # Equal inside a tensor-parallel group (its ranks run one engine), different across them.
     seed = cfg.trainer.seed + rank // r.tensor_parallel_size
-    return VLLMRollout(model_path, r, device, max_len, seed, dtype, cfg.model.lora)
+    return VLLMRollout(model_path, r, device, max_len, seed, dtype, cfg.model.lora, record)
 
 
 def build_sampling_spec(prompts: Batch, cfg: Config) -> SamplingSpec:
     """Sampling for one generate call: the run's settings, overridden by the batch's meta
     (``greedy`` for ReMax baselines, ``temperature`` for validation) and per-row caps."""
     meta = prompts.meta
-    per_row = tuple(int(m) for m in prompts["max_tokens"]) if "max_tokens" in prompts else None
+    per_row = (
+        tuple(int(m) for m in prompts.tensor("max_tokens")) if "max_tokens" in prompts else None
+    )
     return SamplingSpec(
         max_tokens=cfg.rollout.max_tokens,
         temperature=0.0 if meta.get("greedy") else meta.get("temperature", cfg.rollout.temperature),
         top_p=cfg.rollout.top_p,
         stop_token_ids=tuple(meta["stop_token_ids"]),
         max_tokens_per_row=per_row,
-    )
-
-
-def pad_samples(samples: list[RolloutSample], width: int, pad: int, version: int) -> Batch:
-    """Right-padded ``[rows, width]`` response columns, and the weights version per row."""
-    ids = torch.full((len(samples), width), pad, dtype=torch.long)
-    logprobs = torch.zeros(len(samples), width)
-    mask = torch.zeros(len(samples), width)
-    for i, s in enumerate(samples):
-        n = len(s.response_ids)
-        ids[i, :n] = torch.tensor(s.response_ids, dtype=torch.long)
-        logprobs[i, :n] = torch.tensor(s.logprobs)
-        mask[i, :n] = 1
-    return Batch(
-        {
-            "response_ids": ids,
-            "response_mask": mask,
-            "loss_mask": mask.clone(),
-            "rollout_logprobs": logprobs,
-            "weights_version": torch.full((len(samples),), version, dtype=torch.long),
-        },
-        {"finish_reason": [s.finish_reason for s in samples]},
-        # Batch-level copy for readers not yet on the per-row column.
-        {"weights_version": version},
     )
 
 
@@ -100,30 +85,34 @@ class RolloutRole:
         """The broken-sync tolerance: the dtype's floor until noise is measured."""
 
     def generate(self, prompts: Batch) -> Batch:
-        """One sampled turn per row, in one engine call: ``response_ids``, ``response_mask``,
-        ``loss_mask``, ``rollout_logprobs`` and ``weights_version`` (int64, per row). Every
-        token of a turn was sampled, so the loss mask equals the response mask (a multi-turn
-        agent adds observations on the driver). The engine must be awake with valid weights.
+        """One sampled turn per row, in one engine call (the wire of
+        :mod:`rlframe.rollout.rows`): columns ``prompt_tokens`` (each row's context) and
+        ``seed`` in; columns ``response_tokens``, ``token_logprobs``, ``finish_reason`` and
+        the tensor ``weights_version`` (int64, per row) out. The engine must be awake with
+        valid weights.
 
         Meta ``engine_s``: seconds the engine spent generating.
+
+        With ``algorithm.router_replay=rollout`` also the column ``routed_experts``: per row
+        int16 [context + response - 1, MoE layers, top_k] (see :mod:`rlframe.moe_routing`).
 
         Optional inputs: a ``max_tokens`` tensor (each row's cap, e.g. what is left of a
         multi-turn budget); meta ``greedy`` (ReMax baselines), ``temperature`` (validation).
         """
         if not (self.awake and self.weights_valid):
             raise RuntimeError("generate needs the rollout engine awake with loaded weights")
-        rows = [
-            ids[mask.bool()].tolist()
-            for ids, mask in zip(prompts["prompt_ids"], prompts["prompt_mask"])
-        ]
-        seeds = [int(s) for s in prompts["seed"]]
+        rows = [[int(t) for t in ids] for ids in prompts.column("prompt_tokens")]
+        seeds = [int(s) for s in prompts.column("seed")]
         start = time.perf_counter()
-        samples = self.engine.generate(rows, seeds, build_sampling_spec(prompts, self.cfg))
-        busy = time.perf_counter() - start
-        pad = int(prompts.meta["pad_token_id"])
-        out = pad_samples(samples, self.cfg.rollout.max_tokens, pad, self.weights_version)
+        images = [list(r) for r in prompts["images"]] if "images" in prompts else None
+        spec = build_sampling_spec(prompts, self.cfg)
+        samples = self.engine.generate(rows, seeds, spec, images)
         # The engine's busy time: the asynchronous producer derives rollout idle time from it.
-        out.meta["engine_s"] = busy
+        meta = {"engine_s": time.perf_counter() - start}
+        turns = [(s.response_ids, s.logprobs, s.finish_reason) for s in samples]
+        out = build_response(turns, self.weights_version, meta)
+        if self.cfg.algorithm.router_replay is RouterReplay.rollout:
+            out.columns[ROUTED_EXPERTS] = as_column([s.routed_experts for s in samples])
         return out
 
     def verify_weights(self, probe: SyncProbe) -> None:

@@ -18,11 +18,27 @@ PROBE_LENGTH = 24
 PROBE_SEED = 20260519
 
 
-def build_probe_ids(vocab_size: int) -> list[int]:
+def build_probe_ids(vocab_size: int, excluded: list[int] | None = None) -> list[int]:
     """The fixed probe: token ids drawn once from a seeded generator (the same on every rank
-    and in every process), never from a tokenizer, so any model can be probed."""
+    and in every process), never from a tokenizer, so any model can be probed. ``excluded``
+    ids are never drawn: a vision-language model's image tokens, which need an image."""
     g = torch.Generator().manual_seed(PROBE_SEED)
-    return torch.randint(0, vocab_size, (PROBE_LENGTH,), generator=g).tolist()
+    allowed = torch.tensor([i for i in range(vocab_size) if i not in set(excluded or [])])
+    return allowed[torch.randint(0, len(allowed), (PROBE_LENGTH,), generator=g)].tolist()
+
+
+VISION_TOKEN_KEYS = (
+    "image_token_id",
+    "video_token_id",
+    "vision_start_token_id",
+    "vision_end_token_id",
+)
+
+
+def list_vision_token_ids(config: object) -> list[int]:
+    """The special vision tokens of a vision-language model's config ([] for a text model)."""
+    ids = (getattr(config, key, None) for key in VISION_TOKEN_KEYS)
+    return [int(i) for i in ids if i is not None]
 
 
 def pick_probe_tolerance(dtype: torch.dtype) -> float:

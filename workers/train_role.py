@@ -12,14 +12,16 @@ shared with the critic.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 
 import torch
 from torch import nn
 
 from rlframe.algorithms.losses import POLICY_LOSSES, LossScale
-from rlframe.algorithms.names import OffPolicyCorrection
+from rlframe.algorithms.names import OffPolicyCorrection, RouterReplay
 from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
+from rlframe.algorithms.router import compute_load_balancing_loss, summarize_routing
 from rlframe.config import ActorConfig, Config
 from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.protocol import Batch, UpdateResult
@@ -34,8 +36,15 @@ from workers.engines.fsdp import (
     split_micro_batches,
 )
 from workers.engines.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
-from workers.sync_probe import SyncProbe, build_probe_ids, compute_trainer_probe
-from workers.weight_sync import WeightSource, iter_full_tensors
+from workers.engines.router_logits import find_router_spec, record_router_logits
+from workers.engines.vision import ImageEncoder, build_image_encoder
+from workers.sync_probe import (
+    SyncProbe,
+    build_probe_ids,
+    compute_trainer_probe,
+    list_vision_token_ids,
+)
+from workers.weight_sync import WeightSource, iter_full_tensors, iter_unfrozen_tensors
 
 
 def count_optimizer_steps(cfg: Config) -> int:
@@ -70,18 +79,20 @@ def score_micro_batches(
     sizes: ActorConfig,
     packed: bool,
     score: Callable[[SequenceLayout], torch.Tensor],
+    images: ImageEncoder | None = None,
 ) -> torch.Tensor:
     """[B, R] per-token scores of the loss-mask tokens (0 elsewhere): ``score(layout)`` gives
     the [N] values of one micro-batch's selected tokens (log-probs, values). A
-    sequence-parallel group scores its ranks' rows together; each rank returns its own."""
+    sequence-parallel group scores its ranks' rows together; each rank returns its own.
+    ``images``: a vision-language model's encoder of the rows' images."""
     engine.model.eval()
     batch, own_rows = engine.gather_rows(batch, block=len(batch))
-    out = torch.zeros(batch["response_ids"].shape)
+    out = torch.zeros(batch.tensor("response_ids").shape)
     batch = batch.with_tensors(row_index=torch.arange(len(batch)))
     sp_size = engine.sequence_parallel_size
     for micro in split_micro_batches(batch, sizes, engine.device, packed, sp_size):
-        layout = build_layout(micro, packed)
-        out[micro["row_index"]] = layout.to_grid(score(layout).cpu())
+        layout = build_layout(micro, packed, None if images is None else images.encode(micro))
+        out[micro.tensor("row_index")] = layout.to_grid(score(layout).cpu())
     return out[own_rows]
 
 
@@ -95,12 +106,12 @@ def backward_summed_over_ranks(loss: torch.Tensor, world_size: int) -> None:
 
 
 def pick_sync_tensors(
-    lora: LoraConfig,
+    lora: LoraConfig, freeze_vision: bool = False
 ) -> Callable[[nn.Module], Iterator[tuple[str, torch.Tensor]]]:
-    """What a weight sync streams: every tensor, or under LoRA the merged weights
-    (``sync=merged``) or the adapters alone (``sync=adapter``)."""
+    """What a weight sync streams: every tensor (but a frozen vision tower's), or under LoRA
+    the merged weights (``sync=merged``) or the adapters alone (``sync=adapter``)."""
     if not lora.enabled:
-        return iter_full_tensors
+        return iter_unfrozen_tensors if freeze_vision else iter_full_tensors
     return iter_adapter_tensors if lora.sync is LoraSync.adapter else iter_merged_tensors
 
 
@@ -114,7 +125,13 @@ class TrainRole:
         self.lora = cfg.model.lora
         sp_size = cfg.actor.sequence_parallel_size
         self.actor = FSDPEngine(
-            model_path, cfg.model, spec, device, lora=self.lora, sequence_parallel_size=sp_size
+            model_path,
+            cfg.model,
+            spec,
+            device,
+            lora=self.lora,
+            sequence_parallel_size=sp_size,
+            router_replay=cfg.algorithm.router_replay is RouterReplay.rollout,
         )
         # Under LoRA the reference is the policy with its adapters off: no second copy.
         self.ref = (
@@ -128,6 +145,10 @@ class TrainRole:
         )
         self.weights_version = 0
         """The version of the last published weights (0: the checkpoint's)."""
+        self.router = find_router_spec(self.actor.model)
+        """Where a mixture-of-experts policy's router logits come from; None for dense ones."""
+        self.images = build_image_encoder(model_path, self.actor.model.config)
+        """A vision-language model's image encoder (None for a text model)."""
 
     def compute_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, R] log-probs of the current policy (``old_logprobs``)."""
@@ -154,7 +175,7 @@ class TrainRole:
                 layout, temperature, a.logprob_chunk_size, False
             ).logprobs
 
-        return score_micro_batches(engine, batch, a, self.packed, score)
+        return score_micro_batches(engine, batch, a, self.packed, score, self.images)
 
     def update(self, batch: Batch) -> UpdateResult:
         """PPO-style updates (epochs x mini-batches x micro-batches) on this rank's share.
@@ -175,9 +196,11 @@ class TrainRole:
         batch, own_rows = self.actor.gather_rows(
             batch, block=self.cfg.actor.mini_batch_size // self.world_size
         )
+        if self.actor.replay is not None:
+            self.actor.replay.take_agreement()  # counted by the log-prob pass: not this update's
         if needs_own:
             batch = batch.with_tensors(row_index=torch.arange(len(batch)))
-            own = torch.zeros(batch["response_ids"].shape)
+            own = torch.zeros(batch.tensor("response_ids").shape)
         metrics = run_minibatch_updates(
             self.actor,
             batch,
@@ -194,26 +217,50 @@ class TrainRole:
     ) -> dict[str, float]:
         """One micro-batch's forward, its loss (:func:`compose_policy_loss`) and backward.
         ``own_logprobs`` ([rows, R] of the whole update) receives this micro-batch's detached
-        log-probs when the batch has no old ones."""
-        cfg, a = self.cfg.algorithm, self.cfg.actor
-        layout = build_layout(micro, self.packed)
-        token = self.actor.compute_token_logprobs(
-            layout,
-            self.cfg.rollout.temperature,
-            a.logprob_chunk_size,
-            with_entropy=True,
-            entropy_grad=cfg.entropy_coef > 0,
+        log-probs when the batch has no old ones. Under router replay also
+        ``actor/routing_agreement``: the share of (token, MoE layer) pairs whose router, left
+        alone, would have chosen the experts the rollout recorded."""
+        layout = build_layout(
+            micro, self.packed, None if self.images is None else self.images.encode(micro)
         )
+        # Replayed routing covers the backward too: gradient checkpointing re-runs the routers.
+        with self.actor.replaying(layout):
+            metrics = self.run_forward_backward(micro, layout, scale, own_logprobs)
+        if self.actor.replay is not None:
+            agreement = self.actor.replay.take_agreement()
+            if agreement is not None:
+                metrics["actor/routing_agreement"] = agreement
+        return metrics
+
+    def run_forward_backward(
+        self,
+        micro: Batch,
+        layout: SequenceLayout,
+        scale: LossScale,
+        own_logprobs: torch.Tensor | None,
+    ) -> dict[str, float]:
+        cfg, a = self.cfg.algorithm, self.cfg.actor
+        with self.recording_routers() as router_logits:
+            token = self.actor.compute_token_logprobs(
+                layout,
+                self.cfg.rollout.temperature,
+                a.logprob_chunk_size,
+                with_entropy=True,
+                entropy_grad=cfg.entropy_coef > 0,
+            )
+
+        if token.entropy is None:  # asked for above: the loss's entropy term and metric
+            raise RuntimeError("compute_token_logprobs returned no entropy")
 
         def read(key: str) -> torch.Tensor | None:
-            return micro[key].to(self.device) if key in micro else None
+            return micro.tensor(key).to(self.device) if key in micro else None
 
         composed = compose_policy_loss(
             PolicyTerms(
                 logprobs=layout.to_grid(token.logprobs),
                 entropy=layout.to_grid(token.entropy),
-                advantages=micro["advantages"].to(self.device),
-                loss_mask=micro["loss_mask"].to(self.device),
+                advantages=micro.tensor("advantages").to(self.device),
+                loss_mask=micro.tensor("loss_mask").to(self.device),
                 scale=scale,
                 old_logprobs=read("old_logprobs"),
                 rollout_logprobs=read("rollout_logprobs"),
@@ -223,9 +270,50 @@ class TrainRole:
             self.policy_loss,
         )
         if own_logprobs is not None:
-            own_logprobs[micro["row_index"]] = composed.old_logprobs.cpu()
-        backward_summed_over_ranks(composed.loss, self.world_size)
-        return composed.metrics
+            own_logprobs[micro.tensor("row_index")] = composed.old_logprobs.cpu()
+        loss, metrics = composed.loss, composed.metrics
+        if router_logits:
+            loss, metrics = self.add_router_terms(
+                loss, metrics, router_logits, layout, micro, scale
+            )
+        backward_summed_over_ranks(loss, self.world_size)
+        return metrics
+
+    @contextmanager
+    def recording_routers(self) -> Iterator[list[torch.Tensor]]:
+        """The router logits of the forward inside the block (none for a dense policy)."""
+        if self.router is None:
+            yield []
+            return
+        with record_router_logits(self.actor.model, self.router) as recorded:
+            yield recorded
+
+    def add_router_terms(
+        self,
+        loss: torch.Tensor,
+        metrics: dict[str, float],
+        router_logits: list[torch.Tensor],
+        layout: SequenceLayout,
+        micro: Batch,
+        scale: LossScale,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's loss plus ``algorithm.router_aux_loss_coef`` x the routers'
+        load-balancing loss (its share of the mini-batch: rows over the mini-batch's rows),
+        and the expert-load metrics, over every real token the routers saw (prompt and
+        response; padding left out)."""
+        assert self.router is not None
+        tokens = router_logits[0].shape[0]
+        mask = layout.attention_mask
+        if mask is None or mask.numel() != tokens:  # packed rows (no padding), or an SP shard
+            mask = torch.ones(tokens, device=router_logits[0].device)
+        mask = mask.reshape(-1)
+        top_k = self.router.top_k
+        aux = compute_load_balancing_loss(router_logits, top_k, mask)
+        coef = self.cfg.algorithm.router_aux_loss_coef
+        if coef > 0:
+            loss = loss + coef * aux * (len(micro) / scale.sequences)
+        routing = summarize_routing(router_logits, top_k, mask)
+        return loss, metrics | routing | {"actor/router_aux_loss": float(aux.detach())}
 
     def weight_source(self) -> WeightSource:
         """The policy's weights in sync buckets, cast to the rollout engine's dtype."""
@@ -234,12 +322,15 @@ class TrainRole:
             self.actor.model,
             bucket_bytes,
             pick_dtype(self.cfg.model.dtype, self.device),
-            pick_sync_tensors(self.lora),
+            pick_sync_tensors(self.lora, self.cfg.model.freeze_vision),
         )
 
     def compute_sync_probe(self) -> SyncProbe:
         """The trainer's log-probs of the fixed probe, for the receiver check of a sync."""
-        ids = build_probe_ids(int(self.actor.model.config.vocab_size))
+        config = self.actor.model.config
+        ids = build_probe_ids(
+            int(config.get_text_config().vocab_size), list_vision_token_ids(config)
+        )
         return SyncProbe(ids, compute_trainer_probe(self.actor.model, ids, self.device))
 
     def publish_weights(self) -> int:

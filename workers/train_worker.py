@@ -57,7 +57,7 @@ class TrainWorker(Worker):
         self.sender.push(self.train_role.weight_source(), version, probe)
         return version
 
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
+    @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_FORWARD)
     def compute_logprobs(self, batch: Batch) -> Batch:
         """The current policy's log-probs of the response tokens (``old_logprobs``)."""
         return Batch({"old_logprobs": self.train_role.compute_logprobs(batch)})

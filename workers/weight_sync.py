@@ -26,7 +26,7 @@ from torch import nn
 
 from rlframe.controller.weight_group import WeightGroupSpec
 from workers.engines.dtensor_gather import full_tensor
-from workers.engines.weight_names import to_engine_name
+from workers.engines.weight_names import is_vision_tower_name, model_type_of, to_engine_tensors
 from workers.sync_probe import SyncProbe
 
 if TYPE_CHECKING:
@@ -75,10 +75,22 @@ class WeightSource:
             yield from bucket
 
 
-def iter_full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every ``state_dict`` entry as ``(engine name, full tensor)``."""
+def iter_full_tensors(
+    model: nn.Module, with_vision: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every ``state_dict`` entry as ``(engine name, full tensor)``, fused experts split into
+    the checkpoint's per-expert tensors (:func:`to_engine_tensors`). ``with_vision=False``
+    skips the vision tower before any gather."""
+    model_type = model_type_of(model)
     for name, value in model.state_dict().items():
-        yield to_engine_name(name), full_tensor(value).detach()
+        if with_vision or not is_vision_tower_name(name):
+            yield from to_engine_tensors(name, full_tensor(value).detach(), model_type)
+
+
+def iter_unfrozen_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every ``state_dict`` entry but the vision tower's (``model.freeze_vision``: the engine
+    keeps the copy it loaded, which never changes)."""
+    return iter_full_tensors(model, with_vision=False)
 
 
 class InProcessSink:
@@ -121,7 +133,8 @@ class WeightGroup:
     @property
     def timeout(self) -> timedelta:
         """How long a collective of this group may wait for its peers before it fails."""
-        return self.group.options._timeout
+        # torch's stubs lack ProcessGroup.options, which NCCL and gloo groups have.
+        return self.group.options._timeout  # type: ignore[attr-defined]
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's ``tensor`` into every other rank's ``tensor`` (same shape and dtype);
@@ -149,7 +162,8 @@ def build_backend_group(
         options = dist.ProcessGroupNCCL.Options()
     else:
         backend = dist.ProcessGroupGloo
-        options = dist.ProcessGroupGloo._Options()
+        # torch's stubs lack gloo's _Options, the only way to give a gloo group its timeout.
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._devices = [dist.ProcessGroupGloo.create_default_device()]
     options._timeout = timeout
     return backend(store, rank, size, options)

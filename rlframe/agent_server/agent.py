@@ -15,11 +15,11 @@ Rows: the episode's calls become one training row per chain of extending calls
 rows. Each row is a response of the prompt's group (same ``group`` id) with the episode's
 reward, so GRPO-style advantages compare it with the group's other rows: an episode of k
 rows weighs k times in its group's mean and std, and every row of it gets the same
-advantage. The batch then has more rows than ``data.batch_size * rollout.n``; it is filled
-up to a whole number of mini-batches (``actor.mini_batch_size``) with copies of its last row
-whose loss mask is 0, each in a group of its own (advantage 0), and the trainer takes the
-old log-probs in a pass of their own, since the update is then more than one mini-batch.
-DAPO's dynamic sampling keeps groups of ``rollout.n`` rows, so it refuses forked rows.
+advantage. A step then has more rows than ``data.batch_size * rollout.n``; the producer fills
+it up to whole mini-batches (:func:`rlframe.rollout.agents.fill_mini_batches`), and the
+trainer takes the old log-probs in a pass of their own, since the update is then more than
+one mini-batch. DAPO's dynamic sampling keeps groups of ``rollout.n`` rows, so it refuses
+forked rows.
 """
 
 from __future__ import annotations
@@ -30,18 +30,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from rlframe.agent_server.app import AgentServer
 from rlframe.agent_server.sessions import Session
-from rlframe.agent_server.trajectory import Episode, Row
+from rlframe.agent_server.trajectory import Episode
 from rlframe.algorithms.registry import load_function
 from rlframe.config.agent import compute_response_width
 from rlframe.envs import EnvError
 from rlframe.envs.runner import CallOutcome, run_env_calls
 from rlframe.protocol import Batch
 from rlframe.rollout.agents import AgentContext
-from rlframe.rollout.multi_turn import build_samples, left_pad
+from rlframe.rollout.multi_turn import build_samples
+from rlframe.rollout.rows import TokenRow, attach, collate
 
 SERVER = "openai_server"
 
@@ -76,7 +75,7 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     samples = build_samples(prompts)
     sessions = [
         server.sessions.open(s, int(seed), Episode(ctx.tokenizer, stop_ids))
-        for s, seed in zip(samples, prompts["seed"])
+        for s, seed in zip(samples, prompts.column("seed"))
     ]
     calls = [(closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions]
     agent = ctx.config.agent
@@ -93,21 +92,7 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
             f"agent {agent.entry} rewrote its history ({len(batch)} rows from {len(prompts)} "
             "episodes): algorithm.dynamic_sampling needs one row per episode"
         )
-    return fill_mini_batches(batch, ctx.config.actor.mini_batch_size)
-
-
-def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
-    """Copies of the last row, loss mask 0 and a group each, up to whole mini-batches."""
-    missing = (-len(batch)) % mini_batch_size
-    if missing == 0:
-        return batch
-    filler = batch.rows([len(batch) - 1] * missing)
-    first_group = int(batch["group"].max()) + 1
-    filler = filler.with_tensors(
-        loss_mask=torch.zeros_like(filler["loss_mask"]),
-        group=torch.arange(first_group, first_group + missing, dtype=batch["group"].dtype),
-    )
-    return Batch.concat([batch, filler])
+    return batch
 
 
 def closing(entry: Callable[..., Any], server: AgentServer, key: str) -> Callable[..., Any]:
@@ -154,65 +139,37 @@ def episode_result(outcome: CallOutcome, row: int, ctx: AgentContext) -> tuple[f
 def assemble(
     prompts: Batch, ctx: AgentContext, sessions: list[Session], outcomes: list[CallOutcome]
 ) -> Batch:
-    """One row per chain of calls (at least one per episode), with the padded columns the
-    multi-turn agent makes."""
+    """One row per chain of calls (at least one per episode), collated as the multi-turn
+    agent's rows are."""
     cfg = ctx.config
-    pad = int(prompts.meta["pad_token_id"])
-    width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
     index: list[int] = []
-    rows: list[Row] = []
-    stats: list[tuple[float, bool, bool, Episode]] = []
+    rows: list[TokenRow] = []
     for i, (session, outcome) in enumerate(zip(sessions, outcomes)):
-        result = episode_result(outcome, i, ctx)
-        episode_rows = session.episode.rows or [empty_row(prompts, i)]
-        for row in episode_rows:
+        reward, given, failed = episode_result(outcome, i, ctx)
+        episode = session.episode
+        for row in episode.rows or [empty_row(prompts, i)]:
             index.append(i)
             rows.append(row)
-            stats.append((*result, session.episode))
-    n = len(rows)
-    ids = torch.full((n, width), pad, dtype=torch.long)
-    response_mask, loss_mask, logprobs = (torch.zeros(n, width) for _ in range(3))
-    for i, r in enumerate(rows):
-        k = len(r.response)
-        ids[i, :k] = torch.tensor(r.response, dtype=torch.long)
-        response_mask[i, :k] = 1
-        loss_mask[i, :k] = torch.tensor(r.loss_mask, dtype=torch.float32)
-        logprobs[i, :k] = torch.tensor(r.logprobs)
-    prompt_ids, prompt_mask = left_pad([r.prompt_ids for r in rows], pad)
-    failed = torch.tensor([float(s[2]) for s in stats])
-    versions = [r.weights_version for r in rows if r.weights_version >= 0]
-    base = prompts.rows(index)
-    tensors = {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": prompt_mask,
-        "response_ids": ids,
-        "response_mask": response_mask,
-        "loss_mask": loss_mask,
-        "rollout_logprobs": logprobs,
-        "env_reward": torch.tensor([s[0] for s in stats]) * (1 - failed),
-        "env_failed": failed,
-        "agent_reward_given": torch.tensor([float(s[1]) for s in stats]),
-        "agent_episode": torch.tensor(index, dtype=torch.long),
-        "agent_turns": torch.tensor([float(r.calls) for r in rows]),
-        "agent_tool_calls": torch.tensor([float(s[3].tool_calls) for s in stats]),
-        "agent_tool_errors": torch.tensor([float(s[3].tool_errors) for s in stats]),
-        "agent_obs_tokens": torch.tensor([float(r.obs_tokens) for r in rows]),
-        "agent_obs_cut": torch.zeros(n),
-    }
-    columns = {
-        "prompt": [ctx.tokenizer.decode(r.prompt_ids, skip_special_tokens=False) for r in rows],
-        "finish_reason": [r.finish_reason for r in rows],
-    }
-    latest = max(versions, default=0)
-    # Per row, the oldest weights any of its turns was sampled with.
-    tensors["weights_version"] = torch.tensor(
-        [r.weights_version if r.weights_version >= 0 else latest for r in rows], dtype=torch.long
-    )
-    meta = dict(prompts.meta) | {"weights_version": latest}
-    return Batch(base.tensors | tensors, base.columns | columns, meta)
+            row.row_extras = {
+                "env_reward": reward * (1 - failed),
+                "env_failed": float(failed),
+                "agent_reward_given": float(given),
+                "agent_episode": i,
+                "agent_turns": float(row.turns),
+                "agent_tool_calls": float(episode.tool_calls),
+                "agent_tool_errors": float(episode.tool_errors),
+                "agent_obs_tokens": float(len(row.response_ids) - row.sampled),
+                "agent_obs_cut": 0.0,
+                "prompt": ctx.tokenizer.decode(row.prompt_ids, skip_special_tokens=False),
+            }
+    width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
+    # A row without a call carries the newest version any row was sampled with.
+    latest = max((r.oldest_version for r in rows if r.first_version >= 0), default=0)
+    grid = collate(rows, width, int(prompts.meta["pad_token_id"]), latest)
+    return attach(prompts.rows(index), grid)
 
 
-def empty_row(prompts: Batch, i: int) -> Row:
+def empty_row(prompts: Batch, i: int) -> TokenRow:
     """An episode that made no call: the loader's prompt and an empty response."""
-    ids = prompts["prompt_ids"][i][prompts["prompt_mask"][i].bool()].tolist()
-    return Row(ids, "", finish_reason="env_error")
+    ids = prompts.tensor("prompt_ids")[i][prompts.tensor("prompt_mask")[i].bool()].tolist()
+    return TokenRow(ids, finish_reason="env_error")

@@ -271,8 +271,8 @@ class AgentServer:
                     "the trainer's log-probs assume", "unsupported_parameter", key,
                 )  # fmt: skip
         for key in ("max_tokens", "max_completion_tokens"):
-            value = body.get(key)
-            if value is not None and (type(value) is not int or value < 1):
+            cap = body.get(key)
+            if cap is not None and (type(cap) is not int or cap < 1):
                 raise APIError(400, f"{key} must be a positive integer", "invalid_request", key)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -300,13 +300,11 @@ class AgentServer:
             self.check_row_cap(episode)
         seed = mix_seed(session.seed, session.calls)
         session.calls += 1
-        plan.row.busy = True
-        episode.new_rows_in_flight += int(plan.new_row)
+        episode.begin(plan)
         try:
             turn = await self.batcher.sample(plan.context, max_tokens, seed)
         finally:
-            plan.row.busy = False
-            episode.new_rows_in_flight -= int(plan.new_row)
+            episode.end(plan)
         if session.closed:
             raise APIError(401, "the episode ended while this call ran", "invalid_api_key")
         kept, reply, finish_reason = self.replies.build(turn, body, tools)
@@ -353,7 +351,7 @@ class AgentServer:
                 f"data.max_prompt_length={self.cfg.data.max_prompt_length} for a new row",
                 "context_length_exceeded", "messages",
             )  # fmt: skip
-        response = 0 if plan.new_row else len(plan.row.response) + len(plan.added)
+        response = 0 if plan.new_row else len(plan.row.response_ids) + len(plan.added)
         sampled = 0 if plan.new_row else plan.row.sampled
         asked = body.get("max_completion_tokens") or body.get("max_tokens") or budget
         allowed = min(

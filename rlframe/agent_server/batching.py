@@ -16,10 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from rlframe.protocol import Batch
-from rlframe.rollout.multi_turn import left_pad
+from rlframe.rollout.rows import build_request
 
 
 @dataclass
@@ -97,38 +95,22 @@ class GenerateBatcher:
 
     def run(self, group: list[Request]) -> list[Turn]:
         """One blocking generate call (on the worker thread)."""
-        pad = int(self.meta["pad_token_id"])
-        ids, mask = left_pad([r.context for r in group], pad)
         meta = dict(self.meta) | {"more_turns": True}
-        batch = Batch(
-            {
-                "prompt_ids": ids,
-                "prompt_mask": mask,
-                "max_tokens": torch.tensor([r.max_tokens for r in group]),
-            },
-            {"seed": [r.seed for r in group]},
-            meta,
+        caps = [r.max_tokens for r in group]
+        out = self.generate(
+            build_request([r.context for r in group], [r.seed for r in group], caps, meta)
         )
-        out = self.generate(batch)
         self.calls += 1
         self.rows += len(group)
-        versions = (
-            out["weights_version"].tolist()
-            if "weights_version" in out
-            else [int(out.meta.get("weights_version", 0))] * len(group)
-        )
-        turns = []
-        for i in range(len(group)):
-            n = int(out["response_mask"][i].sum())
-            turns.append(
-                Turn(
-                    out["response_ids"][i, :n].tolist(),
-                    out["rollout_logprobs"][i, :n].tolist(),
-                    str(out["finish_reason"][i]),
-                    int(versions[i]),
-                )
+        return [
+            Turn(list(ids), list(logprobs), str(reason), int(version))
+            for ids, logprobs, reason, version in zip(
+                out.column("response_tokens"),
+                out.column("token_logprobs"),
+                out.column("finish_reason"),
+                out.tensor("weights_version").tolist(),
             )
-        return turns
+        ]
 
     def close(self) -> None:
         self.executor.shutdown(wait=False, cancel_futures=True)

@@ -17,10 +17,11 @@ starts a new row whose prompt is the whole rendered conversation.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from rlframe.envs.chat import ChatFormat
+from rlframe.rollout.rows import TokenRow
 
 Message = dict[str, Any]
 
@@ -76,58 +77,20 @@ def key_of(value: Any) -> str:
 
 
 @dataclass
-class Row:
-    """One training row of an episode."""
-
-    prompt_ids: list[int]
-    tools_key: str
-    response: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
-    """The last call's messages plus the reply given: what an extending call starts with."""
-    sampled: int = 0
-    calls: int = 0
-    obs_tokens: int = 0
-    weights_version: int = -1
-    """Oldest weights version any of the row's turns was sampled with (-1: none yet)."""
-    finish_reason: str = "stop"
-    busy: bool = False
-    """A call on this row is in the engine: a concurrent call cannot extend it."""
-
-    @property
-    def context(self) -> list[int]:
-        return self.prompt_ids + self.response
-
-    def add_observation(self, ids: list[int]) -> None:
-        self.response += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
-        self.obs_tokens += len(ids)
-
-    def add_turn(
-        self, ids: list[int], logprobs: list[float], finish_reason: str, version: int
-    ) -> None:
-        self.response += ids
-        self.loss_mask += [1] * len(ids)
-        self.logprobs += logprobs
-        self.sampled += len(ids)
-        self.calls += 1
-        self.finish_reason = finish_reason
-        self.weights_version = (
-            version if self.weights_version < 0 else min(self.weights_version, version)
-        )
-
-
-@dataclass
 class Plan:
-    """Where a call goes: the row it extends (``new_row`` False) or starts, and the ids that
-    come before the sampled turn; nothing is changed until :meth:`Episode.commit`."""
+    """Where a call goes: the row it extends (``index`` >= 0) or starts (``index`` -1), and
+    the ids that come before the sampled turn; nothing is changed until
+    :meth:`Episode.commit`."""
 
-    row: Row
-    new_row: bool
+    row: TokenRow
+    index: int
+    tools_key: str
     added: list[int]
     """Ids appended to an extended row before the turn (loss mask 0)."""
+
+    @property
+    def new_row(self) -> bool:
+        return self.index < 0
 
     @property
     def context(self) -> list[int]:
@@ -140,7 +103,12 @@ class Episode:
     def __init__(self, tokenizer: Any, stop_ids: set[int]) -> None:
         self.tokenizer = tokenizer
         self.stop_ids = stop_ids
-        self.rows: list[Row] = []
+        self.rows: list[TokenRow] = []
+        self.conversations: list[tuple[str, list[Message]]] = []
+        """Per row: its tools' key and the last call's messages plus the reply given (what
+        an extending call starts with)."""
+        self.busy: set[int] = set()
+        """Rows with a call in the engine: a concurrent call cannot extend them."""
         self.new_rows_in_flight = 0
         """Calls sampling a row that is not in ``rows`` yet (it joins when they finish)."""
         self.formats: dict[str, ChatFormat] = {}
@@ -156,24 +124,24 @@ class Episode:
     def plan(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Plan:
         """The row this call extends, newest first, or a new row."""
         chat, tools_key = self.chat(tools), key_of(tools)
-        for row in reversed(self.rows):
-            if row.busy or row.tools_key != tools_key or len(messages) <= len(row.messages):
+        for index in reversed(range(len(self.rows))):
+            key, held = self.conversations[index]
+            if index in self.busy or key != tools_key or len(messages) <= len(held):
                 continue
-            if key_of(messages[: len(row.messages)]) != key_of(row.messages):
+            if key_of(messages[: len(held)]) != key_of(held):
                 continue
-            added = self.extension_ids(chat, row, messages)
+            added = self.extension_ids(chat, self.rows[index], held, messages)
             if added is not None:
-                return Plan(row, False, added)
-        ids = chat.prompt_ids(messages)
-        return Plan(Row(ids, tools_key), True, [])
+                return Plan(self.rows[index], index, tools_key, added)
+        return Plan(TokenRow(chat.prompt_ids(messages)), -1, tools_key, [])
 
     def extension_ids(
-        self, chat: ChatFormat, row: Row, messages: list[Message]
+        self, chat: ChatFormat, row: TokenRow, held: list[Message], messages: list[Message]
     ) -> list[int] | None:
         """Ids after the row's held ones: the end-of-turn token when the reply stopped without
         it, then the template's text for the new messages. None: the template rewrites the
         text before the reply's end-of-turn token, so the call cannot extend the row."""
-        before = chat.render(row.messages, add_generation_prompt=False)
+        before = chat.render(held, add_generation_prompt=False)
         end = before.rfind(chat.end_of_turn)
         if end < 0:
             return None
@@ -183,10 +151,20 @@ class Episode:
             return None
         close = (
             []
-            if row.response and row.response[-1] in self.stop_ids
+            if row.response_ids and row.response_ids[-1] in self.stop_ids
             else [int(self.tokenizer.convert_tokens_to_ids(chat.end_of_turn))]
         )
         return close + chat.encode(after[len(prefix) :])
+
+    def begin(self, plan: Plan) -> None:
+        """A call of ``plan`` goes to the engine."""
+        self.busy.add(plan.index)
+        self.new_rows_in_flight += int(plan.new_row)
+
+    def end(self, plan: Plan) -> None:
+        """The call of ``plan`` came back (or failed)."""
+        self.busy.discard(plan.index)
+        self.new_rows_in_flight -= int(plan.new_row)
 
     def commit(
         self,
@@ -198,9 +176,11 @@ class Episode:
         """Record a finished call: the ids before it, its sampled ids, and the conversation
         an extending call will start with."""
         row = plan.row
+        conversation = (plan.tools_key, [*messages, normalize_message(reply)])
         if plan.new_row:
             self.rows.append(row)
+            self.conversations.append(conversation)
+        else:
+            self.conversations[plan.index] = conversation
         row.add_observation(plan.added)
-        ids, logprobs, finish_reason, version = turn
-        row.add_turn(ids, logprobs, finish_reason, version)
-        row.messages = [*messages, normalize_message(reply)]
+        row.add_turn(*turn)

@@ -40,6 +40,19 @@ class OffPolicyCorrection(str, Enum):
 
 OFF_POLICY_CORRECTIONS = tuple(c.value for c in OffPolicyCorrection)
 
+
+class RouterReplay(str, Enum):
+    """Where the trainer's mixture-of-experts routing comes from (see
+    ``rlframe.moe_routing``)."""
+
+    off = "off"
+    """The trainer's own routers choose the experts of every token."""
+    rollout = "rollout"
+    """R3: every token goes to the experts the rollout engine routed it to."""
+
+
+ROUTER_REPLAYS = tuple(r.value for r in RouterReplay)
+
 NEEDS_CRITIC = frozenset({"gae"})
 """Advantage estimators that need critic values."""
 

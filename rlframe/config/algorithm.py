@@ -9,7 +9,9 @@ from rlframe.algorithms.names import (
     LOSS_AGGREGATIONS,
     MISMATCH_LEVELS,
     OFF_POLICY_CORRECTIONS,
+    ROUTER_REPLAYS,
     OffPolicyCorrection,
+    RouterReplay,
 )
 from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_choice, require_positive
@@ -71,11 +73,11 @@ class AlgorithmConfig:
     kl_horizon: int = 10000
     """Adaptive controller: responses over which the coefficient moves by at most 20%."""
     dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal and sample more prompts until the batch
-    is full of groups that carry a signal."""
+    """DAPO: a finished group whose rewards are all equal is dropped and another prompt
+    admitted in its place, so a batch is full of groups that carry a signal."""
     max_sampling_rounds: int = 4
-    """DAPO: most generation rounds per step; a step that still lacks groups trains on what it
-    has."""
+    """DAPO: a step admits at most this many times ``data.batch_size`` prompts (its own and
+    the replacements); past that, groups of equal rewards are kept to fill the batch."""
     kl_coef: float = 0.0
     """Coefficient of the KL loss against the reference policy; 0 turns the reference off."""
     kl_estimator: str = "k3"
@@ -83,6 +85,11 @@ class AlgorithmConfig:
     gradient)."""
     entropy_coef: float = 0.0
     """Coefficient of the entropy bonus."""
+    router_aux_loss_coef: float = 0.0
+    """Mixture-of-experts models: coefficient of the router's load-balancing loss (Switch
+    Transformer's, averaged over MoE layers; 1 at perfect balance), added to the policy loss
+    (HF's MoE configs name it the same; Qwen3-MoE's sets 0.001). 0 leaves it out; dense
+    models ignore it."""
     policy_loss: str = "ppo_clip"
     """Policy loss: a registered name or ``pkg.module:function`` / ``file.py:function``."""
     loss_agg: str = "token-mean"
@@ -99,6 +106,12 @@ class AlgorithmConfig:
     (tis_cap / mismatch_mask correct the rollout gap). rollout: the rollout engine's own, with
     no forward pass. decoupled: AReaL's decoupled PPO, the clip against the recomputed proximal
     policy and each token's loss times pi_prox / pi_rollout (see ``behav_weight_cap``)."""
+    router_replay: RouterReplay = RouterReplay.off
+    """Mixture-of-experts models: off, or rollout (R3: the rollout engine records the experts
+    each token was routed to, and the trainer's log-prob pass and update route every token to
+    them; the router's weights of those experts are recomputed, so the router still learns).
+    Needs a replayable MoE model (rlframe.moe_routing), the single_turn agent in lockstep, and
+    an engine that records routing: hf anywhere, vllm on CUDA only."""
     behav_weight_cap: float = 5.0
     """decoupled: tokens whose behaviour weight pi_prox / pi_rollout exceeds this are dropped
     from the loss (AReaL's behav_imp_weight_cap); 0 keeps every token. Must be 0 or > 1."""
@@ -116,12 +129,21 @@ class AlgorithmConfig:
             self.off_policy_correction, OFF_POLICY_CORRECTIONS, "algorithm.off_policy_correction"
         )
         self.off_policy_correction = OffPolicyCorrection(self.off_policy_correction)
+        require_choice(self.router_replay, ROUTER_REPLAYS, "algorithm.router_replay")
+        self.router_replay = RouterReplay(self.router_replay)
         require_choice(self.mismatch_mask, ("off", *MISMATCH_LEVELS), "algorithm.mismatch_mask")
         require(
             0 <= self.clip_low <= 1, "algorithm.clip_low", f"must be in [0, 1], got {self.clip_low}"
         )
         require(self.clip_high >= 0, "algorithm.clip_high", f"must be >= 0, got {self.clip_high}")
-        for key in ("kl_coef", "kl_reward_coef", "entropy_coef", "kl_cov_coef", "loss_agg_norm"):
+        for key in (
+            "kl_coef",
+            "kl_reward_coef",
+            "entropy_coef",
+            "kl_cov_coef",
+            "loss_agg_norm",
+            "router_aux_loss_coef",
+        ):
             value = getattr(self, key)
             require(value >= 0, f"algorithm.{key}", f"must be >= 0, got {value}")
         for key in ("clip_cov_ratio", "kl_cov_ratio"):
@@ -190,3 +212,44 @@ class AlgorithmConfig:
     def uses_reference(self) -> bool:
         """A reference policy is needed for a KL term in the loss or in the reward."""
         return self.kl_coef > 0 or self.kl_reward_coef > 0
+
+
+def check_router_replay_setup(
+    router_replay: RouterReplay,
+    agent: str,
+    max_staleness: int,
+    sequence_parallel_size: int,
+    engine: str,
+    top_p: float,
+) -> None:
+    """``algorithm.router_replay=rollout`` where the routing cannot reach the trainer whole:
+    rows rebuilt by an agent or a partial rollout (they carry no routing yet), tokens split
+    across a sequence-parallel group, or vLLM log-probs of another meaning."""
+    if router_replay is RouterReplay.off:
+        return
+    key, why = "algorithm.router_replay", "rollout carries each token's routing"
+    require(
+        agent == "single_turn",
+        key,
+        f"{why} in single_turn rows only; rollout.agent={agent} rebuilds its rows without it",
+    )
+    require(
+        max_staleness == 0,
+        key,
+        f"{why} in lockstep only (rollout.max_staleness=0); the asynchronous producer "
+        "rebuilds its rows without it",
+    )
+    require(
+        sequence_parallel_size == 1,
+        key,
+        f"rollout does not split routing over actor.sequence_parallel_size="
+        f"{sequence_parallel_size} yet; set it 1",
+    )
+    # vLLM returns routing only from Model Runner V2, whose processed log-probs are taken
+    # before top-p (V1's, which the rest of rlframe reads, after it).
+    require(
+        engine != "vllm" or top_p == 1.0,
+        key,
+        f"rollout with rollout.engine=vllm runs Model Runner V2, whose log-probs ignore "
+        f"top-p: set rollout.top_p=1 (got {top_p})",
+    )

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from rlframe.config.checks import require
+
+if TYPE_CHECKING:
+    import peft
 
 # vLLM's ``max_lora_rank`` choices: it serves adapters of any rank up to the one it is given.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -34,7 +38,9 @@ class LoraConfig:
     """Dropout on the adapters' input during training (0: the update sees what sampling saw)."""
     target_modules: list[str] = field(default_factory=list)
     """Names (last path segment) of the linear layers that get adapters, e.g. ``[q_proj,
-    v_proj]``. Empty: every linear layer of the decoder (peft's ``all-linear``, no LM head)."""
+    v_proj]``. Empty: every linear layer of the decoder (peft's ``all-linear``, no LM head);
+    on a mixture-of-experts model, every attention layer (experts and router take none, see
+    rlframe/lora_targets.py)."""
     sync: LoraSync = LoraSync.merged
     """How the rollout engine gets the trained weights: ``merged`` (full tensors, base plus
     adapter) or ``adapter`` (the adapter tensors only, served by vLLM's LoRA support)."""
@@ -46,17 +52,20 @@ class LoraConfig:
     def enabled(self) -> bool:
         return self.rank > 0
 
-    def to_peft(self, head: str = "lm"):  # -> peft.LoraConfig
-        """The peft config: empty ``target_modules`` is every linear layer of the decoder
-        (``all-linear`` leaves the LM head out). ``head="value"`` (a critic): peft's
-        TOKEN_CLS task, whose fresh ``score`` head trains in full beside the adapters."""
+    def to_peft(self, head: str = "lm", targets: list[str] | None = None) -> peft.LoraConfig:
+        """The peft config: empty ``target_modules`` is ``targets`` when given (the attention
+        of an MoE model: :func:`rlframe.lora_targets.list_peft_targets`), else every linear
+        layer of the decoder (``all-linear`` leaves the LM head out). ``head="value"`` (a
+        critic): peft's TOKEN_CLS task, whose fresh ``score`` head trains in full beside the
+        adapters."""
         from peft import LoraConfig as PeftLoraConfig
 
         return PeftLoraConfig(
             r=self.rank,
-            lora_alpha=self.alpha,
+            # peft annotates lora_alpha int, but only divides it by r: a float alpha is exact.
+            lora_alpha=self.alpha,  # type: ignore[arg-type]
             lora_dropout=self.dropout,
-            target_modules=list(self.target_modules) or "all-linear",
+            target_modules=list(self.target_modules) or targets or "all-linear",
             bias="none",
             task_type={"lm": "CAUSAL_LM", "value": "TOKEN_CLS"}[head],
             # The value head trains in full (modules_to_save): no adapter on it.

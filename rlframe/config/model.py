@@ -20,6 +20,9 @@ class ModelConfig:
     """Passed to transformers when loading the model and tokenizer."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, about a third more compute."""
+    freeze_vision: bool = False
+    """A vision-language model's vision tower (patch embedding, blocks, merger) stays as
+    loaded: not trained, and not sent at weight syncs (the engine keeps its copy)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """Low-rank adapters on the policy (``lora.rank > 0``); the reference is then the same
     model with its adapters off."""

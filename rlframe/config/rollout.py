@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
+from rlframe.algorithms.names import OffPolicyCorrection
 from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_positive
 
@@ -58,6 +58,12 @@ class RolloutConfig:
     """vLLM tensor parallelism: this many consecutive ranks on one node hold one engine
     sharded between them and generate the same prompts; must divide the procs_per_node of the
     pool holding the engines (trainer.*, or rollout.* with placement=separate)."""
+    expert_parallel: bool = False
+    """vLLM expert parallelism (``enable_expert_parallel``) inside each engine: a
+    mixture-of-experts layer's experts are spread whole over the engine's
+    tensor_parallel_size ranks instead of each rank holding a slice of every expert; attention
+    stays tensor-parallel. Needs rollout.engine=vllm, tensor_parallel_size >= 2 and an MoE
+    model (checked before Ray). Written for GPU nodes; not run on this project's CPU suite."""
     placement: Placement = Placement.colocated
     """colocated: every training rank also holds a rollout engine and switches between the two
     (one pool, trainer.*). separate: the engines live in a rollout pool of their own
@@ -78,9 +84,8 @@ class RolloutConfig:
     """Asynchronous training: a sample used in an update may have been generated, wholly or
     partly, with weights up to this many versions older than the ones the update starts from.
     0 (default): every sample comes from the current weights (lockstep, on-policy). >= 1: the
-    producer keeps generating ahead (rlframe.rollout.async_producer); see README "Asynchronous
-    training". Not with rollout.agent=openai, dynamic sampling or a greedy baseline; an agent
-    other than single_turn runs each episode whole (rlframe.rollout.async_episodes)."""
+    producer keeps generating ahead (rlframe.rollout.producer); see README "Asynchronous
+    training". An agent other than single_turn runs each episode whole."""
     stale_groups: StaleGroups = StaleGroups.wait
     """max_staleness >= 1: a group whose oldest token would exceed the bound at its update.
     wait: the trainer waits for such groups to finish and trains on them first (no sample is
@@ -93,6 +98,14 @@ class RolloutConfig:
     log-probs and continues in a later call, possibly on newer weights). 0: no partial
     rollouts, every request runs to its end in one call. single_turn only (an episode of
     another agent is never cut)."""
+    max_logprob_diff: float | None = None
+    """The sync check: the run stops (exit 76) when ``rollout/logprob_diff``, the mean absolute
+    gap between the engine's and the trainer's log-probs of the tokens sampled with the
+    weights the trainer holds (every token in lockstep, the fresh ones under
+    ``max_staleness``), exceeds this many nats: the engine is not sampling from the trained
+    weights, a weight sync is broken. null (default): by the model's dtype, 1e-3 in float32
+    and 0.05 in bfloat16, plus ln(1/top_p) (vLLM's log-probs are renormalised over
+    the nucleus, the trainer's are not); see README "The sync check". 0: off."""
 
     def __post_init__(self) -> None:
         # Dataclasses built in Python (tests, user code) may pass plain strings.
@@ -108,6 +121,11 @@ class RolloutConfig:
             self.partial_chunk_tokens >= 0,
             "rollout.partial_chunk_tokens",
             f"must be >= 0 (0: no partial rollouts), got {self.partial_chunk_tokens}",
+        )
+        require(
+            self.max_logprob_diff is None or self.max_logprob_diff >= 0,
+            "rollout.max_logprob_diff",
+            f"must be >= 0 nats (0: no sync check; null: by dtype), got {self.max_logprob_diff}",
         )
         # The name is checked against the registry by rlframe.preflight.
         self.agent = absolutize(self.agent)
@@ -140,15 +158,11 @@ MAX_ROWS_AHEAD = 65536
 in the driver and the rollout worker)."""
 
 
-def check_async(
-    r: RolloutConfig, dynamic_sampling: bool, advantage: str, batch_size: int, total_steps: int
-) -> None:
-    """Asynchronous training (``rollout.max_staleness >= 1``) produces experience group by
-    group: single-turn responses continue across engine calls, other agents' episodes run
-    whole in a driver thread. What needs a whole batch drawn at once (DAPO's sampling rounds,
-    ReMax's greedy baseline) is not built for it yet, nor the ``openai`` agent's server.
-    The bound itself must fit the run: no more versions than its steps, no more responses
-    ahead than :data:`MAX_ROWS_AHEAD`. In lockstep (0) the async-only keys are refused."""
+def check_async(r: RolloutConfig, batch_size: int, total_steps: int) -> None:
+    """The bound must fit the run (``rollout.max_staleness >= 1``): no more versions than
+    its steps, no more responses ahead than :data:`MAX_ROWS_AHEAD`, partial responses only
+    for ``single_turn`` (other agents' episodes run whole). In lockstep (0) the async-only
+    keys are refused."""
     if r.max_staleness == 0:
         require(
             r.partial_chunk_tokens == 0,
@@ -177,25 +191,21 @@ def check_async(
         f"rollout.n = {ahead} responses ahead, more than {MAX_ROWS_AHEAD}; at most "
         f"{MAX_ROWS_AHEAD // (batch_size * r.n) - 1} here",
     )
-    why = "rollout.max_staleness >= 1 (asynchronous training) supports"
-    require(
-        r.agent != "openai",
-        "rollout.agent",
-        f"{why} no rollout.agent=openai yet; set rollout.max_staleness=0",
-    )
     require(
         r.agent == "single_turn" or r.partial_chunk_tokens == 0,
         "rollout.partial_chunk_tokens",
         f"applies to rollout.agent=single_turn (an episode of {r.agent!r} runs whole), got "
         f"{r.partial_chunk_tokens}; set it 0",
     )
+
+
+def check_sync_gap(r: RolloutConfig, correction: OffPolicyCorrection) -> None:
+    """A threshold set for the sync check needs the trainer's log-probs to compare the
+    rollout's with; ``algorithm.off_policy_correction=rollout`` uses the rollout's own as the
+    old policy, so there is no ``rollout/logprob_diff`` and the check never runs."""
     require(
-        not dynamic_sampling,
-        "algorithm.dynamic_sampling",
-        f"{why} no dynamic sampling yet; set it false or rollout.max_staleness=0",
-    )
-    require(
-        advantage not in NEEDS_GREEDY_BASELINE,
-        "algorithm.advantage",
-        f"{why} no greedy baseline ({advantage}) yet; set rollout.max_staleness=0",
+        not r.max_logprob_diff or correction is not OffPolicyCorrection.rollout,
+        "rollout.max_logprob_diff",
+        f"{r.max_logprob_diff} cannot be checked with algorithm.off_policy_correction=rollout "
+        "(no trainer log-probs, no rollout/logprob_diff); leave it null or set it 0",
     )

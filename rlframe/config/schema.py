@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlframe.algorithms.names import GROUP_RELATIVE, NEEDS_CRITIC
 from rlframe.config.agent import AgentConfig
-from rlframe.config.algorithm import AlgorithmConfig
+from rlframe.config.algorithm import AlgorithmConfig, check_router_replay_setup
 from rlframe.config.checks import (
     ConfigError,
     check_renamed_key,
@@ -20,7 +20,7 @@ from rlframe.config.checks import (
 from rlframe.config.lora import check_adapter_sync, check_lora
 from rlframe.config.model import ModelConfig
 from rlframe.config.placement import check_placement
-from rlframe.config.rollout import RolloutConfig, check_async
+from rlframe.config.rollout import RolloutConfig, check_async, check_sync_gap
 from rlframe.config.sections import (
     ActorConfig,
     CriticConfig,
@@ -65,12 +65,15 @@ class Config:
         check_lora(self.model.lora, "model.lora")
         check_lora(self.critic.lora, "critic.lora")
         check_adapter_sync(self.model.lora, self.rollout.engine.value, self.rollout.sleep_level)
-        check_async(
-            self.rollout,
-            a.dynamic_sampling,
-            a.advantage,
-            self.data.batch_size,
-            self.trainer.total_steps,
+        check_sync_gap(self.rollout, a.off_policy_correction)
+        check_async(self.rollout, self.data.batch_size, self.trainer.total_steps)
+        check_router_replay_setup(
+            a.router_replay,
+            self.rollout.agent,
+            self.rollout.max_staleness,
+            self.actor.sequence_parallel_size,
+            self.rollout.engine.value,
+            self.rollout.top_p,
         )
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
@@ -103,12 +106,19 @@ class Config:
 
 def check_tensor_parallel(cfg: Config) -> None:
     """A TP group is consecutive ranks on one node of the engines' pool (see
-    :func:`rlframe.config.placement.check_placement`); only vLLM shards."""
+    :func:`rlframe.config.placement.check_placement`); only vLLM shards, and spreads experts
+    (``rollout.expert_parallel``) over a group of two or more."""
     tp = cfg.rollout.tensor_parallel_size
     require(
         tp == 1 or cfg.rollout.engine.value == "vllm",
         "rollout.tensor_parallel_size",
         f"{tp} > 1 needs rollout.engine=vllm (the hf engine is not sharded)",
+    )
+    require(
+        not cfg.rollout.expert_parallel or (tp >= 2 and cfg.rollout.engine.value == "vllm"),
+        "rollout.expert_parallel",
+        f"spreads the experts over an engine's ranks: it needs rollout.engine=vllm and "
+        f"rollout.tensor_parallel_size >= 2 (got {cfg.rollout.engine.value}, {tp})",
     )
 
 

@@ -157,6 +157,8 @@ def start_reaper() -> subprocess.Popen:
     import ray
 
     node = ray._private.worker._global_node
+    if node is None:
+        raise RuntimeError("start_reaper runs after ray.init started a local cluster")
     roots = [
         str(info.process.pid)
         for infos in node.all_processes.values()

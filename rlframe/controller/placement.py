@@ -45,8 +45,8 @@ class ResourcePool:
     """Bundles (worker processes per role) on each node."""
     device: str
     """``cuda``: each bundle holds one GPU. ``cpu``: bundles hold CPUs only."""
-    cpus_per_proc: float = 1.0
-    """CPUs in each bundle."""
+    cpus_per_proc: int = 1
+    """CPUs in each bundle (whole CPUs: the workers' OMP_NUM_THREADS is this number)."""
     max_colocate: int = 1
     """How many roles share each bundle; each takes this fraction of the bundle."""
     name: str = "pool"

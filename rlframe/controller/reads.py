@@ -10,15 +10,30 @@ when the driver's Batch has it. Meta always goes.
 
 from __future__ import annotations
 
-GENERATE = ("prompt_ids", "prompt_mask", "seed", "max_tokens")
-"""A rollout: the left-padded prompts, each row's sampling seed and (optional) token cap."""
+IMAGES = "images"
+"""A vision-language row's images (a list of encoded images per row; optional): the
+rollout engine and the trainer's forward both read them."""
 
-FORWARD = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask")
+GENERATE = ("prompt_tokens", "seed", "max_tokens", IMAGES)
+"""A rollout: each row's context (a list of ids), sampling seed, (optional) token cap and
+(optional) images."""
+
+FORWARD = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask", IMAGES)
 """A training-engine forward over prompt + response (see rlframe.sequence_layout)."""
 
-POLICY_UPDATE = (*FORWARD, "advantages", "old_logprobs", "rollout_logprobs", "ref_logprobs")
-"""A policy update: the forward's keys, the advantages, and the log-probs the loss, the
-mismatch and off-policy corrections and the KL term read (each optional)."""
+POLICY_FORWARD = (*FORWARD, "routed_experts")
+"""The policy's forward: with router replay on, each token's routed experts
+(rlframe.moe_routing) too. The reference and the critic route freely: not theirs."""
+
+POLICY_UPDATE = (
+    *POLICY_FORWARD,
+    "advantages",
+    "old_logprobs",
+    "rollout_logprobs",
+    "ref_logprobs",
+)
+"""A policy update: the policy forward's keys, the advantages, and the log-probs the loss,
+the mismatch and off-policy corrections and the KL term read (each optional)."""
 
 VALUE_UPDATE = (*FORWARD, "values", "returns")
 """A critic update: the forward's keys, the old values and the returns."""

@@ -12,6 +12,7 @@ same way: a missing method fails at start, named, not at the first call of a run
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from rlframe.protocol import Batch, UpdateResult
@@ -124,7 +125,12 @@ def check_role(role: type[Group], worker_cls: type, dispatch_methods: dict[str, 
             )
 
 
-def bind_role(group: Any, role: type[R], worker_cls: type) -> R:
-    """``group`` typed as ``role`` after :func:`check_role` on the class it runs."""
+def bind_role(group: Any, role: Callable[..., R], worker_cls: type) -> R:
+    """``group`` typed as ``role`` (a role Protocol class) after :func:`check_role` on the
+    class it runs."""
+    # ``role`` is spelled Callable, not type[R]: mypy refuses a Protocol class where type[R]
+    # is expected (its type-abstract check, python/mypy#4717), so the class is checked here.
+    if not isinstance(role, type):
+        raise TypeError(f"bind_role needs a role class, got {role!r}")
     check_role(role, worker_cls, group.methods)
     return cast(R, group)

@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 import ray
+from ray.actor import ActorClass
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from rlframe.config.checks import first_line
@@ -117,7 +118,7 @@ class WorkerGroup:
             if pool.nnodes == 1
             else {}
         )
-        remote_cls = ray.remote(worker_cls)
+        remote_cls: ActorClass[Any] = ray.remote(worker_cls)
         actors = []
         for rank in range(self.world_size):
             rank_env = {
@@ -168,7 +169,7 @@ class WorkerGroup:
             for c in fan_out.calls
         }
         return CallHandle(
-            self.role, method, refs, self.call_timeout_s, self.actors, spec.mode, fan_out
+            self.role, method, refs, self.call_timeout_s, self.actors, (spec.mode, fan_out)
         )
 
     def shutdown(self) -> None:
@@ -203,11 +204,13 @@ class CallHandle:
         refs: dict[Any, int],
         timeout_s: float,
         actors: list[Any],
-        mode: Dispatch | None = None,
-        fan_out: FanOut | None = None,
+        dispatch: tuple[Dispatch, FanOut] | None = None,
     ) -> None:
         self.role, self.method, self.refs, self.timeout_s = role, method, refs, timeout_s
-        self.actors, self.mode, self.fan_out = actors, mode, fan_out
+        self.actors = actors
+        self.dispatch = dispatch
+        """How the ranks' results combine (the method's mode and how its call was split);
+        None: they come back as a list, rank by rank."""
         self.deadline = time.monotonic() + timeout_s
         self.values: dict[int, Any] = {}
         self.pending = set(refs)
@@ -263,9 +266,7 @@ class CallHandle:
         """The collected result once every rank answered (call with nothing pending)."""
         if self.outcome is None:
             ranked = [self.values[rank] for rank in sorted(self.values)]
-            value = (
-                ranked if self.mode is None else collect_results(self.mode, self.fan_out, ranked)
-            )
+            value = ranked if self.dispatch is None else collect_results(*self.dispatch, ranked)
             self.outcome = (True, value)
         ok, value = self.outcome
         if not ok:

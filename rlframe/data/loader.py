@@ -59,7 +59,8 @@ class PromptLoader:
 def build_prompt_batch(
     records: list[PromptRecord], n: int, first_group: int, pad_token_id: int, seed: int
 ) -> Batch:
-    """``n`` interleaved copies of each prompt, left-padded, with group ids and sample seeds.
+    """``n`` interleaved copies of each prompt, left-padded, with group ids and sample seeds;
+    an ``images`` column (each row's encoded images) when any prompt has images.
 
     Row ``i`` gets seed ``(seed, group, copy)`` mixed into 31 bits, so sampling does not
     depend on how rows are split over ranks.
@@ -71,16 +72,18 @@ def build_prompt_batch(
         ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
         mask[i, width - len(r.prompt_ids) :] = 1
     groups = torch.arange(first_group, first_group + len(records))
-    batch = Batch(
-        {"prompt_ids": ids, "prompt_mask": mask, "group": groups},
-        {
-            "prompt": [r.prompt for r in records],
-            "ground_truth": [r.ground_truth for r in records],
-            "extra": [r.extra for r in records],
-            # Synthetic prompts have no turns of their own: the prompt text is one user turn.
-            "messages": [r.messages or [{"role": "user", "content": r.prompt}] for r in records],
-        },
-    ).repeat(n)
+    columns: dict[str, list[Any]] = {
+        "prompt": [r.prompt for r in records],
+        "ground_truth": [r.ground_truth for r in records],
+        "extra": [r.extra for r in records],
+        # Synthetic prompts have no turns of their own: the prompt text is one user turn.
+        "messages": [r.messages or [{"role": "user", "content": r.prompt}] for r in records],
+    }
+    if any(r.images for r in records):
+        columns["images"] = [list(r.images) for r in records]
+    batch = Batch({"prompt_ids": ids, "prompt_mask": mask, "group": groups}, columns).repeat(n)
     copies = torch.arange(len(batch)) % n
-    seeds = [hash((seed, int(g), int(c))) & 0x7FFFFFFF for g, c in zip(batch["group"], copies)]
+    seeds = [
+        hash((seed, int(g), int(c))) & 0x7FFFFFFF for g, c in zip(batch.tensor("group"), copies)
+    ]
     return Batch(batch.tensors, batch.columns | {"seed": seeds}, batch.meta)

@@ -2,13 +2,16 @@
 
     python -m rlframe.data.prepare gsm8k --out data/gsm8k     # openai/gsm8k (main)
     python -m rlframe.data.prepare math --out data/math       # DigitalLearningGmbH/MATH-lighteval
+    python -m rlframe.data.prepare geometry3k --out data/geo3k  # hiyouga/geometry3k (images)
 
 Each writes ``train.parquet`` and ``test.parquet`` with the columns rlframe reads: ``prompt``
 (the question plus an instruction on how to state the answer), ``ground_truth`` (the final
 answer alone: GSM8K's number after ``####``, MATH's last ``\\boxed{}``) and ``data_source``,
-plus ``index`` and, for MATH, ``level`` and ``type``. ``--source DIR`` reads the same data
-from local ``train``/``test`` files (``.jsonl``, ``.json`` or ``.parquet``) in the hub's
-format instead of downloading it: offline machines, mirrors, tests.
+plus ``index`` and, for MATH, ``level`` and ``type``; geometry3k rows also carry ``images``
+(PNG bytes, veRL's format), which the problem's ``<image>`` marks the place of.
+``--source DIR`` reads the same data from local ``train``/``test`` files (``.jsonl``, ``.json``
+or ``.parquet``) in the hub's format instead of downloading it: offline machines, mirrors,
+tests.
 """
 
 from __future__ import annotations
@@ -77,9 +80,33 @@ def make_math_row(row: dict[str, Any], index: int) -> dict[str, Any]:
     }
 
 
+GEOMETRY_INSTRUCTION = "Think step by step, then give the final answer within \\boxed{}."
+
+
+def to_image_entry(image: Any) -> dict[str, Any]:
+    """One ``images`` entry as parquet holds it: ``{"bytes", "path"}`` (a PIL image is
+    encoded as PNG)."""
+    if isinstance(image, dict):
+        return {"bytes": image.get("bytes"), "path": image.get("path")}
+    from rlframe.data.images import encode_png
+
+    return {"bytes": encode_png(image), "path": None}
+
+
+def make_geometry3k_row(row: dict[str, Any], index: int) -> dict[str, Any]:
+    return {
+        "prompt": f"{row['problem'].strip()} {GEOMETRY_INSTRUCTION}",
+        "images": [to_image_entry(image) for image in row["images"]],
+        "ground_truth": str(row["answer"]).strip(),
+        "data_source": "hiyouga/geometry3k",
+        "index": index,
+    }
+
+
 DATA_SETS = {
     "gsm8k": DataSetRecipe("openai/gsm8k", "main", make_gsm8k_row),
     "math": DataSetRecipe("DigitalLearningGmbH/MATH-lighteval", None, make_math_row),
+    "geometry3k": DataSetRecipe("hiyouga/geometry3k", None, make_geometry3k_row),
 }
 SPLITS = ("train", "test")
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlframe.data.tasks import generate_examples
+from rlframe.data.images import expand_prompt, load_processor, place_images, read_image_bytes
+from rlframe.data.tasks import VISUAL_TASKS, generate_examples
 
 
 @dataclass
@@ -26,6 +27,9 @@ class PromptRecord:
     messages: list[dict[str, Any]] = field(default_factory=list)
     """The row's chat turns before any template: what a multi-turn env opens with, and what a
     reward model renders with its own template. Empty for synthetic tasks."""
+    images: list[bytes] = field(default_factory=list)
+    """The row's images (encoded bytes), in the order the prompt places them; ``prompt_ids``
+    holds each image's pad already expanded to its token count."""
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -89,9 +93,14 @@ def read_messages(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
     raise ValueError(f"{where}: a row needs a 'prompt' or 'messages' column; it has {sorted(row)}")
 
 
-def render_prompt(row: dict[str, Any], tokenizer: Any, where: str) -> str:
-    """The prompt text of a row, through the chat template when the tokenizer has one."""
+def render_prompt(row: dict[str, Any], tokenizer: Any, where: str, images: int = 0) -> str:
+    """The prompt text of a row, through the chat template when the tokenizer has one (which
+    must then place the row's ``images``)."""
     messages = read_messages(row, where)
+    if images:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"{where}: the row has images, the tokenizer no chat template")
+        messages = place_images(messages, images, where)
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "".join(m["content"] for m in messages)
@@ -105,6 +114,15 @@ class PromptSet:
     """Prompts left out for being longer than the prompt-length limit."""
 
 
+VISUAL_EXAMPLES = 1024
+"""Examples of a visual task: drawing and sizing an image costs about 3 ms at start-up."""
+
+
+def count_examples(task: str, synthetic_size: int) -> int:
+    """How many examples of ``task`` to generate."""
+    return min(synthetic_size, VISUAL_EXAMPLES) if task in VISUAL_TASKS else synthetic_size
+
+
 def read_prompt_rows(
     files: list[str], task: str, seed: int, synthetic_size: int = 4096
 ) -> list[tuple[dict[str, Any], str]]:
@@ -116,10 +134,13 @@ def read_prompt_rows(
     else:
         rows = [
             (
-                {"prompt": e.prompt, "ground_truth": e.ground_truth, "task": e.task},
+                {"prompt": e.prompt, "ground_truth": e.ground_truth, "task": e.task}
+                | ({"images": e.images} if e.images else {}),
                 f"task {task} #{i}",
             )
-            for i, e in enumerate(generate_examples(task, synthetic_size, seed))
+            for i, e in enumerate(
+                generate_examples(task, count_examples(task, synthetic_size), seed)
+            )
         ]
     for row, where in rows:
         if "prompt" not in row and "messages" not in row:
@@ -131,21 +152,29 @@ def read_prompt_rows(
     return rows
 
 
+NOT_EXTRA = ("prompt", "messages", "ground_truth", "images")
+"""Columns that are not passed to the reward function."""
+
+
 def tokenize_prompts(
     rows: list[tuple[dict[str, Any], str]], tokenizer: Any, max_prompt_length: int
 ) -> PromptSet:
-    """Render and tokenise every row; rows longer than ``max_prompt_length`` tokens are counted
-    and left out."""
+    """Render and tokenise every row; rows longer than ``max_prompt_length`` tokens (image
+    tokens included) are counted and left out. A row with images is tokenised by the model's
+    processor, which expands each image's pad to the image's tokens."""
     records = []
     for row, where in rows:
-        text = render_prompt(row, tokenizer, where)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        images = [read_image_bytes(item, where) for item in row.get("images") or []]
+        text = render_prompt(row, tokenizer, where, len(images))
+        if images:
+            ids = expand_prompt(load_processor(tokenizer.name_or_path), text, images)
+        else:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) <= max_prompt_length:
-            extra = {
-                k: v for k, v in row.items() if k not in ("prompt", "messages", "ground_truth")
-            }
+            extra = {k: v for k, v in row.items() if k not in NOT_EXTRA}
+            messages = read_messages(row, where)
             records.append(
-                PromptRecord(text, ids, str(row["ground_truth"]), extra, read_messages(row, where))
+                PromptRecord(text, ids, str(row["ground_truth"]), extra, messages, images)
             )
     return PromptSet(records, len(rows) - len(records))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 LETTERS = "abcde"
 
@@ -19,6 +19,8 @@ class Example:
     prompt: str
     ground_truth: str
     task: str
+    images: list[bytes] = field(default_factory=list)
+    """A visual task's images (PNG bytes), which the prompt is about."""
 
 
 def make_arithmetic(rng: random.Random) -> tuple[str, str]:
@@ -62,9 +64,12 @@ def make_guess(rng: random.Random) -> tuple[str, str]:
 
 ENV_TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"guess": make_guess}
 """Tasks scored by an environment rather than a rule; not part of ``mixed``."""
-TASK_NAMES = (*TASKS, "mixed", *ENV_TASKS)
-"""What ``data.task`` accepts: each task, ``mixed`` (the rule-scored ones in turn), or an env
-task."""
+VISUAL_TASKS = ("colour",)
+"""Tasks whose prompts carry an image (:mod:`rlframe.data.visual_tasks`); for a
+vision-language model, not part of ``mixed``."""
+TASK_NAMES = (*TASKS, "mixed", *ENV_TASKS, *VISUAL_TASKS)
+"""What ``data.task`` accepts: each task, ``mixed`` (the rule-scored ones in turn), an env
+task, or a visual task."""
 
 
 def generate_examples(task: str, count: int, seed: int) -> list[Example]:
@@ -72,6 +77,13 @@ def generate_examples(task: str, count: int, seed: int) -> list[Example]:
     if task not in TASK_NAMES:
         raise ValueError(f"unknown synthetic task {task!r}; choose from {list(TASK_NAMES)}")
     rng = random.Random(seed)
+    if task in VISUAL_TASKS:
+        from rlframe.data.visual_tasks import make_colour
+
+        return [
+            Example(prompt, answer, task, images)
+            for prompt, answer, images in (make_colour(rng) for _ in range(count))
+        ]
     names = list(TASKS) if task == "mixed" else [task]
     makers = TASKS | ENV_TASKS
     examples = []

@@ -15,7 +15,10 @@ import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 TINY_PREFIX = "tiny:"
 TINY_LORA_PREFIX = "tiny-lora:"
@@ -49,8 +52,12 @@ class TinyModelSpec:
     """Seed of the random initialisation."""
 
 
+TINY_VL_PREFIX = "tiny-vl:"
+"""A tiny Qwen2-VL (:mod:`rlframe.data.tiny_vl_model`)."""
+
+
 def is_tiny_model(path: str) -> bool:
-    return path.startswith((TINY_PREFIX, TINY_LORA_PREFIX, TINY_MOE_PREFIX))
+    return path.startswith((TINY_PREFIX, TINY_LORA_PREFIX, TINY_MOE_PREFIX, TINY_VL_PREFIX))
 
 
 def default_cache_dir() -> Path:
@@ -59,7 +66,8 @@ def default_cache_dir() -> Path:
 
 def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
     """A loadable model directory: ``tiny:<seed>``, ``tiny-lora:<seed>`` and
-    ``tiny-moe:<seed>`` are built on first use, anything else is kept."""
+    ``tiny-moe:<seed>`` are built on first use, anything else is kept (``tiny-vl:<seed>``:
+    :func:`rlframe.data.tiny_vl_model.resolve_tiny_vl_path`)."""
     if path.startswith(TINY_MOE_PREFIX):
         return resolve_tiny_build(
             path,
@@ -108,7 +116,7 @@ def resolve_tiny_build(
     return str(target)
 
 
-def build_tiny_tokenizer():  # -> transformers.PreTrainedTokenizerFast
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     """Character-level tokenizer: every character in CHARACTERS is one token."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -138,7 +146,7 @@ def build_tiny_config(spec: TinyModelSpec, tokenizer: Any, **extra: Any) -> Any:
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
         **extra,
     )
 
@@ -211,7 +219,7 @@ def build_tiny_moe_model(spec: TinyModelSpec, target: Path) -> None:
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(spec.seed)
     model = Qwen3MoeForCausalLM(config)
@@ -222,8 +230,9 @@ def build_tiny_moe_model(spec: TinyModelSpec, target: Path) -> None:
 
 
 def save_model_atomically(model: Any, tokenizer: Any, target: Path) -> None:
-    """Write model and tokenizer to a staging folder, then rename it to ``target``: several
-    processes (test workers, Ray actors) may build the same cached model at once."""
+    """Write model and tokenizer (or processor) to a staging folder, then rename it to
+    ``target``: several processes (test workers, Ray actors) may build the same cached model
+    at once."""
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(f"{target.name}.tmp{os.getpid()}")
     model.save_pretrained(staging)

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import ast
 import operator
+from collections.abc import Callable
 from typing import Any
 
 from rlframe.envs.base import ENVS
 from rlframe.envs.tools import ToolEnv
 from rlframe.rewards import score_math_answer
 
-OPERATORS = {
+# One- and two-argument operators, keyed by the ast node type that names them.
+OPERATORS: dict[type[ast.AST], Callable[..., float]] = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
     ast.Mult: operator.mul,

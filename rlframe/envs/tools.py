@@ -70,6 +70,7 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
     arguments: dict[str, str] = {}
     section = "description"
     current = None
+    indent = 99  # an argument line is one indented no deeper than the previous argument
     for line in lines:
         stripped = line.strip()
         if re.fullmatch(r"(Args|Arguments|Parameters):", stripped):
@@ -85,15 +86,12 @@ def parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
                 description.append(stripped)
         elif section == "args" and stripped:
             match = re.match(r"(\w+)\s*(\([^)]*\))?:\s*(.*)", stripped)
-            if match and (
-                current is None or len(line) - len(line.lstrip()) <= arguments.get("__indent__", 99)
-            ):
+            if match and (current is None or len(line) - len(line.lstrip()) <= indent):
                 current = match.group(1)
-                arguments["__indent__"] = len(line) - len(line.lstrip())  # type: ignore[assignment]
+                indent = len(line) - len(line.lstrip())
                 arguments[current] = match.group(3)
             elif current is not None:
                 arguments[current] = f"{arguments[current]} {stripped}".strip()
-    arguments.pop("__indent__", None)
     return " ".join(description), arguments
 
 

@@ -12,12 +12,19 @@ asserts or their expected values, and nothing it does here can make an assert pa
 returning the right plain values.
 """
 
+from __future__ import annotations
+
 import builtins
 import importlib.util
 import json
 import math
 import os
 import sys
+
+# Not `from typing import TYPE_CHECKING`: the server imports nothing it does not use.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 PLAIN_SCALARS = (int, float, complex, str, bytes, bool, type(None))
 PLAIN_CONTAINERS = (list, tuple, set, frozenset)
@@ -29,7 +36,7 @@ BUILTIN_EXCEPTIONS = {
 }
 
 
-def is_plain(value, depth=0):
+def is_plain(value: Any, depth: int = 0) -> bool:
     """Exact built-in data whose repr reads back with ast.literal_eval (no subclasses:
     an int subclass could redefine __eq__)."""
     kind = type(value)
@@ -44,7 +51,7 @@ def is_plain(value, depth=0):
     return False
 
 
-def main():
+def main() -> None:
     requests = os.fdopen(os.dup(0), "r")
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     null = os.open("/dev/null", os.O_RDONLY)
@@ -52,6 +59,9 @@ def main():
     os.dup2(2, 1)
     sys.stdin, sys.stdout = open(0), open(1, "w", buffering=1)
     spec = importlib.util.spec_from_file_location("solution", "/sandbox/main.py")
+    if spec is None or spec.loader is None:
+        answers.write(json.dumps({"load_error": "ImportError: /sandbox/main.py"}) + "\n")
+        return
     module = importlib.util.module_from_spec(spec)
     sys.modules["solution"] = module
     try:
@@ -61,10 +71,10 @@ def main():
         return
     names = [n for n in vars(module) if not n.startswith("__")]
     answers.write(json.dumps({"ready": names}) + "\n")
-    handles = {}
+    handles: dict[int, Any] = {}
     for line in requests:
         request = json.loads(line)
-        answer = {"nonce": request["nonce"]}
+        answer: dict[str, Any] = {"nonce": request["nonce"]}
         try:
             answer.update(serve(request, module, handles))
         except BaseException as e:
@@ -72,7 +82,7 @@ def main():
         answers.write(json.dumps(answer) + "\n")
 
 
-def describe_error(error):
+def describe_error(error: BaseException) -> dict[str, Any]:
     """The exception as data: the first built-in type in its class's MRO, its arguments."""
     kind = next(
         (BUILTIN_EXCEPTIONS[id(k)] for k in type(error).__mro__ if id(k) in BUILTIN_EXCEPTIONS),
@@ -86,10 +96,10 @@ def describe_error(error):
     return {"type": kind, "name": type(error).__name__, "args": args, "text": text}
 
 
-def serve(request, module, handles):
+def serve(request: dict[str, Any], module: Any, handles: dict[int, Any]) -> dict[str, Any]:
     import ast
 
-    def decode(arg):
+    def decode(arg: dict[str, Any]) -> Any:
         return handles[arg["h"]] if "h" in arg else ast.literal_eval(arg["v"])
 
     kind, ref = request["target"]

@@ -188,7 +188,7 @@ class Remote:
         self._session, self._target = session, target
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        request = {"op": "call", "target": list(self._target)}
+        request: dict[str, Any] = {"op": "call", "target": list(self._target)}
         request["args"] = [encode(a) for a in args]
         request["kwargs"] = {k: encode(v) for k, v in kwargs.items()}
         return self._session.ask(request)

@@ -39,7 +39,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -477,7 +477,7 @@ def probe_sandbox(isolation: Isolation) -> str:
     return ""
 
 
-def find_prctl() -> object | None:
+def find_prctl() -> Callable[..., int] | None:
     try:
         import ctypes
 

@@ -29,6 +29,7 @@ import torch
 
 from rlframe.config import Config, RewardConfig
 from rlframe.config.agent import AgentConfig
+from rlframe.controller.roles import RewardModelGroup
 from rlframe.protocol import Batch
 from rlframe.rewards.scoring import RuleScorer
 
@@ -42,7 +43,9 @@ class RewardStage:
         reward_model: the reward-model worker group (its ``compute_rm_scores``), or None.
     """
 
-    def __init__(self, cfg: Config, tokenizer: Any, reward_model: Any | None = None) -> None:
+    def __init__(
+        self, cfg: Config, tokenizer: Any, reward_model: RewardModelGroup | None = None
+    ) -> None:
         self.cfg, self.tokenizer, self.reward_model = cfg, tokenizer, reward_model
         self.rule_scorer = (
             RuleScorer(resolve_reward_name(cfg), cfg.reward) if cfg.reward.uses_rule else None
@@ -61,14 +64,17 @@ class RewardStage:
         r = self.cfg.reward
         texts = [
             decode(self.tokenizer, ids, mask)
-            for ids, mask in zip(batch["response_ids"], batch["response_mask"])
+            for ids, mask in zip(batch.tensor("response_ids"), batch.tensor("response_mask"))
         ]
         pending_rm = self.start_reward_model(batch, texts)
         score = torch.zeros(len(batch))
         parts: dict[str, torch.Tensor] = {}
         if self.rule_scorer is not None:
-            samples = [{"prompt": p, **extra} for p, extra in zip(batch["prompt"], batch["extra"])]
-            rule = self.rule_scorer.score(texts, list(batch["ground_truth"]), samples)
+            samples = [
+                {"prompt": p, **extra}
+                for p, extra in zip(batch.column("prompt"), batch.column("extra"))
+            ]
+            rule = self.rule_scorer.score(texts, list(batch.column("ground_truth")), samples)
             parts |= {
                 "rule_score": torch.tensor(rule.scores),
                 "reward_errors": torch.tensor(rule.errors, dtype=torch.float32),
@@ -80,7 +86,7 @@ class RewardStage:
             score += r.model.weight * parts["rm_score"]
         # Sampled tokens against their budget: observations in a multi-turn response do not count.
         penalty = compute_overlong_penalty(
-            batch["loss_mask"].sum(1), self.cfg.rollout.max_tokens, r
+            batch.tensor("loss_mask").sum(1), self.cfg.rollout.max_tokens, r
         )
         scored = Batch(
             batch.tensors | parts | {"score": score, "reward": score + penalty},
@@ -92,11 +98,12 @@ class RewardStage:
     def start_reward_model(self, batch: Batch, texts: list[str]) -> Future[torch.Tensor] | None:
         """Send prompts (as chat turns) and responses to the reward-model group, in the
         background."""
-        if self.reward_model is None or self.reward_model_thread is None:
+        reward_model = self.reward_model
+        if reward_model is None or self.reward_model_thread is None:
             return None
-        request = Batch(columns={"messages": batch["messages"], "response": texts})
+        request = Batch(columns={"messages": batch.column("messages"), "response": texts})
         return self.reward_model_thread.submit(
-            lambda: self.reward_model.compute_rm_scores(request)["rm_score"]
+            lambda: reward_model.compute_rm_scores(request).tensor("rm_score")
         )
 
     def close(self) -> None:
@@ -133,12 +140,14 @@ def combine_rewards(batch: Batch, cfg: AgentConfig) -> Batch:
     (``reward - score`` on the way in) is kept; ``rule_score`` is left raw."""
     if "env_reward" not in batch:
         return batch
-    task = batch["score"].float()
-    penalty = batch["reward"].float() - task
-    score = cfg.rule_reward_weight * task + cfg.env_reward_weight * batch["env_reward"].float()
+    task = batch.tensor("score").float()
+    penalty = batch.tensor("reward").float() - task
+    score = (
+        cfg.rule_reward_weight * task + cfg.env_reward_weight * batch.tensor("env_reward").float()
+    )
     if "agent_reward_given" in batch:  # rollout.agent=openai: see rlframe.agent_server.agent
         score = score_openai_episodes(batch, task, cfg)
-    failed = batch["env_failed"].bool()
+    failed = batch.tensor("env_failed").bool()
     zero = torch.zeros_like(score)
     return batch.with_tensors(
         score=torch.where(failed, zero, score),
@@ -150,14 +159,14 @@ def score_openai_episodes(batch: Batch, task: torch.Tensor, cfg: AgentConfig) ->
     """An episode's reward is the agent's (times ``agent.env_reward_weight``) when it gave
     one, else ``reward.fn``'s score of the episode's last row (times
     ``agent.rule_reward_weight``); every row of the episode gets it."""
-    episode = batch["agent_episode"].long()
+    episode = batch.tensor("agent_episode").long()
     order = torch.arange(len(episode))
     last = torch.zeros(int(episode.max()) + 1, dtype=torch.long).scatter_reduce(
         0, episode, order, "amax"
     )
     rule = cfg.rule_reward_weight * task[last[episode]]
-    given = batch["agent_reward_given"].bool()
-    return torch.where(given, cfg.env_reward_weight * batch["env_reward"].float(), rule)
+    given = batch.tensor("agent_reward_given").bool()
+    return torch.where(given, cfg.env_reward_weight * batch.tensor("env_reward").float(), rule)
 
 
 def resolve_reward_name(cfg: Config) -> str:

@@ -5,13 +5,14 @@ the prompt rows with their responses. It may call ``ctx.generate`` (the actor gr
 ``generate``: one engine call over all rows given, DP-split across ranks) as often as it
 likes; each call samples one turn for the rows it is given, up to the row's ``max_tokens``.
 
-The batch it returns holds, per row: ``prompt_ids``/``prompt_mask`` (left-padded; an agent
-may replace them, e.g. to add tool schemas), ``response_ids`` (right-padded to
-:func:`rlframe.config.agent.compute_response_width`), ``response_mask`` (1 on every real
-response token), ``loss_mask`` (1 on tokens the policy sampled), ``rollout_logprobs`` (the
-engine's log-probs of sampled tokens, 0 elsewhere) and the column ``finish_reason``;
-optionally ``env_reward``/``env_failed`` and the ``agent_*`` counters of
-:func:`rlframe.rollout.producer.collect_agent_metrics`.
+An agent grows :class:`~rlframe.rollout.rows.TokenRow` s (``sample_turns`` runs one engine
+call over them) and returns the prompt rows with their :func:`~rlframe.rollout.rows.collate`
+d grid (width :func:`rlframe.config.agent.compute_response_width`): ``prompt_ids``/
+``prompt_mask`` (an agent may replace them, e.g. to add tool schemas), ``response_ids``,
+``response_mask``, ``loss_mask`` (1 on tokens the policy sampled), ``rollout_logprobs``,
+``token_version``, ``weights_version``, the column ``finish_reason``; optionally
+``env_reward``/``env_failed`` and the ``agent_*`` counters of
+:func:`collect_agent_metrics` (as row extras).
 
 Built-ins: ``single_turn`` (here), ``openai`` (an OpenAI-compatible server for agents
 written against the ``openai`` client, :mod:`rlframe.agent_server`) and ``multi_turn``
@@ -25,16 +26,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from rlframe.algorithms.registry import Registry, load_function
 from rlframe.config import Config
+from rlframe.envs.runner import count_stuck_calls
 from rlframe.protocol import Batch
+from rlframe.rollout.rows import generate_batch
 
 
 @dataclass
 class AgentContext:
     generate: Callable[[Batch], Batch]
-    """The actor group's generate: prompt rows (``prompt_ids``, ``prompt_mask``, ``seed``,
-    optional ``max_tokens``; meta ``stop_token_ids``, ``pad_token_id``) -> one turn each."""
+    """The actor group's generate: one turn for each row of a request
+    (:func:`rlframe.rollout.rows.build_request`; meta ``stop_token_ids``) -> its response
+    (:func:`rlframe.rollout.rows.build_response`)."""
     tokenizer: Any
     """The model's tokenizer (driver side)."""
     config: Config
@@ -50,7 +56,7 @@ AGENTS: Registry[AgentFn] = Registry("rollout agent")
 @AGENTS.register("single_turn")
 def run_single_turn(prompts: Batch, ctx: AgentContext) -> Batch:
     """One sampled response per row: every response token is the policy's."""
-    return prompts.union(ctx.generate(prompts))
+    return generate_batch(ctx.generate, prompts, ctx.config.rollout.max_tokens)
 
 
 @AGENTS.register("openai")
@@ -60,3 +66,40 @@ def run_openai_agent(prompts: Batch, ctx: AgentContext) -> Batch:
     # package (an import here would close a circle), and its server stack (aiohttp) loads
     # only for the runs that use it.
     return load_function("rlframe.agent_server.agent:run_openai_episodes")(prompts, ctx)
+
+
+def collect_agent_metrics(batch: Batch) -> dict[str, float]:
+    """``agent/*`` metrics of a batch from an agent that reports them (empty otherwise)."""
+    if "agent_turns" not in batch:
+        return {}
+    metrics = {
+        "agent/turns/mean": float(batch.tensor("agent_turns").mean()),
+        "agent/tool_calls/mean": float(batch.tensor("agent_tool_calls").mean()),
+        "agent/tool_errors": float(batch.tensor("agent_tool_errors").sum()),
+        "agent/obs_tokens/mean": float(batch.tensor("agent_obs_tokens").mean()),
+        "agent/obs_truncated": float(batch.tensor("agent_obs_cut").sum()),
+        "agent/env_failures": float(batch.tensor("env_failed").sum()),
+        "agent/env_reward/mean": float(batch.tensor("env_reward").mean()),
+        "agent/stuck_calls": float(count_stuck_calls()),
+    }
+    if "agent_episode" in batch:  # an openai episode can make several rows
+        rows = torch.bincount(batch.tensor("agent_episode"))
+        rows = rows[rows > 0]
+        metrics["agent/rows_per_episode/mean"] = float(rows.float().mean())
+        metrics["agent/rows_per_episode/max"] = float(rows.max())
+    return metrics
+
+
+def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
+    """Copies of the last row, loss mask 0 and a group each, up to whole mini-batches (an
+    agent that forks rows, such as ``openai``, makes any number of them)."""
+    missing = (-len(batch)) % mini_batch_size
+    if missing == 0:
+        return batch
+    filler = batch.rows([len(batch) - 1] * missing)
+    first_group = int(batch.tensor("group").max()) + 1
+    filler = filler.with_tensors(
+        loss_mask=torch.zeros_like(filler.tensor("loss_mask")),
+        group=torch.arange(first_group, first_group + missing, dtype=batch.tensor("group").dtype),
+    )
+    return Batch.concat([batch, filler])

@@ -1,4 +1,4 @@
-"""Partial rollouts on the driver: responses that grow over several engine calls.
+"""Groups in flight, and partial rollouts: responses that grow over several engine calls.
 
 A response in flight keeps its tokens, their log-probs and the weights version each token was
 sampled with. An engine call continues it as a new request: the prompt followed by the kept
@@ -11,151 +11,103 @@ CPU and on GPU, colocated or in a separate pool.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
+from rlframe.rollout.rows import TokenRow, add_turns, build_request
 
 
-@dataclass
-class Response:
-    """One response of a group, as far as it got."""
-
-    seed: int
-    """The row's sampling seed (its first call uses it as is, as lockstep would)."""
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    """Weights version of each token."""
-    first_version: int = -1
-    """Version of the first call that ran it (-1: not run yet)."""
-    finish_reason: str | None = None
-    """``stop`` or ``length`` once complete; None while it goes on."""
-
-    def continuation_seed(self) -> int:
-        """A call that continues the response must not replay the random stream of its first
-        call (same seed, same draws): mix in how far it got."""
-        if not self.tokens:
-            return self.seed
-        return hash((self.seed, len(self.tokens))) & 0x7FFFFFFF
+def continuation_seed(row: TokenRow) -> int:
+    """A call that continues a response must not replay the random stream of its first call
+    (same seed, same draws): mix in how far it got. Its first call uses the seed as is, as
+    lockstep would."""
+    if not row.response_ids:
+        return row.seed
+    return hash((row.seed, len(row.response_ids))) & 0x7FFFFFFF
 
 
 @dataclass
 class Group:
-    """The ``n`` responses to one prompt, and the prompt rows they answer."""
+    """The responses to one prompt, from admission until a step takes them."""
 
     group_id: int
     record: PromptRecord
     prompts: Batch
-    """The group's prompt rows (``build_prompt_batch`` of its one record)."""
-    responses: list[Response]
+    """The group's ``n`` prompt rows (``build_prompt_batch`` of its one record)."""
+    rows: list[TokenRow]
+    """Its responses as far as they got (``single_turn`` continues them call by call)."""
     start_version: int
-    """Weights version when the group was admitted; its oldest until a token says older."""
+    """Weights version when the group was admitted: none of its tokens is older (weights
+    only move forward), so this is its oldest version for the staleness bound."""
+    output: Batch | None = None
+    """The finished group's rows, before rewards."""
     scored: Batch | None = None
-    """The finished group with its rewards."""
+    """The finished group's rows with their rewards (and ReMax's baseline)."""
     dropped: bool = False
 
-    @property
-    def finished(self) -> bool:
-        return all(r.finish_reason is not None for r in self.responses)
+    def require_output(self) -> Batch:
+        """The finished group's rows; ValueError (naming the group) before it finished."""
+        if self.output is None:
+            raise ValueError(f"group {self.group_id} has not finished")
+        return self.output
 
-    @property
-    def oldest_version(self) -> int:
-        run = [r.first_version for r in self.responses if r.first_version >= 0]
-        return min([self.start_version, *run])
+    def require_scored(self) -> Batch:
+        """The rows with their rewards; ValueError (naming the group) before scoring."""
+        if self.scored is None:
+            raise ValueError(f"group {self.group_id} has not been scored")
+        return self.scored
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable; the prompt rows and the rewards are rebuilt on load."""
-        return {
+        """JSON: a scored group's rows, or an unfinished one's token rows (the prompt rows
+        are rebuilt from the record on load)."""
+        state = {
             "group_id": self.group_id,
             "record": vars(self.record),
-            "responses": [vars(r) for r in self.responses],
             "start_version": self.start_version,
         }
+        if self.scored is not None:
+            return state | {"scored": encode_batch(self.scored)}
+        return state | {"rows": [asdict(r) for r in self.rows]}
+
+
+def encode_batch(batch: Batch) -> dict[str, Any]:
+    """A batch as JSON: each tensor with its dtype, the columns and meta as they are."""
+    tensors = {
+        k: {"dtype": str(t.dtype).removeprefix("torch."), "data": t.tolist()}
+        for k, t in batch.tensors.items()
+    }
+    columns = {k: v.tolist() for k, v in batch.columns.items()}
+    return {"tensors": tensors, "columns": columns, "meta": dict(batch.meta)}
+
+
+def decode_batch(saved: dict[str, Any]) -> Batch:
+    tensors = {
+        k: torch.tensor(t["data"], dtype=getattr(torch, t["dtype"]))
+        for k, t in saved["tensors"].items()
+    }
+    return Batch(tensors, dict(saved["columns"]), dict(saved["meta"]))
 
 
 def build_continuation(
-    todo: list[tuple[Group, int]], max_tokens: int, chunk: int, pad_id: int, meta: dict[str, Any]
+    rows: list[TokenRow], max_tokens: int, chunk: int, meta: dict[str, Any]
 ) -> Batch:
-    """The engine call for responses in flight: prompt + kept tokens, left-padded, each with
+    """The engine call for responses in flight: each row's context (prompt + kept tokens),
     its seed and its cap (what is left of ``max_tokens``, at most ``chunk`` when > 0)."""
-    contexts, seeds, caps = [], [], []
-    for group, i in todo:
-        r = group.responses[i]
-        contexts.append(list(group.record.prompt_ids) + r.tokens)
-        seeds.append(r.continuation_seed())
-        left = max_tokens - len(r.tokens)
-        caps.append(min(chunk, left) if chunk > 0 else left)
-    width = max(len(c) for c in contexts)
-    ids = torch.full((len(todo), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(todo), width, dtype=torch.long)
-    for row, context in enumerate(contexts):
-        ids[row, width - len(context) :] = torch.tensor(context, dtype=torch.long)
-        mask[row, width - len(context) :] = 1
-    return Batch(
-        {"prompt_ids": ids, "prompt_mask": mask, "max_tokens": torch.tensor(caps)},
-        {"seed": seeds},
-        dict(meta),
+    left = [max_tokens - len(r.response_ids) for r in rows]
+    caps = [min(chunk, n) if chunk > 0 else n for n in left]
+    return build_request(
+        [r.context for r in rows], [continuation_seed(r) for r in rows], caps, meta
     )
 
 
-def merge_call(todo: list[tuple[Group, int]], out: Batch, max_tokens: int) -> list[Group]:
-    """Append one call's tokens to the responses it ran; the groups it finished.
-
-    A response is complete at a stop token or at ``max_tokens`` in all; a call that only hit
-    its chunk cap leaves it to go on. Rows of groups dropped meanwhile are ignored.
-    """
-    finished = []
-    for row, (group, i) in enumerate(todo):
-        if group.dropped:
-            continue
-        r = group.responses[i]
-        n = int(out["response_mask"][row].sum())
-        version = int(out["weights_version"][row])
-        r.tokens += out["response_ids"][row, :n].tolist()
-        r.logprobs += out["rollout_logprobs"][row, :n].tolist()
-        r.versions += [version] * n
-        if r.first_version < 0:
-            r.first_version = version
-        if out["finish_reason"][row] == "stop":
-            r.finish_reason = "stop"
-        elif len(r.tokens) >= max_tokens:
-            r.finish_reason = "length"
-        if group.finished and group.scored is None and group not in finished:
-            finished.append(group)
-    return finished
-
-
-def assemble_group(group: Group, width: int, pad_id: int) -> Batch:
-    """The finished group as the rows lockstep's agent returns (prompt and response columns),
-    plus ``token_version`` ``[rows, width]`` and, per row, ``weights_version`` = its oldest."""
-    rows = len(group.responses)
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    logprobs = torch.zeros(rows, width)
-    mask = torch.zeros(rows, width)
-    versions = torch.zeros(rows, width, dtype=torch.long)
-    for i, r in enumerate(group.responses):
-        n = len(r.tokens)
-        ids[i, :n] = torch.tensor(r.tokens, dtype=torch.long)
-        logprobs[i, :n] = torch.tensor(r.logprobs)
-        mask[i, :n] = 1
-        # Padding (and an empty response) carries the version its first call ran with.
-        versions[i] = r.first_version
-        versions[i, :n] = torch.tensor(r.versions, dtype=torch.long)
-    oldest = versions.min(1).values
-    response = Batch(
-        {
-            "response_ids": ids,
-            "response_mask": mask,
-            "loss_mask": mask.clone(),
-            "rollout_logprobs": logprobs,
-            "weights_version": oldest,
-            "token_version": versions,
-        },
-        {"finish_reason": [r.finish_reason for r in group.responses]},
-        {"weights_version": int(oldest.min())},
-    )
-    return group.prompts.union(response)
+def merge_call(rows: list[TokenRow], out: Batch, max_tokens: int) -> None:
+    """Append one call's tokens to the responses it ran. A response is complete at a stop
+    token or at ``max_tokens`` in all; a call that only hit its chunk cap leaves it to go on."""
+    add_turns(rows, out)
+    for r in rows:
+        if r.finish_reason != "stop":
+            r.finish_reason = "length" if len(r.response_ids) >= max_tokens else None

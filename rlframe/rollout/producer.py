@@ -1,39 +1,58 @@
-"""The experience producer: the next scored Batch of a training step.
+"""The experience producer: the next scored Batch of a training step, in every mode.
 
-It draws prompts, runs the agent (``rollout.agent``), rewards the result with its reward
-stage (:mod:`rlframe.rewards.stage`, where ``score`` and ``reward`` are defined), and, per
-algorithm, runs DAPO's sampling rounds and ReMax's greedy baseline. The Trainer only calls
-:meth:`ExperienceProducer.submit` and :meth:`ExperienceProducer.collect`.
+Groups (the ``n`` responses to one prompt) are admitted as far as
+:func:`~rlframe.rollout.staleness.count_admissible` allows: each must still be trainable
+within ``rollout.max_staleness`` versions of its admission. At 0 that is one step's groups at
+a time, which is lockstep training; at ``k >= 1`` generation runs ahead of the trainer. The
+work in flight runs one call at a time:
+
+- ``single_turn``: one engine call over every response in flight, each continued by up to
+  ``rollout.partial_chunk_tokens`` tokens (:mod:`rlframe.rollout.partial`);
+- any other agent (``multi_turn``, ``openai``, users'): the agent over every admitted group
+  not yet run; an episode runs whole.
+
+A group that finishes is scored at once: its rewards; with DAPO's dynamic sampling, a group
+whose rewards are all equal is dropped and another prompt admitted in its place; for ReMax
+its greedy baseline is generated. :meth:`ExperienceProducer.next_batch` returns as soon as
+the step's groups are chosen (:func:`~rlframe.rollout.staleness.select_step_groups`,
+earliest deadline first). With a separate rollout pool (``overlap``) a call runs in a driver
+thread while the trainer trains; the weight sync waits for it (:meth:`track_sync`), so a call
+runs on one weights version and what a run samples does not depend on when the sync came.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import torch
 
 from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
-from rlframe.config import Config
+from rlframe.config import Config, StaleGroups
 from rlframe.data.loader import PromptLoader, build_prompt_batch
-from rlframe.envs.runner import count_stuck_calls
+from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
-from rlframe.rollout.agents import AGENTS, AgentContext
-from rlframe.rollout.sampling import run_sampling_rounds
-from rlframe.tracking import StageTimer
+from rlframe.rollout.agents import AGENTS, AgentContext, collect_agent_metrics, fill_mini_batches
+from rlframe.rollout.partial import Group, build_continuation, decode_batch, merge_call
+from rlframe.rollout.rows import TokenRow, attach, collate
+from rlframe.rollout.sampling import concat_groups, has_uniform_rewards
+from rlframe.rollout.staleness import (
+    GroupView,
+    compute_off_policy_metrics,
+    count_admissible,
+    find_over_bound,
+    select_step_groups,
+)
 
 
 class Producer(Protocol):
-    """What the trainer, the validator and the launcher use of an experience producer: the
-    lockstep :class:`ExperienceProducer` or the asynchronous ones
-    (:mod:`rlframe.rollout.async_producer`, :mod:`rlframe.rollout.async_episodes`)."""
+    """What the trainer, the validator and the launcher use of the experience producer."""
 
-    def submit(self) -> None:
-        """Start the next step's experience (the asynchronous producers run ahead anyway)."""
-
-    def collect(self) -> tuple[Batch, dict[str, float]]:
+    def next_batch(self) -> tuple[Batch, dict[str, float]]:
         """The step's scored Batch and the metrics of producing it."""
         ...
 
@@ -46,51 +65,26 @@ class Producer(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def close(self) -> None:
-        """Stop what the producer started (the reward stage's processes)."""
+        """Stop what the producer started."""
 
 
-PROMPT_KEYS = (
-    "prompt_ids",
-    "prompt_mask",
-    "group",
-    "prompt",
-    "ground_truth",
-    "extra",
-    "seed",
-    "messages",
-)
-
-
-def collect_agent_metrics(batch: Batch) -> dict[str, float]:
-    """``agent/*`` metrics of a batch from an agent that reports them (empty otherwise)."""
-    if "agent_turns" not in batch:
-        return {}
-    metrics = {
-        "agent/turns/mean": float(batch["agent_turns"].mean()),
-        "agent/tool_calls/mean": float(batch["agent_tool_calls"].mean()),
-        "agent/tool_errors": float(batch["agent_tool_errors"].sum()),
-        "agent/obs_tokens/mean": float(batch["agent_obs_tokens"].mean()),
-        "agent/obs_truncated": float(batch["agent_obs_cut"].sum()),
-        "agent/env_failures": float(batch["env_failed"].sum()),
-        "agent/env_reward/mean": float(batch["env_reward"].mean()),
-        "agent/stuck_calls": float(count_stuck_calls()),
-    }
-    if "agent_episode" in batch:  # an openai episode can make several rows
-        rows = torch.bincount(batch["agent_episode"])
-        rows = rows[rows > 0]
-        metrics["agent/rows_per_episode/mean"] = float(rows.float().mean())
-        metrics["agent/rows_per_episode/max"] = float(rows.max())
-    return metrics
+def run_now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    """``fn`` run here, as an answered future (no overlap: the driver waits anyway)."""
+    future: Future[Any] = Future()
+    future.set_result(fn(*args))
+    return future
 
 
 class ExperienceProducer:
     """Args:
     cfg: the run's config.
-    generate: one turn for the rows given (the launcher's: the actor group's ``generate``
-        when colocated, the rollout group's when separate).
+    generate: one turn for the rows of a request (the actor group's ``generate`` when
+        colocated, the rollout group's when separate).
     tokenizer: the model's tokenizer.
     loader: the prompt loader.
-    rewards: the reward stage (adds ``score`` and ``reward``); closed by :meth:`close`.
+    rewards: the reward stage; closed by :meth:`close`.
+    overlap: run calls in a driver thread, ahead while the trainer trains (a separate
+        rollout pool at ``max_staleness >= 1``).
     """
 
     def __init__(
@@ -100,100 +94,311 @@ class ExperienceProducer:
         tokenizer: Any,
         loader: PromptLoader,
         rewards: RewardStage,
+        overlap: bool = False,
     ) -> None:
         self.cfg, self.tokenizer, self.loader, self.rewards = cfg, tokenizer, loader, rewards
-        self.agent = AGENTS.get(cfg.rollout.agent)
         self.context = AgentContext(generate, tokenizer, cfg)
-        self.use_baseline = cfg.algorithm.advantage in NEEDS_GREEDY_BASELINE
+        self.agent = AGENTS.get(cfg.rollout.agent)
+        r, a = cfg.rollout, cfg.algorithm
+        self.continues = r.agent == "single_turn"
+        """Responses continue call by call; any other agent's episodes run whole."""
+        self.k, self.n, self.wanted = r.max_staleness, r.n, cfg.data.batch_size
+        self.wait_for_due = r.stale_groups is StaleGroups.wait
+        self.use_baseline = a.advantage in NEEDS_GREEDY_BASELINE
+        self.dynamic = a.dynamic_sampling
+        self.replaceable = (a.max_sampling_rounds - 1) * self.wanted
+        """DAPO: groups of equal rewards a step may drop and replace; later ones top it up."""
+        self.meta = {
+            "stop_token_ids": [tokenizer.eos_token_id],
+            "pad_token_id": tokenizer.pad_token_id,
+        }
+        self.thread = (
+            ThreadPoolExecutor(1, thread_name_prefix="rlframe-producer") if overlap else None
+        )
+        self.groups: list[Group] = []
+        self.records: deque[PromptRecord] = deque()
+        """Prompts drawn from the loader (a batch at a time) and not yet admitted."""
         self.groups_served = 0
-        self.pending: deque[tuple[Batch, dict[str, float]]] = deque()
+        self.admitted = 0
+        """Groups admitted since the start, dropped ones not counted."""
+        self.steps_done = 0
+        self.version = 0
+        """The weights version the rollout engines hold (the next update starts from it)."""
+        self.call: tuple[Future[tuple[Batch, float]], list[Group]] | None = None
+        """The call in flight and the groups it runs."""
+        self.counts = self.zero_counts()
+        """This step's DAPO counts (``informative``, ``uniform``, ``replaced``)."""
+        self.timings = self.zero_timings()
+        self.engine_busy_s = 0.0
+        self.last_batch = time.perf_counter()
 
-    def submit(self) -> None:
-        """Start producing the next step's batch, with the weights the rollout engines hold
-        now. This producer makes it at once; :meth:`collect` hands batches out in the order
-        they were submitted. Lockstep training is submit then collect; submitting step t+1
-        before the update on step t is one-step-off-policy training."""
-        self.pending.append(self.produce())
+    def zero_counts(self) -> dict[str, int]:
+        return {"informative": 0, "uniform": 0, "replaced": 0}
 
-    def collect(self) -> tuple[Batch, dict[str, float]]:
-        """The oldest submitted batch and its metrics (``timing_s/gen``, ``timing_s/reward``,
-        ``timing_s/baseline``, DAPO's ``rollout/sampling_*``, ``agent/*``)."""
-        if not self.pending:
-            raise RuntimeError("ExperienceProducer.collect() without a submit() before it")
-        return self.pending.popleft()
+    def zero_timings(self) -> dict[str, float]:
+        return {"gen": 0.0, "reward": 0.0} | ({"baseline": 0.0} if self.use_baseline else {})
 
-    def produce(self) -> tuple[Batch, dict[str, float]]:
-        """Generated, rewarded (and for ReMax baselined) responses for one step."""
-        timer = StageTimer()
-        metrics: dict[str, float] = {}
+    # -- the producer interface ------------------------------------------------------------
 
-        def draw() -> Batch:
-            prompts = self.next_prompts()
-            with timer("gen"):
-                batch = self.generate(prompts)
-            with timer("reward"):
-                return self.rewards.compute_rewards(batch)
-
-        a = self.cfg.algorithm
-        if a.dynamic_sampling:
-            n, wanted = self.cfg.rollout.n, self.cfg.data.batch_size
-            batch, stats = run_sampling_rounds(draw, n, wanted, a.max_sampling_rounds)
-            metrics |= stats
-        else:
-            batch = draw()
+    def next_batch(self) -> tuple[Batch, dict[str, float]]:
+        """The step's groups, once enough are finished and scored, and ``timing_s/gen``,
+        ``timing_s/reward`` (``/baseline`` for ReMax), DAPO's ``rollout/kept_group_frac``
+        and ``rollout/uniform_dropped``, ``agent/*``; at ``max_staleness >= 1`` also
+        ``off_policy/*``, ``timing_s/trainer_idle`` (the driver waited for experience) and
+        ``timing_s/rollout_idle`` (no call ran since the last batch)."""
+        start = time.perf_counter()
+        dropped = 0 if self.wait_for_due else self.drop_over_bound()
+        while (chosen := self.choose()) is None:
+            self.advance()
+        batch = fill_mini_batches(self.take(chosen), self.cfg.actor.mini_batch_size)
+        self.steps_done += 1
+        if self.thread is not None and self.call is None:
+            self.launch_call()
+        metrics = {f"timing_s/{k}": v for k, v in self.timings.items()}
+        if self.dynamic:
+            c = self.counts
+            metrics["rollout/uniform_dropped"] = float(c["replaced"])
+            if c["informative"] + c["uniform"]:  # groups scored since the last batch
+                scored = c["informative"] + c["uniform"]
+                metrics["rollout/kept_group_frac"] = c["informative"] / scored
         metrics |= collect_agent_metrics(batch)
-        if self.use_baseline:
-            with timer("baseline"):
-                batch = self.add_greedy_baseline(batch)
-        return batch, metrics | timer.metrics()
+        if self.k > 0:
+            now = time.perf_counter()
+            window, self.last_batch = now - self.last_batch, now
+            busy, self.engine_busy_s = self.engine_busy_s, 0.0
+            metrics |= compute_off_policy_metrics(
+                batch.tensor("token_version"), batch.tensor("response_mask"), self.version, dropped
+            )
+            metrics["timing_s/trainer_idle"] = now - start
+            metrics["timing_s/rollout_idle"] = max(0.0, window - busy)
+        self.counts, self.timings = self.zero_counts(), self.zero_timings()
+        return batch, metrics
 
     def generate(self, prompts: Batch) -> Batch:
-        """The prompt rows with their responses, by the configured agent."""
+        """The prompt rows with their responses, by the configured agent (blocking)."""
         return self.agent(prompts, self.context)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where the prompts are: groups served so far (they seed the samples) and the loader.
-        Batches in flight are not part of it, so there must be none."""
-        if self.pending:
+    def track_sync(self, sync_weights: Callable[[], int]) -> Callable[[], int]:
+        """``sync_weights`` that first waits for the call in flight, then records the new
+        version here."""
+
+        def sync() -> int:
+            if self.call is not None:
+                self.call[0].result()
+            self.version = sync_weights()
+            return self.version
+
+        return sync
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def views(self) -> list[GroupView]:
+        return [GroupView(g.group_id, g.start_version, g.scored is not None) for g in self.groups]
+
+    def choose(self) -> list[int] | None:
+        return select_step_groups(
+            self.views(), self.wanted, self.version, self.k, self.wait_for_due
+        )
+
+    def drop_over_bound(self) -> int:
+        """Drop the groups no update may use any more; their slots are admitted again."""
+        over = set(find_over_bound(self.views(), self.version, self.k))
+        self.drop([g for g in self.groups if g.group_id in over])
+        return len(over)
+
+    def drop(self, groups: list[Group]) -> None:
+        for g in groups:
+            g.dropped = True
+        self.groups = [g for g in self.groups if not g.dropped]
+        self.admitted -= len(groups)
+
+    def advance(self) -> None:
+        """Wait for the call in flight (starting one if none is), keep what it made, score
+        the groups it finished."""
+        started = time.perf_counter()
+        if self.call is None:
+            self.launch_call()
+        if self.call is None:
             raise RuntimeError(
-                f"{len(self.pending)} submitted batch(es) not collected: a checkpoint now would "
-                "skip their prompts on resume"
+                "the experience producer has nothing to generate and too few finished "
+                f"groups ({sum(g.scored is not None for g in self.groups)} of {self.wanted})"
             )
-        return {"groups_served": self.groups_served, "loader": self.loader.state_dict()}
+        future, todo = self.call
+        out, busy = future.result()
+        self.call = None
+        self.timings["gen"] += time.perf_counter() - started
+        self.engine_busy_s += busy
+        finished = self.merge(todo, out)
+        if finished:
+            self.score(finished)
+
+    def launch_call(self) -> None:
+        """Admit what the bound allows, then start one call over the work in flight."""
+        room = count_admissible(self.admitted, self.steps_done, self.wanted, self.k)
+        for _ in range(room):
+            self.groups.append(self.admit())
+        todo = [g for g in self.groups if g.output is None]
+        if todo:
+            run = run_now if self.thread is None else self.thread.submit
+            self.call = (run(self.run_call, todo, self.version), todo)
+
+    def run_call(self, todo: list[Group], version: int) -> tuple[Batch, float]:
+        """One call over ``todo`` (on the producer's thread with ``overlap``) and how long it
+        took: an engine call continuing every response in flight, or the agent's episodes."""
+        started = time.perf_counter()
+        if self.continues:
+            r = self.cfg.rollout
+            # Chunks of one generation phase: a colocated engine stays awake through them
+            # all and sleeps only when the trainer's next call needs the device.
+            meta = self.meta | {"more_turns": r.partial_chunk_tokens > 0}
+            request = build_continuation(
+                list_unfinished(todo), r.max_tokens, r.partial_chunk_tokens, meta
+            )
+            out = self.context.generate(request)
+        else:
+            out = stamp_versions(
+                self.agent(concat_groups([g.prompts for g in todo]), self.context), version
+            )
+        return out, time.perf_counter() - started
+
+    def merge(self, todo: list[Group], out: Batch) -> list[Group]:
+        """Keep a call's tokens (or episodes); the groups it finished, dropped ones left out."""
+        if self.continues:
+            r = self.cfg.rollout
+            merge_call(list_unfinished(todo), out, r.max_tokens)
+            width, pad = r.max_tokens, self.tokenizer.pad_token_id
+            for g in todo:
+                if all(row.finish_reason is not None for row in g.rows):
+                    g.output = attach(g.prompts, collate(g.rows, width, pad))
+        else:
+            groups = out.tensor("group").tolist()
+            for g in todo:
+                g.output = out.rows([i for i, gid in enumerate(groups) if gid == g.group_id])
+        return [g for g in todo if g.output is not None and not g.dropped]
+
+    def score(self, groups: list[Group]) -> None:
+        """Rewards for newly finished groups, in one reward-stage call; DAPO's drops; ReMax's
+        greedy baselines."""
+        started = time.perf_counter()
+        scored = self.rewards.compute_rewards(concat_groups([g.require_output() for g in groups]))
+        self.timings["reward"] += time.perf_counter() - started
+        sizes = [len(g.require_output()) for g in groups]
+        ends = torch.tensor(sizes).cumsum(0).tolist()
+        uniform = []
+        for g, end, size in zip(groups, ends, sizes):
+            g.scored = scored.rows(slice(end - size, end))
+            if self.dynamic and has_uniform_rewards(g.scored):
+                uniform.append(g)
+        self.counts["uniform"] += len(uniform)
+        self.counts["informative"] += len(groups) - len(uniform)
+        replaced = uniform[: max(0, self.replaceable - self.counts["replaced"])]
+        self.counts["replaced"] += len(replaced)
+        self.drop(replaced)
+        kept = [g for g in groups if not g.dropped]
+        if self.use_baseline and kept:
+            started = time.perf_counter()
+            self.add_greedy_baselines(kept)
+            self.timings["baseline"] += time.perf_counter() - started
+
+    def add_greedy_baselines(self, groups: list[Group]) -> None:
+        """ReMax: the reward of one greedy episode per prompt, shared by its group."""
+        prompts = concat_groups([g.prompts.rows([0]) for g in groups])
+        prompts = Batch(prompts.tensors, prompts.columns, prompts.meta | {"greedy": True})
+        greedy = self.rewards.compute_rewards(self.agent(prompts, self.context))
+        for g in groups:
+            reward = greedy.tensor("reward")[greedy.tensor("group") == g.group_id][0]
+            rows = g.require_scored()
+            g.scored = rows.with_tensors(baseline=reward.repeat(len(rows)))
+
+    def admit(self) -> Group:
+        if not self.records:
+            self.records.extend(self.loader.next_records())
+        group = self.build_group(self.records.popleft(), self.groups_served, self.version)
+        self.groups_served += 1
+        self.admitted += 1
+        return group
+
+    def build_group(self, record: PromptRecord, group_id: int, version: int) -> Group:
+        # The seeds lockstep gives this group: same prompt index, same samples at k=0.
+        prompts = build_prompt_batch(
+            [record], self.n, group_id, self.tokenizer.pad_token_id, self.cfg.trainer.seed
+        )
+        prompts.meta |= self.meta
+        rows = [TokenRow(list(record.prompt_ids), seed=int(s)) for s in prompts.column("seed")]
+        return Group(group_id, record, prompts, rows, version)
+
+    def take(self, chosen: list[int]) -> Batch:
+        """The chosen groups' rows, in the order chosen; they leave the producer."""
+        by_id = {g.group_id: g for g in self.groups}
+        picked = [by_id[i].require_scored() for i in chosen]
+        self.groups = [g for g in self.groups if g.group_id not in set(chosen)]
+        return concat_groups(picked)
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the prompts are and every group in flight, after finishing the call in
+        flight (nothing new starts): scored groups with their rows, unfinished responses
+        with their kept tokens. Resuming continues them exactly."""
+        if self.call is not None:
+            self.advance()
+        return {
+            "groups_served": self.groups_served,
+            "loader": self.loader.state_dict(),
+            "records": [vars(r) for r in self.records],
+            "groups": [g.state_dict() for g in self.groups],
+            "admitted": self.admitted,
+            "steps_done": self.steps_done,
+            "version": self.version,
+            "counts": self.counts,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.groups_served = int(state["groups_served"])
         self.loader.load_state_dict(state["loader"])
+        self.records = deque(PromptRecord(**r) for r in state.get("records", []))
+        self.admitted = int(state.get("admitted", 0))
+        self.steps_done = int(state.get("steps_done", 0))
+        self.version = int(state.get("version", 0))
+        self.counts = self.zero_counts() | state.get("counts", {})
+        self.groups = [self.restore_group(saved) for saved in state.get("groups", [])]
+
+    def restore_group(self, saved: dict[str, Any]) -> Group:
+        """A group of :meth:`state_dict`, as far as it got."""
+        group = self.build_group(
+            PromptRecord(**saved["record"]), saved["group_id"], saved["start_version"]
+        )
+        if "scored" in saved:
+            group.scored = decode_batch(saved["scored"])
+            group.output = group.scored
+        else:
+            group.rows = [TokenRow(**r) for r in saved["rows"]]
+        return group
 
     def close(self) -> None:
-        """Stop the reward stage's processes and thread, and what the agent started."""
+        """Stop the call thread, the reward stage's processes and thread, and what the agent
+        started (each resource of its context with a ``stop()``)."""
+        if self.thread is not None:
+            self.thread.shutdown(wait=False, cancel_futures=True)
         self.rewards.close()
         for resource in self.context.resources.values():
             if hasattr(resource, "stop"):
                 resource.stop()
 
-    def next_prompts(self) -> Batch:
-        records = self.loader.next_records()
-        batch = build_prompt_batch(
-            records,
-            self.cfg.rollout.n,
-            self.groups_served,
-            self.tokenizer.pad_token_id,
-            self.cfg.trainer.seed,
-        )
-        self.groups_served += len(records)
-        batch.meta |= {
-            "stop_token_ids": [self.tokenizer.eos_token_id],
-            "pad_token_id": self.tokenizer.pad_token_id,
-        }
-        return batch
 
-    def add_greedy_baseline(self, batch: Batch) -> Batch:
-        """ReMax: the reward of one greedy episode per prompt, shared by its group."""
-        n = self.cfg.rollout.n
-        prompts = batch.select([k for k in PROMPT_KEYS if k in batch]).rows(
-            list(range(0, len(batch), n))
-        )
-        prompts.meta |= {"greedy": True}
-        greedy = self.rewards.compute_rewards(self.generate(prompts))
-        return batch.with_tensors(baseline=greedy["reward"].repeat_interleave(n))
+def list_unfinished(groups: list[Group]) -> list[TokenRow]:
+    """The responses of ``groups`` still in flight, in call order."""
+    return [row for g in groups for row in g.rows if row.finish_reason is None]
+
+
+def stamp_versions(out: Batch, version: int) -> Batch:
+    """An agent's rows with ``token_version``/``weights_version``: the agent's own, or for an
+    agent that reports none, the version the call began with (weights only move forward, so
+    no token is older)."""
+    if "token_version" in out:
+        return out
+    width = out.tensor("response_ids").shape[1]
+    return out.with_tensors(
+        token_version=torch.full((len(out), width), version, dtype=torch.long),
+        weights_version=torch.full((len(out),), version, dtype=torch.long),
+    )

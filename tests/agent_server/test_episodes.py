@@ -48,7 +48,7 @@ def test_forked_rows_share_the_reward_and_fill_mini_batches() -> None:
     assert len(batch) == 16 and batch["agent_episode"].tolist() == [i // 2 for i in range(16)]
     assert torch.equal(batch["group"], prompts["group"].repeat_interleave(2))
     assert batch["agent_turns"].tolist() == [2.0, 1.0] * 8
-    assert batch["weights_version"].tolist() == [0] * 16 and batch.meta["weights_version"] == 0
+    assert batch["weights_version"].tolist() == [0] * 16
     assert batch["loss_mask"].sum(-1).tolist() == [2.0, 1.0] * 8
     assert (batch["env_reward"] == 0.5).all() and (batch["agent_reward_given"] == 1).all()
     scored = combine_rewards(
@@ -75,7 +75,7 @@ def test_fillers_and_rule_scores_shared_by_an_episode() -> None:
 
 
 def test_fillers_complete_a_mini_batch() -> None:
-    from rlframe.agent_server.agent import fill_mini_batches
+    from rlframe.rollout.agents import fill_mini_batches
 
     _, batch = run("unscored")
     filled = fill_mini_batches(batch.rows(list(range(5))), 8)

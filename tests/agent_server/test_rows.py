@@ -42,12 +42,12 @@ def assert_row_is_rendering(served: Served, session: Any, final: list[Any], tool
     # it (ChatML's newline) belongs to the next turn.
     end_of_turn = served.tokenizer.eos_token
     rendered = chat.encode(text[: text.rfind(end_of_turn) + len(end_of_turn)])
-    recorded = row.prompt_ids + row.response
+    recorded = row.prompt_ids + row.response_ids
     if row.finish_reason == "length":  # the template closes the last turn; the model did not
         recorded.append(served.tokenizer.eos_token_id)
     assert recorded == rendered
     # Loss mask 1 exactly on what the engine sampled, with its log-probs.
-    assert row.calls == 3 and sum(row.loss_mask) == row.sampled
+    assert row.turns == 3 and sum(row.loss_mask) == row.sampled
     assert all(lp < 0 for lp, m in zip(row.logprobs, row.loss_mask) if m)
     assert all(lp == 0 for lp, m in zip(row.logprobs, row.loss_mask) if not m)
 
@@ -72,7 +72,7 @@ def test_chatml_with_tools_rows_equal_the_rendered_conversation(chatml: Served) 
     assert '"name": "calculator"' in text and text.endswith("<|im_start|>assistant\n")
     # The template's newline after <|im_end|> is in the observation, not re-sampled.
     assert "<|im_end|>\n<|im_start|>user\n<tool_response>\n42" in chatml.tokenizer.decode(
-        row.response, skip_special_tokens=False
+        row.response_ids, skip_special_tokens=False
     )
 
 
@@ -86,7 +86,7 @@ def test_rewritten_history_forks_a_row(plain: Served) -> None:
     summary = [{"role": "user", "content": "summary: 3+4 is below it?"}]
     client.chat.completions.create(model="tiny", messages=summary, max_tokens=2)
     rows = session.episode.rows
-    assert [r.calls for r in rows] == [2, 1]
+    assert [r.turns for r in rows] == [2, 1]
     chat = ChatFormat(plain.tokenizer)
     assert rows[1].prompt_ids == chat.prompt_ids(summary)
     assert rows[0].prompt_ids == chat.prompt_ids(messages[:1])
@@ -113,7 +113,7 @@ def test_a_row_past_the_episode_s_cap_gets_400(
     assert "(agent.max_rows_per_episode=2)" in refused.value.body["message"]  # type: ignore[index]
     extended = [*first, reply.choices[0].message.model_dump(), {"role": "user", "content": "?"}]
     client.chat.completions.create(model="tiny", messages=extended, max_tokens=2)
-    assert [r.calls for r in session.episode.rows] == [2, 1]
+    assert [r.turns for r in session.episode.rows] == [2, 1]
 
 
 def test_concurrent_sessions_stay_apart_and_share_engine_calls(plain: Served) -> None:
@@ -138,7 +138,7 @@ def test_concurrent_sessions_stay_apart_and_share_engine_calls(plain: Served) ->
     chat = ChatFormat(plain.tokenizer)
     for i, session in enumerate(sessions):
         (row,) = session.episode.rows
-        assert row.calls == 3
+        assert row.turns == 3
         assert row.prompt_ids == chat.prompt_ids(finals[i][:1])
         assert plain.tokenizer.decode(row.prompt_ids) == prompts[i]
     # 18 calls in fewer engine calls: requests of different sessions were batched.

@@ -81,6 +81,6 @@ def test_agent_remax_baseline_and_dynamic_sampling(tmp_path: Path) -> None:
         "data.val_size=32",
     )
     assert "val/pass@1" in metrics[-1]  # validation plays greedy episodes too
-    for key in ("timing_s/baseline", "rollout/sampling_rounds", "rollout/kept_group_frac"):
+    for key in ("timing_s/baseline", "rollout/uniform_dropped", "rollout/kept_group_frac"):
         assert all(key in m for m in metrics), key
     assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics)

@@ -1,4 +1,4 @@
-"""Asynchronous training with multi-turn episodes (``rlframe.rollout.async_episodes``):
+"""Asynchronous training with multi-turn episodes (whole episodes, ``rlframe.rollout.producer``):
 agent_tiny learns at staleness 1 on a separate rollout pool (``matrix`` tier: the default tier
 proves async learning with grpo_tiny and multi-turn learning in lockstep), and a run resumed
 from a checkpoint holding finished, not yet trained episodes matches the straight run."""
@@ -49,8 +49,8 @@ def test_resume_with_episodes_in_flight_matches_straight_run(tmp_path: Path) -> 
     run_recipe(straight, *SMALL, *PLACEMENTS["separate"], recipe="agent_tiny")
     saved = resume_from_copy(straight, resumed, 2)
     in_flight = json.loads((saved / "driver_state.json").read_text())["experience"]["groups"]
-    # The episodes run during step 2's update are in the checkpoint, whole, with their rows.
-    assert in_flight and all(g["episode"]["tensors"]["response_ids"]["data"] for g in in_flight)
+    # The episodes run during step 2's update are in the checkpoint, whole and scored.
+    assert in_flight and all(g["scored"]["tensors"]["reward"]["data"] for g in in_flight)
     out = run_recipe(resumed, *SMALL, *PLACEMENTS["separate"], recipe="agent_tiny").stdout
     assert "at step 2" in out
     a, b = read_metrics(straight), read_metrics(resumed)

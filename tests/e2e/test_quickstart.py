@@ -174,14 +174,11 @@ def test_remax_dapo_cispo_tis_and_kl_in_reward(tmp_path: Path) -> None:
         # CISPO, not the default ppo_clip: no dual-clip metric. One mini-batch per step is
         # on-policy, so no IS weight is clipped.
         assert "actor/pg_clipfrac_lower" not in m and m["actor/pg_clipfrac"] == 0
-        # DAPO: whole groups were drawn over 1..max rounds; stopping early means the batch filled.
-        rounds, kept = (
-            m["rollout/sampling_rounds"],
-            m["rollout/kept_group_frac"] * m["rollout/sampling_rounds"] * batch_size,
-        )
-        assert rounds in range(1, max_rounds + 1) and abs(kept - round(kept)) < 1e-6
-        assert round(kept) >= batch_size or rounds == max_rounds
-        assert round(kept) < batch_size * 2  # it stopped at the first round that filled the batch
+        # DAPO: each group of equal rewards was dropped and another prompt admitted, at most
+        # (max_sampling_rounds - 1) * batch_size of them a step.
+        dropped = m["rollout/uniform_dropped"]
+        assert dropped <= (max_rounds - 1) * batch_size and dropped == int(dropped)
+        assert 0 < m["rollout/kept_group_frac"] <= 1
     # The adaptive controller, step by step: beta_{k+1} = beta_k (1 + clip(KL_k / target - 1,
     # -0.2, 0.2) * responses / horizon). Step 1 samples from the reference itself: KL is 0,
     # so beta must fall by 0.2 * 256 / 10000.

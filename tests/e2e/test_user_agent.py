@@ -16,13 +16,15 @@ from pathlib import Path
 
 import torch
 
+from rlframe.rollout import run_single_turn
+
 
 def one_token_agent(prompts, ctx):
     """Sample every response with a budget of one token; count the calls beside this file."""
     calls = Path(__file__).with_name("calls.txt")
     calls.write_text(str(int(calls.read_text() or 0) + 1) if calls.exists() else "1")
     capped = prompts.with_tensors(max_tokens=torch.ones(len(prompts), dtype=torch.long))
-    return prompts.union(ctx.generate(capped))
+    return run_single_turn(capped, ctx)
 '''
 
 

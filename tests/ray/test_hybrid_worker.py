@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlframe.data.tiny_model import build_tiny_tokenizer
+from rlframe.rollout.rows import generate_batch
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -36,7 +37,7 @@ def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(
     group = tiny_hybrid_group(cfg)
     eos = build_tiny_tokenizer().eos_token_id
     prompts = prompts_for(1)
-    batch = prompts.union(group.generate(prompts))
+    batch = generate_batch(group.generate, prompts, MAX_TOKENS)
     check_rollout(batch, eos)
     before = group.compute_logprobs(batch)["old_logprobs"]
     gap_before = logprob_gap(batch, before)
@@ -51,7 +52,7 @@ def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(
 
     # Before the sync the engine still samples from the old weights: the gap shows it.
     stale_prompts = prompts_for(3)
-    stale = stale_prompts.union(group.generate(stale_prompts))
+    stale = generate_batch(group.generate, stale_prompts, MAX_TOKENS)
     gap_stale = logprob_gap(stale, group.compute_logprobs(stale)["old_logprobs"])
     assert gap_stale > 1e-3, "a stale rollout engine must show in the log-prob gap"
     assert group.sync_weights() == [1] * world
@@ -62,8 +63,8 @@ def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(
     )
 
     prompts2 = prompts_for(2)
-    batch2 = prompts2.union(group.generate(prompts2))
-    assert batch2.meta["weights_version"] == 1
+    batch2 = generate_batch(group.generate, prompts2, MAX_TOKENS)
+    assert batch2["weights_version"].eq(1).all()
     gap_after = logprob_gap(batch2, group.compute_logprobs(batch2)["old_logprobs"])
 
     # A second step: the engine goes stale again after the next update, not only the first,
@@ -75,14 +76,14 @@ def test_rollout_and_trainer_logprobs_agree_before_and_after_sync(
     ).union(group.compute_ref_logprobs(batch2))
     group.update(train2)
     stale2_prompts = prompts_for(4)
-    stale2 = stale2_prompts.union(group.generate(stale2_prompts))
-    assert stale2.meta["weights_version"] == 1
+    stale2 = generate_batch(group.generate, stale2_prompts, MAX_TOKENS)
+    assert stale2["weights_version"].eq(1).all()
     gap_stale2 = logprob_gap(stale2, group.compute_logprobs(stale2)["old_logprobs"])
     assert gap_stale2 > 1e-3, "a stale rollout engine must show in the log-prob gap at step 2 too"
     assert group.sync_weights() == [2] * world
     prompts3 = prompts_for(5)
-    batch3 = prompts3.union(group.generate(prompts3))
-    assert batch3.meta["weights_version"] == 2
+    batch3 = generate_batch(group.generate, prompts3, MAX_TOKENS)
+    assert batch3["weights_version"].eq(2).all()
     gap_after2 = logprob_gap(batch3, group.compute_logprobs(batch3)["old_logprobs"])
     print(
         f"{engine} x{world}: max |rollout - trainer| log-prob gap: fresh {gap_before:.2e}, "

@@ -66,14 +66,14 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(
             )
             prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
             response = batch["response_ids"][row].tolist()
-            context = inputs["prompt_ids"][j][inputs["prompt_mask"][j].bool()].tolist()
+            context = list(inputs["prompt_tokens"][j])
             start = len(context) - len(prompt)
             assert context == prompt + response[:start]
-            n = int(out["response_mask"][j].sum())
-            assert out["response_ids"][j, :n].tolist() == response[start : start + n]
+            n = len(out["response_tokens"][j])
+            assert list(out["response_tokens"][j]) == response[start : start + n]
             assert batch["loss_mask"][row, start : start + n].eq(1).all()
             assert torch.equal(
-                out["rollout_logprobs"][j, :n],
+                torch.tensor(out["token_logprobs"][j]),
                 batch["rollout_logprobs"][row, start : start + n],
             )
     assert len(recorder.calls) >= 2 and batch["agent_turns"].max() >= 2

@@ -14,6 +14,7 @@ import torch
 from rlframe.controller.dispatch import Dispatch, split_call
 from rlframe.controller.worker_group import WorkerGroup
 from rlframe.protocol import Batch
+from rlframe.rollout.rows import build_request, generate_batch, read_prompt_rows
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -29,16 +30,20 @@ def test_tp2_engine_generates_once_per_group_and_syncs_shards(tiny_hybrid_group)
     group = tiny_hybrid_group(tiny_config(TP, rollout={"tensor_parallel_size": TP}))
     # What the dispatch layer sends each rank: the same rows (and seeds) to both.
     prompts = prompts_for(1)
-    fan_out = split_call(Dispatch.ROLLOUT_DP_SPLIT, TP, (prompts,), {}, tp_size=TP)
+    rows = read_prompt_rows(prompts)
+    request = build_request(
+        [r.prompt_ids for r in rows], [r.seed for r in rows], None, prompts.meta
+    )
+    fan_out = split_call(Dispatch.ROLLOUT_DP_SPLIT, TP, (request,), {}, tp_size=TP)
     per_rank = ray.get(
         [group.actors[c.rank].generate.remote(*c.args) for c in fan_out.calls], timeout=600
     )
-    for key in ("response_ids", "rollout_logprobs"):
-        assert torch.equal(per_rank[0][key], per_rank[1][key]), f"TP ranks disagree on {key}"
-    batch = prompts.union(group.generate(prompts))
-    assert len(batch) == len(prompts) and torch.equal(
-        batch["response_ids"], per_rank[0]["response_ids"]
-    )
+    for key in ("response_tokens", "token_logprobs"):
+        assert list(per_rank[0][key]) == list(per_rank[1][key]), f"TP ranks disagree on {key}"
+    batch = generate_batch(group.generate, prompts, 6)
+    assert len(batch) == len(prompts) and [
+        ids[m.bool()].tolist() for ids, m in zip(batch["response_ids"], batch["response_mask"])
+    ] == list(per_rank[0]["response_tokens"])
     gap_before = trainer_gap(group, batch)
 
     mask = batch["response_mask"]
@@ -49,7 +54,7 @@ def test_tp2_engine_generates_once_per_group_and_syncs_shards(tiny_hybrid_group)
     group.update(train)
     assert group.sync_weights() == [1, 1]
     prompts2 = prompts_for(2)
-    batch2 = prompts2.union(group.generate(prompts2))
+    batch2 = generate_batch(group.generate, prompts2, 6)
     gap_after = trainer_gap(group, batch2)
     print(
         f"TP={TP}: max |rollout - trainer| log-prob gap before {gap_before:.2e}, "

@@ -21,6 +21,7 @@ import pytest
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker_group import WorkerGroup
 from rlframe.protocol import Batch
+from rlframe.rollout.rows import generate_batch
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
 from workers.hybrid import HybridWorker
 
@@ -84,7 +85,7 @@ class LoggedHybridWorker(HybridWorker):
 
 def generate_and_gap(group: WorkerGroup, seed: int) -> tuple[Batch, float]:
     prompts = prompts_for(seed, n=2)
-    batch = prompts.union(group.generate(prompts))
+    batch = generate_batch(group.generate, prompts, 4)
     return batch, logprob_gap(batch, group.compute_logprobs(batch)["old_logprobs"])
 
 

@@ -15,6 +15,7 @@ import torch
 
 from rlframe.controller.worker_group import WorkerError, WorkerGroup
 from rlframe.pools import build_broadcast_sync, join_weight_group, pick_weight_group_spec
+from rlframe.rollout.rows import generate_batch
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
 def sample(rollout: WorkerGroup, step: int):
     prompts = prompts_for(step)
-    return prompts.union(rollout.generate(prompts))
+    return generate_batch(rollout.generate, prompts, 6)
 
 
 def test_broadcast_sync_moves_the_update_and_stamps_versions(tiny_hybrid_group) -> None:

@@ -1,14 +1,15 @@
-"""A scripted engine in place of the rollout group, for the asynchronous producer's tests
+"""A scripted engine in place of the rollout group, for the experience producer's tests
 (tests/unit/test_async_producer.py, tests/ray/test_async_failures.py): it answers "1" until
 prompt + response reach ``TOTAL`` tokens, then EOS, so short prompts give long responses (a
 long tail), and stamps the weights version the test says the engine holds."""
 
 from __future__ import annotations
 
-import torch
+from typing import Any
 
 from rlframe.config import (
     ActorConfig,
+    AlgorithmConfig,
     Config,
     DataConfig,
     ModelConfig,
@@ -20,7 +21,8 @@ from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
-from rlframe.rollout.async_producer import AsyncProducer
+from rlframe.rollout import ExperienceProducer
+from rlframe.rollout.rows import build_response
 
 TOKENIZER = build_tiny_tokenizer()
 ONE = TOKENIZER.convert_tokens_to_ids("1")
@@ -36,52 +38,26 @@ class Engine:
         self.rows = 0
 
     def generate(self, prompts: Batch) -> Batch:
-        rows = len(prompts)
-        self.rows += rows
-        ids = torch.full((rows, MAX_TOKENS), TOKENIZER.pad_token_id)
-        mask = torch.zeros(rows, MAX_TOKENS)
-        reasons = []
-        for i in range(rows):
-            context = int(prompts["prompt_mask"][i].sum())
-            wanted = max(1, TOTAL - context)
-            cap = int(prompts["max_tokens"][i]) if "max_tokens" in prompts else MAX_TOKENS
-            n = min(wanted, cap)
-            ids[i, :n] = ONE
+        self.rows += len(prompts)
+        caps = prompts["max_tokens"].tolist() if "max_tokens" in prompts else None
+        turns = []
+        for i, context in enumerate(prompts["prompt_tokens"]):
+            wanted = max(1, TOTAL - len(context))
+            n = min(wanted, caps[i] if caps else MAX_TOKENS)
+            ids = [ONE] * n
             if n == wanted:
-                ids[i, n - 1] = TOKENIZER.eos_token_id
-            mask[i, :n] = 1
-            reasons.append("stop" if n == wanted else "length")
-        return Batch(
-            {
-                "response_ids": ids,
-                "response_mask": mask,
-                "loss_mask": mask.clone(),
-                "rollout_logprobs": -0.5 * mask,
-                "weights_version": torch.full((rows,), self.version),
-            },
-            {"finish_reason": reasons},
-            {"engine_s": 0.0},
-        )
-
-    def submit(self, prompts: Batch) -> FinishedCall:
-        return FinishedCall(self.generate(prompts))
-
-
-class FinishedCall:
-    """What ``group.submit`` returns, already answered (the scripted engine is synchronous)."""
-
-    def __init__(self, value: Batch) -> None:
-        self.value = value
-
-    def result(self) -> Batch:
-        return self.value
+                ids[-1] = TOKENIZER.eos_token_id
+            turns.append((ids, [-0.5] * n, "stop" if n == wanted else "length"))
+        return build_response(turns, self.version, {"engine_s": 0.0})
 
 
 def count_ones(response: str, ground_truth: str, sample: dict) -> float:
     return float(len(response) > 4)
 
 
-def make_producer(engine: Engine, k: int, chunk: int, mode: str = "wait") -> AsyncProducer:
+def make_producer(
+    engine: Engine, k: int, chunk: int, mode: str = "wait", overlap: bool = False, **algorithm: Any
+) -> ExperienceProducer:
     cfg = Config(
         model=ModelConfig(path="tiny:0"),
         data=DataConfig(batch_size=2, max_prompt_length=12),
@@ -93,6 +69,7 @@ def make_producer(engine: Engine, k: int, chunk: int, mode: str = "wait") -> Asy
             stale_groups=mode,
         ),
         actor=ActorConfig(mini_batch_size=4, micro_batch_size=4),
+        algorithm=AlgorithmConfig(**algorithm),
         reward=RewardConfig(fn="tests.unit.scripted_engine:count_ones", num_workers=0),
     )
     # Prompts of 2 to 11 tokens: responses of 12 down to 3 tokens.
@@ -100,12 +77,10 @@ def make_producer(engine: Engine, k: int, chunk: int, mode: str = "wait") -> Asy
     records = [PromptRecord(t, TOKENIZER(t)["input_ids"], "", {}) for t in texts]
     loader = PromptLoader(records, 2, seed=0)
     rewards = RewardStage(cfg, TOKENIZER)
-    return AsyncProducer(
-        cfg, engine.submit, engine.generate, TOKENIZER, loader, rewards, overlap=False
-    )
+    return ExperienceProducer(cfg, engine.generate, TOKENIZER, loader, rewards, overlap)
 
 
-def run_steps(producer: AsyncProducer, engine: Engine, steps: int) -> list[tuple[Batch, dict]]:
+def run_steps(producer: ExperienceProducer, engine: Engine, steps: int) -> list[tuple[Batch, dict]]:
     """Collect, then 'update and sync' (the engine's version goes up by one)."""
 
     def sync() -> int:
@@ -115,7 +90,6 @@ def run_steps(producer: AsyncProducer, engine: Engine, steps: int) -> list[tuple
     synced = producer.track_sync(sync)
     out = []
     for _ in range(steps):
-        producer.submit()
-        out.append(producer.collect())
+        out.append(producer.next_batch())
         synced()
     return out

@@ -22,6 +22,7 @@ from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.protocol import Batch
 from rlframe.rollout import AgentContext
 from rlframe.rollout.multi_turn import run_episodes
+from rlframe.rollout.rows import build_response
 
 TOKENIZER = build_tiny_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -43,18 +44,11 @@ class ScriptedPolicy:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(self, batch: Batch) -> Batch:
-        contexts = [
-            ids[m.bool()].tolist() for ids, m in zip(batch["prompt_ids"], batch["prompt_mask"])
-        ]
+        contexts = [list(c) for c in batch["prompt_tokens"]]
         caps = batch["max_tokens"].tolist()
         self.calls.append({"contexts": contexts, "max_tokens": caps, "meta": dict(batch.meta)})
-        ids = torch.zeros(len(contexts), self.width, dtype=torch.long)
-        mask, logprobs, reasons = (
-            torch.zeros(len(contexts), self.width),
-            torch.zeros(len(contexts), self.width),
-            [],
-        )
-        for i, (context, cap) in enumerate(zip(contexts, caps)):
+        turns = []
+        for context, cap in zip(contexts, caps):
             row = next(r for r, p in enumerate(self.prompts) if context[: len(p)] == p)
             turn = (
                 sum(
@@ -70,20 +64,11 @@ class ScriptedPolicy:
             sampled = (
                 encode(text.removesuffix("<eos>")) + ([EOS] if text.endswith("<eos>") else [])
             )[:cap]
-            ids[i, : len(sampled)] = torch.tensor(sampled)
-            mask[i, : len(sampled)] = 1
-            logprobs[i, : len(sampled)] = -torch.tensor(sampled, dtype=torch.float) / 100
-            reasons.append("stop" if sampled and sampled[-1] == EOS else "length")
-        return Batch(
-            {
-                "response_ids": ids,
-                "response_mask": mask,
-                "loss_mask": mask.clone(),
-                "rollout_logprobs": logprobs,
-            },
-            {"finish_reason": reasons},
-            {"weights_version": 3},
-        )
+            logprobs = (-torch.tensor(sampled, dtype=torch.float) / 100).tolist()
+            turns.append(
+                (sampled, logprobs, "stop" if sampled and sampled[-1] == EOS else "length")
+            )
+        return build_response(turns, 3)
 
 
 def make_config(env: str, n_prompts: int, max_tokens: int = 12, **agent: Any) -> Config:

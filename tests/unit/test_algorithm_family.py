@@ -20,7 +20,7 @@ from rlframe.algorithms.losses import (
 from rlframe.config import AlgorithmConfig, RewardConfig
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import compute_overlong_penalty
-from rlframe.rollout.sampling import split_uniform_groups
+from rlframe.rollout.sampling import has_uniform_rewards
 
 PLUGIN_FILE = Path(__file__).resolve().parents[1] / "plugins" / "my_algorithms.py"
 MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
@@ -211,9 +211,7 @@ def test_overlong_penalty() -> None:
 
 def test_dynamic_sampling_split() -> None:
     batch = Batch({"reward": torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5])})
-    informative, uniform = split_uniform_groups(batch, 2)
-    assert [g["reward"].tolist() for g in informative] == [[0.0, 1.0]]
-    assert [g["reward"].tolist() for g in uniform] == [[1.0, 1.0], [0.5, 0.5]]
+    assert [has_uniform_rewards(g) for g in batch.split(2)] == [True, False, True]
 
 
 def test_user_advantage_and_loss_load_by_path() -> None:

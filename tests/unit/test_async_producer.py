@@ -1,7 +1,7 @@
-"""The asynchronous producer on the driver: partial responses across syncs, the staleness
-bound in both modes, drops, and resuming from its state. A scripted engine stands in for
-the rollout group (tests/unit/scripted_engine.py; the real one runs in
-tests/e2e/test_async_training.py)."""
+"""The experience producer ahead of the trainer: partial responses across syncs, the
+staleness bound in both modes, drops, resuming from its state, and staleness 0 as lockstep.
+A scripted engine stands in for the rollout group (tests/unit/scripted_engine.py; the real
+one runs in tests/e2e/test_async_training.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ import pytest
 import torch
 
 from rlframe.config import Placement
-from rlframe.data.loader import PromptLoader
-from rlframe.rewards.stage import RewardStage
-from rlframe.rollout import ExperienceProducer
-from rlframe.rollout.async_producer import AsyncProducer
+from rlframe.data.loader import build_prompt_batch
+from rlframe.rollout import ExperienceProducer, run_single_turn
 from tests.unit.scripted_engine import TOKENIZER, Engine, make_producer, run_steps
 
 
@@ -55,9 +53,9 @@ def test_staleness_zero_is_lockstep() -> None:
     producer = make_producer(engine, k=0, chunk=0)
     for step, (batch, metrics) in enumerate(run_steps(producer, engine, 4)):
         assert batch["group"].tolist() == [2 * step, 2 * step, 2 * step + 1, 2 * step + 1]
-        assert metrics["off_policy/staleness_max"] == 0
-        assert metrics["off_policy/partial_frac"] == 0
+        assert (batch["token_version"] == step).all()  # no token of older weights...
         assert (batch["weights_version"] == step).all()
+        assert "off_policy/staleness_max" not in metrics  # ...so no off-policy figures
     assert engine.rows == 4 * 4  # nothing generated ahead
 
 
@@ -82,37 +80,33 @@ def test_resume_from_state_continues_exactly() -> None:
 
 
 def test_staleness_zero_gives_the_lockstep_batches() -> None:
-    """The same engine behind the lockstep producer and the asynchronous one at k=0, chunk=0:
-    the same groups, seeds, responses, log-probs and rewards, step by step."""
-    engine, lockstep_engine = Engine(), Engine()
+    """k=0: each step's batch is the single_turn agent's over that step's prompts (one engine
+    call, the loader's seeds) with the reward stage's scores: the same groups, seeds,
+    responses, log-probs and rewards as a plain lockstep loop, step by step."""
+    engine, plain_engine = Engine(), Engine()
     producer = make_producer(engine, k=0, chunk=0)
-    lockstep = ExperienceProducer(
-        producer.cfg,
-        lockstep_engine.generate,
-        TOKENIZER,
-        PromptLoader(producer.loader.records, 2, seed=0),
-        RewardStage(producer.cfg, TOKENIZER),
-    )
-    for batch, _ in run_steps(producer, engine, 4):
-        lockstep.submit()
-        expected, _ = lockstep.collect()
-        lockstep_engine.version += 1
+    plain = make_producer(plain_engine, k=0, chunk=0)
+    for step, (batch, metrics) in enumerate(run_steps(producer, engine, 4)):
+        prompts = build_prompt_batch(plain.loader.next_records(), 2, 2 * step, 0, 0)
+        prompts.meta |= {"stop_token_ids": [TOKENIZER.eos_token_id], "pad_token_id": 0}
+        expected = plain.rewards.compute_rewards(run_single_turn(prompts, plain.context))
+        plain_engine.version += 1
         for key in ("group", "prompt_ids", "response_ids", "response_mask", "rollout_logprobs"):
             assert torch.equal(batch[key], expected[key]), key
-        for key in ("reward", "score", "weights_version"):
+        for key in ("reward", "score", "weights_version", "token_version"):
             assert torch.equal(batch[key], expected[key]), key
         assert batch["seed"].tolist() == expected["seed"].tolist()
         assert list(batch["finish_reason"]) == list(expected["finish_reason"])
+        # Lockstep's metrics: no off-policy or idle figures.
+        assert set(metrics) == {"timing_s/gen", "timing_s/reward"}
 
 
 @pytest.mark.parametrize("placement", ["colocated", "separate"])
 @pytest.mark.parametrize("agent", ["single_turn", "multi_turn"])
-def test_launcher_picks_the_producer_by_staleness(placement: str, agent: str) -> None:
-    """k=0 is the lockstep producer and the plain weight sync, in either placement, so its
-    per-step metrics are the synchronous trainer's by construction; k>=1 is an asynchronous
-    producer (whole episodes for agents other than single_turn) that learns each version."""
+def test_launcher_builds_one_producer(placement: str, agent: str) -> None:
+    """One producer at any staleness and for any agent; only a separate pool at k >= 1 runs
+    its calls ahead on a thread. The sync the trainer gets records each new version."""
     from rlframe.launch import build_producer
-    from rlframe.rollout.async_episodes import AsyncEpisodeProducer
 
     engine = Engine()
     base = make_producer(engine, k=0, chunk=0)
@@ -121,19 +115,18 @@ def test_launcher_picks_the_producer_by_staleness(placement: str, agent: str) ->
     cfg.rollout.agent = agent
 
     class Workers:
-        generate, submit_generate = engine.generate, engine.submit
+        generate = engine.generate
 
         @staticmethod
         def sync_weights() -> int:
             engine.version += 1
             return engine.version
 
-    producer, sync = build_producer(cfg, Workers, TOKENIZER, base.loader, base.rewards)
-    assert type(producer) is ExperienceProducer and sync is Workers.sync_weights
-    cfg.rollout.max_staleness = 1
-    producer, sync = build_producer(cfg, Workers, TOKENIZER, base.loader, base.rewards)
-    expected = AsyncProducer if agent == "single_turn" else AsyncEpisodeProducer
-    assert type(producer) is expected
-    assert producer.overlap == (placement == "separate")
-    assert sync() == 1 and producer.version == 1
-    producer.close()
+    for k in (0, 1):
+        cfg.rollout.max_staleness = k
+        producer, sync = build_producer(cfg, Workers, TOKENIZER, base.loader, base.rewards)
+        assert type(producer) is ExperienceProducer
+        assert (producer.thread is not None) == (placement == "separate" and k == 1)
+        assert producer.continues == (agent == "single_turn")
+        assert sync() == engine.version == producer.version == k + 1
+        producer.close()

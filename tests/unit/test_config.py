@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 
 from rlframe.config import Config, ConfigError, build_config
+from rlframe.data.tiny_model import resolve_model_path
+from rlframe.expert_parallel import check_expert_parallel
 from tests.harness import check_cli
 from tests.unit.cli_errors import assert_config_error, check_config_error
+from tests.unit.config_trees import build
 
 
 @pytest.mark.parametrize(
@@ -102,6 +105,7 @@ GPU_RECIPES = {
     "remax_qwen": "remax",
     "drgrpo_qwen": "grpo",
     "openai_agent_qwen": "grpo",
+    "vlm_qwen": "grpo",
 }
 
 
@@ -131,6 +135,9 @@ def test_recipe_specifics() -> None:
     assert compose("ppo_tiny").critic.enable and compose("grpo_tiny").critic.enable is False
     long = compose("grpo_qwen3_long")  # validated: the mesh, the budget over 4 ranks
     assert long.actor.sequence_parallel_size == 4 and long.rollout.max_tokens >= 16384
+    moe = compose("grpo_qwen3_30b_a3b")  # validated: experts spread over each TP group of 4
+    assert moe.rollout.expert_parallel and moe.rollout.tensor_parallel_size == 4
+    assert moe.trainer.device.value == "cuda" and moe.trainer.procs_per_node == 8
     agent = compose("openai_agent_qwen")
     assert agent.rollout.agent == "openai"
     assert agent.agent.entry.endswith("calculator_openai.py:solve")
@@ -154,3 +161,17 @@ def test_build_config_reports_all_cross_field_rules() -> None:
         )
     assert info.value.key == "actor.mini_batch_size"
     assert "multiple of the number of ranks" in str(info.value)
+
+
+def test_expert_parallel_needs_experts_and_an_engine_group() -> None:
+    """``rollout.expert_parallel`` spreads experts over a vLLM engine's ranks: refused with
+    one rank, the hf engine or a dense model (whose config has no experts)."""
+    with pytest.raises(ConfigError, match="rollout.expert_parallel: spreads the experts"):
+        build(rollout={"n": 4, "expert_parallel": True})
+    cfg = build(
+        rollout={"n": 4, "expert_parallel": True, "tensor_parallel_size": 2},
+        trainer={"procs_per_node": 2},
+    )
+    check_expert_parallel(cfg, resolve_model_path("tiny-moe:0"))
+    with pytest.raises(ConfigError, match="rollout.expert_parallel: .* has no experts"):
+        check_expert_parallel(cfg, resolve_model_path("tiny:0"))

@@ -24,6 +24,16 @@ def test_cuda_engine_turns_custom_all_reduce_off() -> None:
     assert parsed.enable_sleep_mode is True
 
 
+def test_expert_parallel_reaches_the_engine() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    cfg = RolloutConfig(tensor_parallel_size=4, expert_parallel=True)
+    args = build_engine_args("/nonexistent", cfg, "cuda", 256, 0, torch.bfloat16)
+    assert EngineArgs(**args).enable_expert_parallel is True
+    plain = build_engine_args("/nonexistent", RolloutConfig(), "cuda", 256, 0, torch.bfloat16)
+    assert EngineArgs(**plain).enable_expert_parallel is False
+
+
 def test_cpu_engine_args_are_valid_engine_args() -> None:
     from vllm.engine.arg_utils import EngineArgs
 
@@ -42,3 +52,21 @@ def test_cuda_engine_runs_the_model_runner_the_cpu_suite_runs(
         monkeypatch.setenv(key, value)
     assert vllm.envs.VLLM_USE_V2_MODEL_RUNNER is False
     assert vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING is False
+
+
+def test_cuda_engine_recording_routing_runs_model_runner_v2(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # algorithm.router_replay=rollout: vLLM returns routed experts from Model Runner V2 only
+    # (its AuxOutput check refuses V1), with prefix caching on.
+    import vllm.envs
+    from vllm.engine.arg_utils import EngineArgs
+
+    cfg = RolloutConfig()
+    args = build_engine_args("/nonexistent", cfg, "cuda", 256, 0, torch.bfloat16, None, True)
+    parsed = EngineArgs(**args)
+    assert parsed.enable_return_routed_experts is True
+    assert parsed.enable_prefix_caching is True
+    for key, value in build_engine_env(cfg, "cuda", record_routing=True).items():
+        monkeypatch.setenv(key, value)
+    assert vllm.envs.VLLM_USE_V2_MODEL_RUNNER is True

@@ -1,5 +1,6 @@
-"""``model.lora``: defaults, value checks, the adapter-sync engine check, and unknown target
-modules, each a config error that names its key and exits (status 2) before Ray starts."""
+"""``model.lora``: defaults, value checks, the adapter-sync engine check, unknown target
+modules and what a mixture-of-experts model takes, each a config error that names its key
+and exits (status 2) before Ray starts."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 
 from rlframe.config import ConfigError
 from rlframe.config.lora import LoraSync
+from rlframe.data.tiny_model import resolve_model_path
+from rlframe.lora_targets import check_lora_targets, read_model_linears, trains_on_cpu
 from tests.unit.cli_errors import check_config_error
 from tests.unit.config_trees import build
 
@@ -69,3 +72,36 @@ def test_lora_errors_exit_2_before_ray(override: str, key: str, message: str) ->
     if override.startswith("rollout.engine"):
         args.append("model.lora.sync=adapter")
     check_config_error(*args, key=key, text=message)
+
+
+def test_an_moe_model_takes_adapters_on_its_attention_only() -> None:
+    """tiny-moe:0's experts are fused parameters and its router a bare one: no linear layer,
+    and not what an MoE model's adapters may go on; tiny:0's MLP linears may."""
+    moe = read_model_linears(resolve_model_path("tiny-moe:0"), False)
+    assert moe.experts and moe.attention == moe.names == ["k_proj", "o_proj", "q_proj", "v_proj"]
+    dense = read_model_linears(resolve_model_path("tiny:0"), False)
+    assert not dense.experts and {"down_proj", "gate_proj"} <= set(dense.names)
+
+
+def test_moe_lora_refusals_exit_2_before_ray() -> None:
+    check_config_error(
+        "+recipe=grpo_tiny_lora",
+        "model.path=tiny-moe:0",
+        "model.lora.target_modules=[q_proj,gate_up_proj]",
+        key="model.lora.target_modules",
+        text="['gate_up_proj']: on a mixture-of-experts model adapters go on the attention only",
+    )
+    lora = {"rank": 8, "sync": "adapter"}
+    cfg = build(model={"path": "tiny-moe:0", "lora": lora}, trainer={"device": "cpu"})
+    with pytest.raises(ConfigError, match="model.lora.sync: adapter on a mixture-of-experts"):
+        check_lora_targets(cfg, resolve_model_path("tiny-moe:0"), trains_on_cpu=True)
+    check_lora_targets(cfg, resolve_model_path("tiny-moe:0"), trains_on_cpu=False)  # GPU
+    check_lora_targets(cfg, resolve_model_path("tiny:0"), trains_on_cpu=True)  # dense
+
+
+def test_a_run_trains_on_cpu_by_its_device_or_a_local_machine_without_gpus() -> None:
+    assert trains_on_cpu(build(trainer={"device": "cpu"}), local_gpus=8)
+    assert trains_on_cpu(build(trainer={"device": "auto"}), local_gpus=0)
+    assert not trains_on_cpu(build(trainer={"device": "auto"}), local_gpus=1)
+    assert not trains_on_cpu(build(trainer={"device": "auto"}, ray={"address": "auto"}), 0)
+    assert not trains_on_cpu(build(trainer={"device": "cuda"}), local_gpus=0)

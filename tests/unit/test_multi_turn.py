@@ -79,7 +79,7 @@ def test_ids_concatenate_exactly_and_observations_are_masked() -> None:
     assert batch["env_reward"].tolist() == [1.0, 0.0]
     assert batch["agent_turns"].tolist() == [3.0, 2.0]
     assert list(batch["finish_reason"]) == ["stop", "length"]
-    assert batch.meta["weights_version"] == 3
+    assert batch["weights_version"].tolist() == [3, 3]
     assert batch["prompt_ids"][0][batch["prompt_mask"][0].bool()].tolist() == prompt0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from rlframe.envs import EnvError, StepResult
 from rlframe.protocol import Batch
@@ -26,16 +27,14 @@ class VersionedPolicy(ScriptedPolicy):
     """The scripted policy behind an engine whose weights move on by one each turn (version
     k + 1 samples turn k), and which records the seeds it is asked to sample with."""
 
-    def __init__(self, *args: Any, report_version: bool = True, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.report_version = report_version
         self.seeds: list[list[int]] = []
 
     def __call__(self, batch: Batch) -> Batch:
         self.seeds.append([int(s) for s in batch["seed"]])
         out = super().__call__(batch)
-        meta = {"weights_version": len(self.calls)} if self.report_version else {}
-        return Batch(out.tensors, out.columns, meta)
+        return out.with_tensors(weights_version=torch.full((len(out),), len(self.calls)))
 
 
 def test_each_token_carries_the_version_that_sampled_it() -> None:
@@ -50,13 +49,6 @@ def test_each_token_carries_the_version_that_sampled_it() -> None:
     assert batch["token_version"][0, :n].tolist() == expected
     assert batch["token_version"][0, n:].eq(1).all()
     assert batch["weights_version"].tolist() == [1]
-    assert batch.meta["weights_version"] == 3
-
-
-def test_an_engine_that_reports_no_version_gives_version_0() -> None:
-    policy = VersionedPolicy(["a:"], [["5<eos>", "9<eos>"]], width=12, report_version=False)
-    batch = run(make_config(GUESS, 1, env_kwargs=HINTS), policy, make_prompts(["a:"], ["9"]))
-    assert batch["token_version"].eq(0).all() and batch.meta["weights_version"] == 0
 
 
 def test_first_turn_samples_with_the_row_seed_later_turns_with_their_own() -> None:

@@ -78,3 +78,28 @@ def test_pickle_round_trip() -> None:
     b = make(4)
     c = pickle.loads(pickle.dumps(b))
     assert torch.equal(c["ids"], b["ids"]) and np.array_equal(c["answer"], b["answer"])
+
+
+def test_typed_reads_name_the_key_of_the_wrong_kind() -> None:
+    b = make(2)
+    assert b.tensor("score") is b.tensors["score"]
+    assert b.column("answer") is b.columns["answer"]
+    with pytest.raises(TypeError, match="'answer' is a column, not a tensor"):
+        b.tensor("answer")
+    with pytest.raises(TypeError, match="'ids' is a tensor, not a column"):
+        b.column("ids")
+    with pytest.raises(KeyError, match="no tensor 'reward'"):
+        b.tensor("reward")
+    with pytest.raises(KeyError, match="no column 'reward'"):
+        b.column("reward")
+
+
+def test_constructor_copies_its_mappings() -> None:
+    """A batch built from another's dicts (``Batch(b.tensors, ..., b.meta)``) must not write
+    through to it: a worker sets ``meta["engine_s"]`` on its output."""
+    tensors, meta = {"a": torch.zeros(2)}, {"v": 1}
+    b = Batch(tensors, meta=meta)
+    b.tensors["c"] = torch.ones(2)
+    b.meta["v"] = 2
+    assert list(tensors) == ["a"] and meta == {"v": 1}
+    assert len(Batch()) == 0 and Batch().keys() == []

@@ -1,16 +1,12 @@
-"""DAPO's sampling loop: rounds, kept fraction, top-up with uniform groups, truncation."""
+"""Groups of rows: DAPO's uniform-reward test and joining groups of different prompt widths
+(the producer's admission of replacements is tests/unit/test_experience.py)."""
 
 from __future__ import annotations
 
 import torch
 
 from rlframe.protocol import Batch
-from rlframe.rollout.sampling import (
-    concat_groups,
-    run_sampling_rounds,
-    select_groups,
-    split_uniform_groups,
-)
+from rlframe.rollout.sampling import concat_groups, has_uniform_rewards
 
 N = 2
 
@@ -33,23 +29,6 @@ def groups_batch(
     )
 
 
-class Rounds:
-    """Draws scripted rounds of scored groups, as the producer's ``draw`` would."""
-
-    def __init__(
-        self, rounds: list[list[tuple[float, float]]], widths: list[int] | None = None
-    ) -> None:
-        self.rounds, self.widths, self.calls, self.next_group = rounds, widths, 0, 0
-
-    def __call__(self) -> Batch:
-        rewards = self.rounds[self.calls]
-        width = self.widths[self.calls] if self.widths else 3
-        self.calls += 1
-        batch = groups_batch(rewards, self.next_group, width)
-        self.next_group += len(rewards)
-        return batch
-
-
 INFORMATIVE, UNIFORM = (0.0, 1.0), (1.0, 1.0)
 
 
@@ -57,56 +36,15 @@ def kept_groups(batch: Batch) -> list[int]:
     return batch["group"][::N].tolist()
 
 
-def test_select_groups_keeps_informative_first_and_truncates() -> None:
-    informative = [groups_batch([INFORMATIVE], g) for g in (0, 3)]
-    uniform = [groups_batch([UNIFORM], g) for g in (1, 2)]
-    # Uniform groups only top up, after every informative group, whatever the draw order.
-    assert [kept_groups(g)[0] for g in select_groups(informative, uniform, 3)] == [0, 3, 1]
-    assert [kept_groups(g)[0] for g in select_groups(informative, uniform, 1)] == [0]
-    assert select_groups([], uniform, 5) == uniform
-
-
-def test_rounds_stop_once_enough_informative_groups() -> None:
-    draw = Rounds(
-        [[INFORMATIVE, UNIFORM, UNIFORM], [INFORMATIVE, INFORMATIVE, UNIFORM], [INFORMATIVE] * 3]
-    )
-    batch, metrics = run_sampling_rounds(draw, N, wanted=3, max_rounds=5)
-    assert draw.calls == 2
-    assert metrics["rollout/sampling_rounds"] == 2
-    assert metrics["rollout/kept_group_frac"] == 3 / 6
-    assert kept_groups(batch) == [0, 3, 4]  # informative groups only, in drawn order
-
-
-def test_rounds_truncate_to_the_batch_size() -> None:
-    draw = Rounds([[INFORMATIVE] * 3, [INFORMATIVE] * 3])
-    batch, metrics = run_sampling_rounds(draw, N, wanted=2, max_rounds=5)
-    assert draw.calls == 1 and kept_groups(batch) == [0, 1] and len(batch) == 2 * N
-    assert metrics["rollout/kept_group_frac"] == 1.0
-
-
-def test_rounds_top_up_with_uniform_groups_when_they_run_out() -> None:
-    draw = Rounds([[UNIFORM, INFORMATIVE, UNIFORM], [UNIFORM, UNIFORM, UNIFORM]])
-    batch, metrics = run_sampling_rounds(draw, N, wanted=3, max_rounds=2)
-    assert draw.calls == 2 and metrics["rollout/sampling_rounds"] == 2
-    assert metrics["rollout/kept_group_frac"] == 1 / 6
-    # The informative group first, then the uniform ones in drawn order.
-    assert kept_groups(batch) == [1, 0, 2]
-    assert len(batch) == 3 * N
-
-
-def test_rounds_with_different_prompt_widths_concatenate() -> None:
-    draw = Rounds([[INFORMATIVE, UNIFORM], [INFORMATIVE, UNIFORM]], widths=[2, 5])
-    batch, _ = run_sampling_rounds(draw, N, wanted=2, max_rounds=2)
+def test_groups_of_different_prompt_widths_concatenate() -> None:
+    batch = concat_groups([groups_batch([INFORMATIVE], 0, 2), groups_batch([UNIFORM], 1, 5)])
     assert batch["prompt_ids"].shape == (2 * N, 5)
-    # The narrower round is left-padded: its real tokens stay right-aligned next to the response.
+    # The narrower group is left-padded: its real tokens stay right-aligned next to the response.
     assert batch["prompt_mask"][:N].tolist() == [[0, 0, 0, 1, 1]] * N
     assert batch["prompt_ids"][:N, :3].eq(0).all() and batch["prompt_ids"][:N, 3:].eq(7).all()
+    assert kept_groups(batch) == [0, 1]
 
 
-def test_split_uniform_groups() -> None:
-    informative, uniform = split_uniform_groups(
-        groups_batch([UNIFORM, INFORMATIVE, (0.5, 0.5)], 0), N
-    )
-    assert [kept_groups(g) for g in informative] == [[1]]
-    assert [kept_groups(g) for g in uniform] == [[0], [2]]
-    assert len(concat_groups(informative + uniform)) == 3 * N
+def test_uniform_rewards() -> None:
+    groups = groups_batch([UNIFORM, INFORMATIVE, (0.5, 0.5)], 0).split(N)
+    assert [has_uniform_rewards(g) for g in groups] == [True, False, True]

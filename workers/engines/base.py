@@ -34,6 +34,9 @@ class RolloutSample:
     """Log-prob of each response token under the sampling distribution (after temperature)."""
     finish_reason: str
     """``stop`` (a stop token) or ``length`` (max_tokens reached)."""
+    routed_experts: torch.Tensor | None = None
+    """int16 [prompt + response - 1, MoE layers, top_k]: the experts each token fed through
+    the model was routed to (see rlframe.moe_routing); None unless the engine records them."""
 
 
 class RolloutEngine(Protocol):
@@ -42,9 +45,14 @@ class RolloutEngine(Protocol):
     ``wake_up`` the weights are uninitialised memory until ``load_weights`` refills them."""
 
     def generate(
-        self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        spec: SamplingSpec,
+        images: list[list[bytes]] | None = None,
     ) -> list[RolloutSample]:
-        """One response per prompt; ``seeds[i]`` fixes prompt i's sampling."""
+        """One response per prompt; ``seeds[i]`` fixes prompt i's sampling. ``images[i]``:
+        prompt i's images (encoded bytes), whose pads prompt i holds already expanded."""
         ...
 
     def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:

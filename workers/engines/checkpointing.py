@@ -15,6 +15,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 if TYPE_CHECKING:
+    from torch.optim import Optimizer
+
     from workers.engines.fsdp import FSDPEngine
 
 
@@ -25,11 +27,18 @@ def pick_state_options(engine: FSDPEngine, strict: bool = False) -> StateDictOpt
     return StateDictOptions(ignore_frozen_params=frozen, strict=strict and not frozen)
 
 
+def require_optimizer(engine: FSDPEngine) -> Optimizer:
+    """The engine's optimizer: only an engine that trains has state to save or load."""
+    if engine.optimizer is None:
+        raise ValueError("only an engine that trains has state to save or load")
+    return engine.optimizer
+
+
 def collect_engine_state(engine: FSDPEngine) -> dict[str, Any]:
     """Model and optimizer state as DCP wants it (sharded DTensors, FQN keys)."""
-    assert engine.optimizer is not None, "only an engine that trains has state to save"
+    optimizer = require_optimizer(engine)
     options = pick_state_options(engine)
-    model_state, optim_state = get_state_dict(engine.model, engine.optimizer, options=options)
+    model_state, optim_state = get_state_dict(engine.model, optimizer, options=options)
     if options.ignore_frozen_params:
         # A weight tied to a frozen one (lm_head to the embeddings) is still a state entry.
         trains = {n for n, p in engine.model.named_parameters() if p.requires_grad}
@@ -56,7 +65,7 @@ def load_engine(
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(
         engine.model,
-        engine.optimizer,
+        require_optimizer(engine),
         model_state_dict=state["model"],
         optim_state_dict=state["optim"],
         options=pick_state_options(engine, strict=True),

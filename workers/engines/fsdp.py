@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from rlframe.algorithms.losses import LossScale
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.dtensor_gather import full_tensor
+from workers.engines.hf_model import HFModel
 from workers.engines.layout_forward import (  # noqa: F401 (re-exported: the engine's API)
     compute_layout_hidden,
     compute_layout_logprobs,
@@ -29,6 +31,7 @@ from workers.engines.layout_forward import (  # noqa: F401 (re-exported: the eng
     run_as_root_forward,
 )
 from workers.engines.rank0_load import load_rank0_state
+from workers.engines.router_replay import RouterReplay, replay_layout
 from workers.engines.token_logprobs import TokenLogprobs
 from workers.engines.ulysses import (
     SequenceParallel,
@@ -38,6 +41,8 @@ from workers.engines.ulysses import (
 )
 
 if TYPE_CHECKING:  # the config package needs omegaconf, which bench/gpu_check.py goes without
+    from transformers import PreTrainedModel
+
     from rlframe.config import ActorConfig, ModelConfig
     from rlframe.config.lora import LoraConfig
 
@@ -82,27 +87,37 @@ def load_hf_model(
     attention: str | None = None,
     weights: bool = True,
     dtype: torch.dtype = torch.float32,
-) -> nn.Module:
+) -> PreTrainedModel:
     """The HF model in ``dtype``: fp32 master weights for a model that trains (FSDP casts to
     the compute dtype), the compute dtype for a frozen one.
 
-    ``head="lm"``: the causal LM. ``head="value"``: the same backbone with a freshly
+    ``head="lm"``: the causal LM (a vision-language model's image-text-to-text model).
+    ``head="value"``: the same backbone with a freshly
     initialised scalar head per token (a critic), as ``AutoModelForTokenClassification``.
     ``attention``: a registered attention implementation (default :func:`pick_attention`).
     ``weights=False``: the architecture alone on the meta device (no memory, nothing read
     but the config), for ranks that receive rank 0's weights.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
 
     kwargs = {
         "dtype": dtype,
         "attn_implementation": attention or pick_attention(device, pick_dtype(cfg.dtype, device)),
         "trust_remote_code": cfg.trust_remote_code,
     }
-    auto: type = AutoModelForCausalLM
+    auto: type[AutoModelForCausalLM | AutoModelForImageTextToText | AutoModelForTokenClassification]
+    auto = AutoModelForTokenClassification if head == "value" else AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    if getattr(config, "vision_config", None) is not None:
+        if head != "lm":
+            raise NotImplementedError(f"a {head} head on a vision-language model")
+        auto = AutoModelForImageTextToText
     if head == "value":
-        auto = AutoModelForTokenClassification
         config.num_labels = 1
         # No dropout before the value head (HF defaults it to 0.1): values in the update must
         # be those compute_values gave, which the clipped value loss compares them with.
@@ -129,16 +144,44 @@ def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
     )
 
 
+def find_block_lists(model: nn.Module) -> list[nn.ModuleList]:
+    """Every outermost block list: the decoder layers, and a vision-language model's vision
+    blocks beside them (Qwen2-VL's ``visual.blocks``)."""
+    found: list[tuple[str, nn.ModuleList]] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or name.rsplit(".", 1)[-1] not in LAYER_LIST_NAMES:
+            continue
+        if not any(name.startswith(f"{outer}.") for outer, _ in found):
+            found.append((name, module))
+    if not found:
+        find_decoder_layers(model)  # raises, naming what it looked for
+    return [module for _, module in found]
+
+
 def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
-    """Shard each decoder layer, then the root (embeddings, final norm, the head).
+    """Shard each decoder layer (and vision block), then the root (embeddings, final norm,
+    the head; a vision tower's patch embedding and merger).
 
     Per-layer units keep only one layer's full parameters alive at a time. Gradients are
     reduced in fp32 whatever the compute dtype, so small updates are not lost.
     """
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for layer in find_decoder_layers(model):
+    for layer in (layer for blocks in find_block_lists(model) for layer in blocks):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+VISION_TOWER = "visual"
+"""The vision tower's module name in Qwen2-VL-style models (its merger included)."""
+
+
+def freeze_vision_tower(model: nn.Module) -> None:
+    """Stop the vision tower's parameters from training (``model.freeze_vision``)."""
+    towers = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == VISION_TOWER]
+    if not towers:
+        raise ValueError(f"model.freeze_vision: {type(model).__name__} has no vision tower")
+    for tower in towers:
+        tower.requires_grad_(False)
 
 
 def build_train_model(
@@ -149,7 +192,7 @@ def build_train_model(
     lora: LoraConfig | None = None,
     sp: SequenceParallel | None = None,
     frozen: bool = False,
-) -> nn.Module:
+) -> HFModel:
     """Load (with the Ulysses attention wrapper under sequence parallelism), then (1) LoRA
     adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) the local shards on the
     device.
@@ -167,13 +210,16 @@ def build_train_model(
     # A frozen model (the reference) needs no fp32 master copy: half the memory in bf16.
     dtype = pick_dtype(cfg.dtype, device) if frozen else torch.float32
     attention = register_ulysses_attention(sp.kernel) if sp is not None else None
-    model = load_hf_model(
+    base = load_hf_model(
         path, cfg, device, head, attention, weights=rank0 or not spread, dtype=dtype
     )
+    model: HFModel = base
+    if cfg.freeze_vision:
+        freeze_vision_tower(model)
     if lora is not None and lora.enabled:
         from workers.engines.lora import apply_lora
 
-        model = apply_lora(model, lora, head)
+        model = apply_lora(base, lora, head)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Taken before sharding: the full tensors stay referenced here until they are sent.
@@ -181,7 +227,7 @@ def build_train_model(
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     apply_fsdp(model, mesh, pick_dtype(cfg.dtype, device))
     if not spread:
-        return model.to(device)
+        return model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
     return load_rank0_state(model, full_state, device)
 
 
@@ -201,7 +247,7 @@ class OptimizerSpec:
     """Optimizer steps in the whole run."""
 
 
-def build_lr_lambda(spec: OptimizerSpec):
+def build_lr_lambda(spec: OptimizerSpec) -> Callable[[int], float]:
     """Linear warm-up, then constant or cosine decay to 10% of the peak."""
 
     def factor(step: int) -> float:
@@ -229,6 +275,7 @@ class FSDPEngine:
         head: str = "lm",
         lora: LoraConfig | None = None,
         sequence_parallel_size: int = 1,
+        router_replay: bool = False,
     ):
         self.device = device
         compute_dtype = pick_dtype(model_cfg.dtype, device)
@@ -238,6 +285,8 @@ class FSDPEngine:
         self.model = build_train_model(
             path, model_cfg, device, head, lora, self.sp, frozen=optim is None
         )
+        self.replay = RouterReplay(self.model) if router_replay else None
+        """Hooks that route each token to the experts a layout carries (R3); None: off."""
         self.optimizer: torch.optim.Optimizer | None = None
         # Under LoRA only the adapters require grad: the optimizer holds only them.
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -264,16 +313,21 @@ class FSDPEngine:
         entropy_grad: bool = False,
     ) -> TokenLogprobs:
         """Log-probs (and entropy) of the layout's selected tokens
-        (see :func:`compute_layout_logprobs`)."""
-        return compute_layout_logprobs(
-            self.model,
-            layout.to(self.device),
-            temperature,
-            chunk,
-            with_entropy,
-            entropy_grad,
-            self.sp,
-        )
+        (see :func:`compute_layout_logprobs`), routed as the layout says under router replay."""
+        with self.replaying(layout):
+            return compute_layout_logprobs(
+                self.model,
+                layout.to(self.device),
+                temperature,
+                chunk,
+                with_entropy,
+                entropy_grad,
+                self.sp,
+            )
+
+    def replaying(self, layout: SequenceLayout) -> AbstractContextManager[None]:
+        """See :func:`workers.engines.router_replay.replay_layout`."""
+        return replay_layout(self.replay, layout)
 
     def compute_token_values(self, layout: SequenceLayout) -> torch.Tensor:
         """[N] value-head outputs at the positions that predict the selected tokens (critic)."""
@@ -327,7 +381,7 @@ class FSDPEngine:
             self.move_to("cuda")
 
     def move_to(self, device: str) -> None:
-        self.model.to(device)
+        self.model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
         for state in self.optimizer.state.values() if self.optimizer else []:
             for k, v in state.items():
                 # AdamW's step counts stay on the host: on the GPU, every step would read each
@@ -339,7 +393,9 @@ class FSDPEngine:
 def compute_global_loss_scale(mini: Batch, device: str, sp_size: int = 1) -> LossScale:
     """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over
     ranks (the ``sp_size`` ranks of a sequence-parallel group hold the same rows)."""
-    counts = torch.tensor([mini["loss_mask"].sum().item(), float(len(mini))], dtype=torch.float64)
+    counts = torch.tensor(
+        [mini.tensor("loss_mask").sum().item(), float(len(mini))], dtype=torch.float64
+    )
     if device == "cuda":
         counts = counts.cuda()
     dist.all_reduce(counts)

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 import torch
 
 from workers.engines.base import RolloutSample, SamplingSpec
+from workers.engines.router_replay import RoutingRecorder
+from workers.engines.weight_names import to_model_tensor
 
 
 class HFRollout:
@@ -21,21 +23,30 @@ class HFRollout:
         dtype: torch.dtype,
         trust_remote_code: bool = False,
         sleep_level: int = 1,
+        record_routing: bool = False,
     ):
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code
         )
-        self.model.to(device).eval()
+        self.model.to(device).eval()  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
         self.device = device
         self.discards_weights_on_sleep = sleep_level == 2
         self.shapes: dict[str, torch.Size] = {}
+        # Forward hooks on the MoE routers: every sample then carries its routed experts.
+        self.recorder = RoutingRecorder(self.model) if record_routing else None
 
     @torch.no_grad()
     def generate(
-        self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        spec: SamplingSpec,
+        images: list[list[bytes]] | None = None,
     ) -> list[RolloutSample]:
+        if images and any(images):
+            raise NotImplementedError("rollout.engine=hf samples text prompts only: use vllm")
         return [
             self.generate_one(p, s, spec.for_row(i))
             for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))
@@ -43,6 +54,8 @@ class HFRollout:
 
     def generate_one(self, prompt: list[int], seed: int, spec: SamplingSpec) -> RolloutSample:
         generator = torch.Generator(device=self.device).manual_seed(seed)
+        if self.recorder is not None:
+            self.recorder.clear()  # what other forwards (the sync probe) routed
         ids = torch.tensor([prompt], device=self.device)
         response: list[int] = []
         logprobs: list[float] = []
@@ -61,8 +74,16 @@ class HFRollout:
             logprobs.append(float(logp[token]))
             ids = torch.cat([ids, torch.tensor([[token]], device=self.device)], dim=1)
             if token in spec.stop_token_ids:
-                return RolloutSample(response, logprobs, "stop")
-        return RolloutSample(response, logprobs, "length")
+                return self.build_sample(response, logprobs, "stop")
+        return self.build_sample(response, logprobs, "length")
+
+    def build_sample(
+        self, response: list[int], logprobs: list[float], reason: str
+    ) -> RolloutSample:
+        """The sample, with the routing of the prompt and every response token but the last
+        (the one forward per token made: the prefill, then one per decoding step)."""
+        routing = self.recorder.take() if self.recorder is not None else None
+        return RolloutSample(response, logprobs, reason, routing)
 
     @torch.no_grad()
     def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:
@@ -78,7 +99,7 @@ class HFRollout:
         params = self.model.state_dict()
         with torch.no_grad():
             for name, tensor in weights:
-                params[name].copy_(tensor)
+                to_model_tensor(params, name).copy_(tensor)
 
     def sleep(self) -> None:
         if not self.discards_weights_on_sleep or self.shapes:

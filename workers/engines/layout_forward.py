@@ -6,12 +6,13 @@ rank's slice of them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 from torch import nn
 
 from rlframe.sequence_layout import SequenceLayout
+from workers.engines.hf_model import HFModel
 from workers.engines.token_logprobs import TokenLogprobs, compute_token_logprobs
 from workers.engines.ulysses import SequenceParallel, ShardedLayout, shard_layout
 
@@ -36,10 +37,33 @@ def run_as_root_forward(model: nn.Module, fn: Callable[[], T]) -> T:
         del model.forward
 
 
-def compute_layout_hidden(model: nn.Module, layout: SequenceLayout) -> torch.Tensor:
-    """[N, H] final hidden states at the positions that predict the selected tokens."""
-    out = model.get_decoder()(
-        input_ids=layout.input_ids,
+def find_vision_language_backbone(model: nn.Module) -> HFModel | None:
+    """The backbone of a vision-language model (the module holding both the vision tower and
+    the language model, Qwen2-VL's ``model``), wherever a wrapper put it; None for a text
+    model."""
+    for module in model.modules():
+        if hasattr(module, "visual") and hasattr(module, "language_model"):
+            # Qwen2-VL's backbone is a transformers PreTrainedModel (Qwen2VLModel).
+            return cast("HFModel", module)
+    return None
+
+
+def compute_layout_hidden(model: HFModel, layout: SequenceLayout) -> torch.Tensor:
+    """[N, H] final hidden states at the positions that predict the selected tokens. A
+    vision-language model runs its vision tower on the layout's images first."""
+    backbone = find_vision_language_backbone(model)
+    inputs: dict = {"input_ids": layout.input_ids}
+    if backbone is not None and layout.placeholder_ids is not None:
+        # Every token embedded as itself, then the images' features put where the
+        # placeholder ids (sampled image tokens masked out) say.
+        inputs = {
+            "input_ids": layout.placeholder_ids,
+            "inputs_embeds": backbone.get_input_embeddings()(layout.input_ids),
+            "pixel_values": layout.pixel_values,
+            "image_grid_thw": layout.image_grid_thw,
+        }
+    out = (backbone or model.get_decoder())(
+        **inputs,
         attention_mask=layout.attention_mask,
         position_ids=layout.position_ids,
         use_cache=False,
@@ -49,13 +73,14 @@ def compute_layout_hidden(model: nn.Module, layout: SequenceLayout) -> torch.Ten
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, layout.predict_index)
 
 
-def compute_varlen_kwargs(model: nn.Module, layout: SequenceLayout) -> dict:
+def compute_varlen_kwargs(model: HFModel, layout: SequenceLayout) -> dict[str, Any]:
     """flash-attention's varlen lengths of a packed layout, computed once for the forward
     (transformers otherwise re-derives them from the position ids in every layer, with a
     host sync each time); nothing for other kernels, which ignore them."""
     if layout.attention_mask is not None or "flash" not in model.config._attn_implementation:
         return {}
-    positions = layout.position_ids[0]
+    # The text positions: the first row of mrope's [4, 1, T] as well.
+    positions = layout.position_ids.reshape(-1, layout.position_ids.shape[-1])[0]
     starts = (positions == 0).nonzero().squeeze(1)
     ends = torch.cat([starts[1:], starts.new_tensor([len(positions)])])
     cu = torch.cat([starts, starts.new_tensor([len(positions)])]).to(torch.int32)
@@ -68,7 +93,9 @@ def compute_varlen_kwargs(model: nn.Module, layout: SequenceLayout) -> dict:
     }
 
 
-def compute_own_hidden(model: nn.Module, layout: SequenceLayout, sp: SequenceParallel | None):
+def compute_own_hidden(
+    model: HFModel, layout: SequenceLayout, sp: SequenceParallel | None
+) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
     """(hidden [n, H], targets [n], gather): the final hidden states of the selected tokens
     this rank predicts, and the function that turns [n] values into the layout's [N] (all
     of them without sequence parallelism; this rank's slice's with it)."""
@@ -81,7 +108,7 @@ def compute_own_hidden(model: nn.Module, layout: SequenceLayout, sp: SequencePar
 
 
 def compute_layout_logprobs(
-    model: nn.Module,
+    model: HFModel,
     layout: SequenceLayout,
     temperature: float,
     chunk: int,
@@ -107,7 +134,7 @@ def compute_layout_logprobs(
     return TokenLogprobs(logprobs, entropy)
 
 
-def run_sharded_forward(model: nn.Module, shard: ShardedLayout):
+def run_sharded_forward(model: nn.Module, shard: ShardedLayout) -> Any:
     """The model called on this rank's slice; the Ulysses attention reads ``sequence_shard``."""
     return model(
         input_ids=shard.input_ids,
@@ -119,7 +146,7 @@ def run_sharded_forward(model: nn.Module, shard: ShardedLayout):
 
 
 def compute_layout_values(
-    model: nn.Module, layout: SequenceLayout, sp: SequenceParallel | None = None
+    model: HFModel, layout: SequenceLayout, sp: SequenceParallel | None = None
 ) -> torch.Tensor:
     """[N] value-head outputs (a token classifier with one label) at the positions that
     predict the selected tokens."""

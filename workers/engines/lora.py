@@ -3,23 +3,30 @@ model with its adapters off, and the weights the rollout engine gets from them.
 
 The wrapped model is a ``peft.PeftModel`` whose training names carry peft's segments
 (``base_model.model.`` in front, ``base_layer`` / ``lora_A.default`` inside an adapted
-layer); :func:`workers.engines.weight_names.to_engine_name` maps them back to the HF names.
+layer); :func:`workers.engines.weight_names.to_engine_tensors` maps them back to the HF names.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rlframe.config.lora import LoraConfig
 from workers.engines.dtensor_gather import full_tensor
-from workers.engines.weight_names import to_adapter_name, to_engine_name
+from workers.engines.hf_model import HFModel
+from workers.engines.weight_names import model_type_of, to_adapter_name, to_engine_tensors
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+    from transformers import PreTrainedModel
 
 
-def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module:
+def apply_lora(model: PreTrainedModel, cfg: LoraConfig, head: str = "lm") -> PeftModel:
     """The model with adapters on its target layers; only the adapters require grad.
 
     A step of building the training model, before gradient checkpointing and FSDP2 sharding
@@ -28,18 +35,24 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, head: str = "lm") -> nn.Module
     """
     from peft import get_peft_model
 
-    return get_peft_model(model, cfg.to_peft(head))
+    from rlframe.lora_targets import list_peft_targets
+
+    return get_peft_model(model, cfg.to_peft(head, list_peft_targets(model, cfg)))
 
 
 @contextlib.contextmanager
-def adapters_disabled(model: nn.Module) -> Iterator[None]:
+def adapters_disabled(model: HFModel) -> Iterator[None]:
     """The base model: the reference policy is the policy with its adapters off, not a
     second copy of the weights."""
+    from peft import PeftModel
+
+    if not isinstance(model, PeftModel):
+        raise TypeError(f"{type(model).__name__} has no adapters to disable (apply_lora)")
     with model.disable_adapter():
         yield
 
 
-def list_lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+def list_lora_layers(model: nn.Module) -> dict[str, LoraLayer]:
     """Module name -> peft LoRA layer (the ``nn.Linear`` wrappers that hold base and adapter)."""
     from peft.tuners.lora import LoraLayer
 
@@ -59,6 +72,7 @@ def iter_merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     Gathering is a collective: every rank must walk the whole stream in the same order.
     """
     layers = list_lora_layers(model)
+    model_type = model_type_of(model)
     state = model.state_dict()
     for name, value in state.items():
         if is_adapter_entry(name):
@@ -71,7 +85,7 @@ def iter_merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 a = full_tensor(state[f"{owner}.lora_A.{adapter}.weight"]).detach()
                 b = full_tensor(state[f"{owner}.lora_B.{adapter}.weight"]).detach()
                 tensor = tensor + (b.float() @ a.float()).to(tensor.dtype) * layer.scaling[adapter]
-        yield to_engine_name(name), tensor
+        yield from to_engine_tensors(name, tensor, model_type)
 
 
 def iter_adapter_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

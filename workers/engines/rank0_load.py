@@ -8,13 +8,15 @@ outside the state dict (rotary ``inv_freq``) are broadcast too, as the meta rank
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 from torch import nn
 
+M = TypeVar("M", bound=nn.Module)
 
-def load_rank0_state(model: nn.Module, full_state: dict[str, Any], device: str) -> nn.Module:
+
+def load_rank0_state(model: M, full_state: dict[str, Any], device: str) -> M:
     """``model``, sharded (FSDP2) on every rank and still on the meta device on every rank
     but 0, with rank 0's ``full_state`` (its unsharded ``state_dict``; empty elsewhere) in
     every rank's shards and rank 0's buffers in every rank's buffers. A collective."""

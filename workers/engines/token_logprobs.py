@@ -14,6 +14,7 @@ the temperature; gradients come back in the compute dtype, the head's accumulate
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -77,8 +78,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx,
+    def forward(
+        ctx: Any,  # torch's FunctionCtx, which carries this function's own attributes
         hidden: torch.Tensor,
         weight: torch.Tensor,
         targets: torch.Tensor,
@@ -95,7 +96,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         return out.logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None):  # type: ignore[override]
+    def backward(
+        ctx: Any, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None, None]:
         hidden, weight, targets = ctx.saved_tensors
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = (
@@ -174,17 +177,18 @@ def compute_logprobs_no_grad(
     with_entropy: bool,
 ) -> TokenLogprobs:
     """The chunked forward alone (old and reference log-probs)."""
-    parts = []
+    chosen_parts: list[torch.Tensor] = []
+    entropy_parts: list[torch.Tensor] = []
     for start in range(0, hidden.shape[0], chunk):
         logp, p, chosen = project_chunk(
             hidden[start : start + chunk], weight, targets[start : start + chunk], temperature
         )
-        parts.append((chosen, -row_dot(p, logp) if with_entropy else None))
+        chosen_parts.append(chosen)
+        if with_entropy:
+            entropy_parts.append(-row_dot(p, logp))
         del logp, p
-    logprobs = (
-        torch.cat([c for c, _ in parts]) if parts else hidden.new_zeros(0, dtype=torch.float32)
-    )
+    logprobs = torch.cat(chosen_parts) if chosen_parts else hidden.new_zeros(0, dtype=torch.float32)
     entropy = (
-        (torch.cat([e for _, e in parts]) if parts else logprobs.clone()) if with_entropy else None
+        (torch.cat(entropy_parts) if entropy_parts else logprobs.clone()) if with_entropy else None
     )
     return TokenLogprobs(logprobs, entropy)

@@ -23,13 +23,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 
 from rlframe.sequence_layout import SequenceLayout
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 ULYSSES_PREFIX = "ulysses_"
 
@@ -85,12 +88,14 @@ class Exchange(torch.autograd.Function):
     """:func:`exchange` with its inverse (the same all-to-all, dimensions swapped) as backward."""
 
     @staticmethod
-    def forward(ctx, x, scatter_dim, gather_dim, group):  # type: ignore[override]
+    def forward(
+        ctx: Any, x: torch.Tensor, scatter_dim: int, gather_dim: int, group: ProcessGroup
+    ) -> torch.Tensor:
         ctx.dims, ctx.group = (scatter_dim, gather_dim), group
         return exchange(x, scatter_dim, gather_dim, group)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         scatter_dim, gather_dim = ctx.dims
         return exchange(grad, gather_dim, scatter_dim, ctx.group), None, None, None
 
@@ -106,11 +111,18 @@ class SequenceShard:
     its [b, L] padding mask (``attention_mask``), computed once per forward."""
 
 
+class AttentionLayer(Protocol):
+    """What the wrapper reads of a transformers attention layer (any architecture's)."""
+
+    config: PreTrainedConfig
+    num_key_value_groups: int
+
+
 class ModuleView:
     """The attention module as the wrapped kernel sees it after the exchange: its own
     number of query heads per key/value head, and the kernel's name in its config."""
 
-    def __init__(self, module: torch.nn.Module, groups: int, config: Any) -> None:
+    def __init__(self, module: AttentionLayer, groups: int, config: Any) -> None:
         self.__dict__.update(module=module, num_key_value_groups=groups, config=config)
 
     def __getattr__(self, name: str) -> Any:
@@ -135,7 +147,7 @@ def repeat_kv_heads(x: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def ulysses_attention_forward(
-    module: torch.nn.Module,
+    module: AttentionLayer,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
@@ -190,7 +202,9 @@ class GatherTokens(torch.autograd.Function):
     same loss from the same [N] values, so each token's gradient is taken once)."""
 
     @staticmethod
-    def forward(ctx, local, owned, sp):  # type: ignore[override]
+    def forward(
+        ctx: Any, local: torch.Tensor, owned: list[torch.Tensor], sp: SequenceParallel
+    ) -> torch.Tensor:
         sizes = [len(o) for o in owned]
         width = max(1, *sizes)  # gloo cannot gather empty tensors
         padded = local.new_zeros(width, *local.shape[1:])
@@ -204,7 +218,7 @@ class GatherTokens(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return grad[ctx.mine], None, None
 
 

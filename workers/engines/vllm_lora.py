@@ -15,10 +15,15 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlframe.config.lora import VLLM_LORA_RANKS, LoraConfig
+
+if TYPE_CHECKING:
+    from vllm import LLM
+    from vllm.lora.request import LoRARequest
 
 
 def pick_max_lora_rank(rank: int) -> int:
@@ -67,10 +72,10 @@ class AdapterSlot:
     """The adapter version a vLLM engine serves: loads each pushed adapter under a new id,
     drops the previous one, and names the current one for requests and for errors."""
 
-    def __init__(self, llm, lora: LoraConfig, base_model: str) -> None:  # llm: vllm.LLM
+    def __init__(self, llm: LLM, lora: LoraConfig, base_model: str) -> None:
         self.llm, self.lora, self.base_model = llm, lora, base_model
         self.root = Path(tempfile.mkdtemp(prefix="rlframe-lora-"))
-        self.request = None  # vllm.lora.request.LoRARequest | None
+        self.request: LoRARequest | None = None
         self.next_id = 1
 
     def load(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:

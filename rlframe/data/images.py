@@ -1,0 +1,152 @@
+"""Images in prompt rows: how a row names them, where the chat template places them, and the
+model processor that turns them into vision tokens and pixel values.
+
+A row's ``images`` column (veRL's format) lists its images in order; each is a file path, the
+encoded bytes (PNG, JPEG, ...), or a dict with ``bytes`` and/or ``path`` (what a parquet file
+of images holds). A turn's text marks where each goes with ``<image>``; turns without any
+marker get the images in front of the first user turn. Rows travel with the encoded bytes
+(small, picklable); the workers decode them where pixels are needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+IMAGE_MARKER = "<image>"
+"""Where a turn's text places the row's next image (veRL's convention)."""
+
+
+def read_image_bytes(item: Any, where: str) -> bytes:
+    """The encoded bytes of one ``images`` entry: a path, bytes, or ``{"bytes", "path"}``."""
+    if isinstance(item, dict):
+        item = item.get("bytes") or item.get("path")
+    if isinstance(item, bytes | bytearray):
+        return bytes(item)
+    if isinstance(item, str | Path):
+        path = Path(item).expanduser()
+        if not path.is_file():
+            raise ValueError(f"{where}: image {str(item)!r}: no such file")
+        return path.read_bytes()
+    raise ValueError(
+        f"{where}: an image must be a path, bytes or {{'bytes', 'path'}}, got {type(item).__name__}"
+    )
+
+
+def decode_image(data: bytes) -> Any:
+    """The image (PIL, RGB) of encoded bytes."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB")
+
+
+def encode_png(image: Any) -> bytes:
+    """PNG bytes of a PIL image."""
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def place_images(messages: list[dict[str, Any]], count: int, where: str) -> list[dict[str, Any]]:
+    """The turns with content parts (``{"type": "image"}``, ``{"type": "text", ...}``) that put
+    the row's ``count`` images where the ``<image>`` markers are, or before the first user
+    turn's text when there are none. The marker count must match the images."""
+    markers = sum(
+        m["content"].count(IMAGE_MARKER) for m in messages if isinstance(m["content"], str)
+    )
+    if markers not in (0, count):
+        raise ValueError(f"{where}: {markers} '{IMAGE_MARKER}' markers for {count} images")
+    placed = []
+    front = markers == 0
+    for message in messages:
+        content = message["content"]
+        if not isinstance(content, str):
+            placed.append(message)
+            continue
+        parts: list[dict[str, Any]] = []
+        if front and message["role"] == "user":
+            parts += [{"type": "image"}] * count
+            front = False
+        for i, text in enumerate(content.split(IMAGE_MARKER)):
+            if i:
+                parts.append({"type": "image"})
+            if text:
+                parts.append({"type": "text", "text": text})
+        placed.append({**message, "content": parts})
+    if front:
+        raise ValueError(f"{where}: images but no user turn to put them in")
+    return placed
+
+
+@dataclass
+class VisionInputs:
+    """What the vision tower of a micro-batch's rows takes."""
+
+    pixel_values: torch.Tensor
+    """[patches, C * T * P * P] every image's patches, rows and images in order."""
+    image_grid_thw: torch.Tensor
+    """[images, 3] each image's (time, height, width) patch grid."""
+
+
+@functools.lru_cache(maxsize=4)
+def load_processor(path: str) -> Any:
+    """The model's processor (tokenizer + image processor), loaded once per process."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path)
+
+
+def read_image_size(data: bytes) -> tuple[int, int]:
+    """(height, width) of encoded image bytes, from the header alone."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as image:
+        return image.height, image.width
+
+
+def expand_prompt(processor: Any, text: str, images: list[bytes]) -> list[int]:
+    """The prompt's token ids with each image pad repeated to its image's token count, as
+    the processor (and so vLLM, which runs the same one) expands it. The counts come from the
+    image sizes alone: no pixels are processed on the driver."""
+    if not hasattr(processor, "image_processor"):
+        raise ValueError("the rows have images, the model no image processor (not a VLM)")
+    tokenizer = processor.tokenizer
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    pad = tokenizer.convert_tokens_to_ids(processor.image_token)
+    sizes = [read_image_size(b) for b in images]
+    counts = processor._get_num_multimodal_tokens(image_sizes=sizes)["num_image_tokens"]
+    if ids.count(pad) != len(counts):
+        raise ValueError(f"the prompt places {ids.count(pad)} images, the row has {len(counts)}")
+    expanded: list[int] = []
+    it = iter(counts)
+    for token in ids:
+        expanded += [token] * (next(it) if token == pad else 1)
+    return expanded
+
+
+def encode_images(processor: Any, rows_images: list[list[bytes]]) -> VisionInputs | None:
+    """The vision inputs of rows' images in row order; None when no row has one."""
+    images = [decode_image(b) for row in rows_images for b in row]
+    if not images:
+        return None
+    out = processor.image_processor(images=images, return_tensors="pt")
+    return VisionInputs(out["pixel_values"], out["image_grid_thw"])
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+"""A model folder with one of these has a processor (a vision-language model's)."""
+
+
+def save_processor(model_path: str, dest: Path) -> None:
+    """A vision-language model's processor (image processor, chat template) beside the config:
+    the export loads and generates with images only with it."""
+    local = Path(model_path)
+    if not any((local / name).is_file() for name in PROCESSOR_FILES):
+        return
+    load_processor(model_path).save_pretrained(dest)
