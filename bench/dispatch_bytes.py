@@ -46,7 +46,6 @@ def measure(steps: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]
         return submit(self, method, *args, **kwargs)
 
     from rlframe.launch import run_training
-    from rlframe.preflight import check_run_inputs
 
     # The measurement wraps the real submit; nothing else changes.
     WorkerGroup.submit = measured_submit  # type: ignore[method-assign]
@@ -58,7 +57,7 @@ def measure(steps: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]
                 "trainer": recipe()["trainer"] | {"total_steps": steps, "output_dir": out},
             }
         )
-        run_training(cfg, check_run_inputs(cfg))
+        run_training(cfg)
     WorkerGroup.submit = submit  # type: ignore[method-assign]
     return whole, read, calls
 

@@ -9,6 +9,7 @@ rollout engines, returning the new weights version, for the trainer).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -17,11 +18,10 @@ from typing import TYPE_CHECKING, Any
 from rlframe import startup
 from rlframe.checkpoint import Checkpointer, read_driver_state, truncate_run_logs, write_hf_config
 from rlframe.config import Config, Placement
-from rlframe.controller.cluster import init_ray, resolve_device
+from rlframe.controller.cluster import resolve_device
 from rlframe.data.loader import PromptLoader
 from rlframe.interrupts import install_interrupt_handlers
 from rlframe.logs import describe_run, format_startup_summary, route_driver_logs
-from rlframe.preflight import RunInputs
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer, Producer
 from rlframe.run_dir import lock_run_dir
@@ -31,7 +31,9 @@ from rlframe.trainer import Trainer
 from rlframe.validation import Validator
 
 if TYPE_CHECKING:
+    from rlframe.controller.cluster import RayStart
     from rlframe.pools import Workers
+    from rlframe.preflight import RunInputs
 
 
 def prepare_output_dir(cfg: Config, resume_step: int | None) -> Path:
@@ -86,29 +88,41 @@ def describe_finished_run(history: list[dict[str, float]], out: Path) -> str:
     return text + f"; outputs in {out.resolve()}"
 
 
-def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
-    """Start or join Ray, place the workers, train, and tear everything down.
+def run_training(cfg: Config) -> list[dict[str, float]]:
+    """Check the run's inputs, start or join Ray, place the workers, train, and tear
+    everything down. Returns the metrics of every step (also written to ``metrics.jsonl``).
 
-    ``inputs`` come from :func:`rlframe.preflight.check_run_inputs`, run before Ray starts.
-    Returns the metrics of every step (also written to ``metrics.jsonl``).
+    The checks overlap the start-up (:mod:`rlframe.preflight`): the run directory and the
+    pools' fit come before Ray; what the workers are built from (plug-ins, worker classes,
+    the model folder) is checked while Ray starts; the tokenizer and the prompts while the
+    workers construct. A check that fails stops whatever had started, and the run ends with
+    its one config-error line.
     """
-    model_path, tokenizer, resume_from = inputs.model_path, inputs.tokenizer, inputs.resume_from
-    records, val_records = inputs.records, inputs.val_records
+    from rlframe.controller.cluster import RayStart
+    from rlframe.preflight import check_before_ray, check_driver_inputs, check_worker_inputs
+
     lock_run_dir(cfg.trainer.output_dir)  # held already when started from rlframe.main
-    out = prepare_output_dir(
-        cfg, None if resume_from is None else read_driver_state(resume_from)["step"]
-    )
-    logs = route_driver_logs(out, cfg.trainer.log_level)
-    started = False
+    resume_from = check_before_ray(cfg)
+    # Before Ray starts: its start-up lines go to driver.log (logs/ is not a run file).
+    logs = route_driver_logs(Path(cfg.trainer.output_dir), cfg.trainer.log_level)
+    startup.DRIVER.mark("preflight")
+    ray_start: RayStart | None = None
     tracker, experience, launch = None, None, None
     try:
-        started = init_ray(cfg.ray)
+        ray_start = RayStart(cfg.ray)
         startup.DRIVER.mark("ray")
-        install_interrupt_handlers()  # again: Ray's replaced ours for SIGTERM
-        import ray
-
+        found = check_worker_inputs(cfg, resume_from)
+        startup.DRIVER.mark("preflight")
+        started = ray_start.wait()
+        startup.DRIVER.mark("ray")
+        startup.DRIVER.attach("ray", {"ray start": ray_start.seconds})
+        install_interrupt_handlers()  # again: Ray may have replaced ours for SIGTERM
         from rlframe.pools import Launch, start_workers
 
+        model_path = found.model_path
+        out = prepare_output_dir(
+            cfg, None if resume_from is None else read_driver_state(resume_from)["step"]
+        )
         device = resolve_device(cfg.trainer.device)
         print(
             format_startup_summary(describe_run(cfg, model_path, device, out, logs, started)),
@@ -118,13 +132,22 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             cfg,
             device,
             model_path,
-            inputs.reward_model_path,
+            found.reward_model_path,
             lambda cpus: worker_env(cfg, device, cpus) | logs.worker_env(),
             [],
             [],
         )
-        workers = start_workers(launch)
+        checked: list[tuple[RunInputs, float]] = []
+
+        def check_while_workers_start() -> None:
+            began = time.time()
+            checked.append((check_driver_inputs(cfg, found), time.time() - began))
+
+        workers = start_workers(launch, check_while_workers_start)
         startup.DRIVER.mark("workers")
+        inputs, seconds = checked[0]
+        startup.DRIVER.attach("workers", {"driver checks": seconds})
+        tokenizer, records, val_records = inputs.tokenizer, inputs.records, inputs.val_records
         actor, critic = workers.actor, workers.critic
         tracker = Tracker(
             out,
@@ -181,6 +204,6 @@ def run_training(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
             tracker.close()
         if launch is not None:
             launch.shutdown()
-        if started:
-            ray.shutdown()
+        if ray_start is not None:
+            ray_start.stop()
         logs.close()

@@ -40,6 +40,9 @@ HARMLESS = (
     "Token authentication is disabled for this Ray cluster",
     # Ray's own advice about its shared-memory size on machines with a small /dev/shm.
     "The object store is using /tmp instead of /dev/shm",
+    # Ray starts on a thread of its own (rlframe.controller.cluster.RayStart); the run's
+    # handlers are the driver's.
+    "SIGTERM handler is not set because current thread is not the main thread",
 )
 
 QUIET_LOGGERS = ("httpx", "httpcore", "openai")

@@ -189,7 +189,8 @@ def schema_type(owner: type, name: str) -> Any:
 
 
 def run(cfg: Config) -> None:
-    """Start or join Ray and run the training loop. Heavy imports happen here, after validation.
+    """Check the run's inputs, start or join Ray and run the training loop. Heavy imports
+    happen here, after validation.
 
     A worker, reward or environment failure ends the run with its own message (role, rank,
     method and the worker's traceback; the env, sample and turn), not with a driver traceback;
@@ -206,7 +207,6 @@ def run(cfg: Config) -> None:
         install_interrupt_handlers,
     )
     from rlframe.launch import run_training
-    from rlframe.preflight import check_run_inputs
     from rlframe.rewards import RewardError
     from rlframe.run_dir import lock_run_dir
     from rlframe.save_failures import (
@@ -220,9 +220,7 @@ def run(cfg: Config) -> None:
     install_interrupt_handlers()
     try:
         lock_run_dir(cfg.trainer.output_dir)  # before anything reads or writes the folder
-        inputs = check_run_inputs(cfg)
-        startup.DRIVER.mark("preflight")
-        run_training(cfg, inputs)
+        run_training(cfg)  # checks the inputs first, partly while Ray and the workers start
     except ConfigError as e:
         say_error(f"rlframe: config error: {e}")
         sys.exit(2)

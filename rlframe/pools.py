@@ -98,9 +98,11 @@ class Launch:
         self.groups.append(group)
         return group, worker_cls
 
-    def wait_started(self) -> None:
-        """Wait for the constructors of every group started; record what each cost, from its
-        rank 0's own clock (Python, imports, engines)."""
+    def wait_started(self, alongside: Callable[[], None]) -> None:
+        """Run ``alongside`` (the driver's own work) while the constructors of every group
+        started run, then wait for them; record what each cost, from its rank 0's own clock
+        (Python, imports, engines)."""
+        alongside()
         waiting = [g for g in self.groups if g.started.outcome is None]
         wait_calls(*(g.started for g in waiting))
         for group in waiting:
@@ -115,8 +117,9 @@ class Launch:
             pool.remove()
 
 
-def start_workers(launch: Launch) -> Workers:
-    """Create the pools, start every group (all at once) and connect the weight seam."""
+def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) -> Workers:
+    """Create the pools, start every group (all at once) and connect the weight seam.
+    ``alongside`` runs on the driver while the workers construct."""
     cfg = launch.cfg
     # The critic and the reward model, when there are, share the training bundles.
     colocate = 1 + int(bool(cfg.critic.enable)) + int(launch.reward_model_path is not None)
@@ -126,7 +129,7 @@ def start_workers(launch: Launch) -> Workers:
         group, cls = launch.start(train, "actor", cfg.actor.worker_cls, launch.model_path, tp)
         hybrid = roles.bind_role(group, roles.HybridGroup, cls)
         critic, reward_model = start_critic(launch, train), start_reward_model(launch, train)
-        launch.wait_started()
+        launch.wait_started(alongside)
         return Workers(
             hybrid,
             critic,
@@ -143,7 +146,7 @@ def start_workers(launch: Launch) -> Workers:
     pool = launch.create_pool("rollout", 1)
     group, cls = launch.start(pool, "rollout", cfg.rollout.worker_cls, launch.model_path, tp)
     rollout = roles.bind_role(group, roles.RolloutGroup, cls)
-    launch.wait_started()
+    launch.wait_started(alongside)
     join_weight_group(
         trainer, rollout, pick_weight_group_spec(trainer, rollout, lambda: train.find_free_port(0))
     )

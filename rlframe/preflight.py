@@ -22,6 +22,18 @@ from rlframe.model_config import read_model_config
 
 
 @dataclass
+class WorkerInputs:
+    """What the workers are built from, resolved by :func:`check_worker_inputs`."""
+
+    model_path: str
+    """A loadable model directory (``tiny:N`` built) or a model id."""
+    resume_from: Path | None
+    """The checkpoint the run continues from; None for a fresh run."""
+    reward_model_path: str | None = None
+    """The reward model's directory (``tiny-rm:N`` built) or hub id; None without one."""
+
+
+@dataclass
 class RunInputs:
     """What the checks resolved, handed to the run so nothing is loaded twice."""
 
@@ -39,20 +51,44 @@ class RunInputs:
 
 
 def check_run_inputs(cfg: Config) -> RunInputs:
-    """Resolve and check plug-ins, worker classes, the run directory, model and data; raise
-    ConfigError."""
+    """Every check, in the order a run makes them (:func:`check_before_ray`, then
+    :func:`check_worker_inputs` while Ray starts, then :func:`check_driver_inputs` while the
+    workers start); raise ConfigError."""
+    resume_from = check_before_ray(cfg)
+    return check_driver_inputs(cfg, check_worker_inputs(cfg, resume_from))
+
+
+def check_before_ray(cfg: Config) -> Path | None:
+    """The cheap checks a run makes before it starts Ray: the run directory (resumed or
+    refused, never overwritten; returns the checkpoint it continues from) and, for a Ray it
+    starts itself, that the worker pools fit the machine."""
     from rlframe.checkpoint import resolve_resume
+
+    resume_from = resolve_resume(cfg)
+    check_local_pools(cfg)
+    return resume_from
+
+
+def check_worker_inputs(cfg: Config, resume_from: Path | None) -> WorkerInputs:
+    """What the workers are built from, checked while Ray starts: plug-ins and worker classes
+    (imported here: the driver starts the workers from them), the reward inputs and the model
+    folder. Raise ConfigError."""
+    check_plugins(cfg)
+    reward_model_path = check_reward_inputs(cfg)
+    return WorkerInputs(resolve_model_files(cfg), resume_from, reward_model_path)
+
+
+def check_driver_inputs(cfg: Config, found: WorkerInputs) -> RunInputs:
+    """What the driver feeds the workers, checked while they start: the tokenizer, the agent
+    and its chat template, the model's limits against the config, and the prompts. Raise
+    ConfigError."""
     from rlframe.expert_parallel import check_expert_parallel
     from rlframe.lora_targets import check_lora_targets, trains_on_cpu
     from rlframe.moe_routing import check_router_replay
     from rlframe.validation import split_validation_records
 
-    check_local_pools(cfg)
-    check_plugins(cfg)
-    reward_model_path = check_reward_inputs(cfg)
-    # A run directory in use is resumed or refused, never overwritten.
-    resume_from = resolve_resume(cfg)
-    model_path, tokenizer = load_model_files(cfg)
+    model_path = found.model_path
+    tokenizer = load_tokenizer(cfg, model_path)
     # What a vision-language model cannot do yet goes first: it names the real limit where a
     # later check (the agent's chat template) would name a symptom.
     check_vision(cfg, model_path)
@@ -70,7 +106,9 @@ def check_run_inputs(cfg: Config) -> RunInputs:
         raise ConfigError(
             "data.val_files" if cfg.data.val_files else "data.val_size", str(e)
         ) from None
-    return RunInputs(model_path, tokenizer, records, val_records, resume_from, reward_model_path)
+    return RunInputs(
+        model_path, tokenizer, records, val_records, found.resume_from, found.reward_model_path
+    )
 
 
 # Rule rewards that need more than the standard library, and the package each needs.
@@ -207,9 +245,11 @@ def check_local_pools(cfg: Config) -> None:
     else:
         cpus, source = os.cpu_count() or 1, "this machine's CPUs; ray.num_cpus overrides"
         check_pools_fit(cfg.rollout, cfg.trainer, cpus, source)
+    if cfg.trainer.device is Device.cpu:
+        return  # no GPU count: it imports torch, a second on the way to starting Ray
     gpus = count_local_gpus()
     # trainer.device=auto trains on the GPUs the local Ray will find, if there are any.
-    if cfg.trainer.device is Device.cuda or (cfg.trainer.device is Device.auto and gpus > 0):
+    if cfg.trainer.device is Device.cuda or gpus > 0:
         check_pools_gpus(cfg.rollout, cfg.trainer, gpus, "the GPUs this process can see")
 
 
@@ -382,6 +422,13 @@ def describe_load_error(error: BaseException) -> str:
 
 def load_model_files(cfg: Config) -> tuple[str, Any]:
     """The model directory (building ``tiny:N``, ``tiny-vl:N``) and its tokenizer."""
+    path = resolve_model_files(cfg)
+    return path, load_tokenizer(cfg, path)
+
+
+def resolve_model_files(cfg: Config) -> str:
+    """The model directory (building ``tiny:N``, ``tiny-vl:N``): a folder with a config.json
+    and loadable weights, or a model id."""
     from rlframe.data.tiny_model import is_tiny_model
     from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
 
@@ -400,12 +447,15 @@ def load_model_files(cfg: Config) -> tuple[str, Any]:
         check_model_weights(local)
     elif not is_tiny_model(cfg.model.path) and not looks_like_model_id(path):
         raise ConfigError("model.path", f"no such folder {path}")
+    return path
+
+
+def load_tokenizer(cfg: Config, path: str) -> Any:
+    """The tokenizer of the model at ``path`` (a folder or a model id)."""
     from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            path, trust_remote_code=cfg.model.trust_remote_code
-        )
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     except Exception as e:
         reason = first_line(e)
         raise ConfigError(
@@ -413,7 +463,6 @@ def load_model_files(cfg: Config) -> tuple[str, Any]:
             f"{path!r} is not a local folder and its tokenizer cannot be loaded as a Hugging Face "
             f"model id (offline, or a typo?): {reason}",
         ) from None
-    return path, tokenizer
 
 
 def looks_like_model_id(path: str) -> bool:

@@ -7,6 +7,10 @@ its own from its process start, which the launcher reads from rank 0 of every gr
     rlframe: step 1 began 11.6 s after the command: interpreter 0.9, config 0.5, ...
 
 Phases are consecutive: each is the time since the previous mark, so they add up to the total.
+A phase marked twice adds both spans (``preflight``: the checks before Ray, then those made
+while Ray starts). What ran beside the driver's own line is shown in brackets inside the phase
+it overlapped and not added: ``ray (ray start S)`` is Ray's whole start on its thread, ``workers
+(..., driver checks S)`` the tokenizer and prompt checks made while the workers constructed.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@
   It saves each run the interpreter start, the driver imports and a Ray start (about 15 s on
   2 cores). It returns the per-step metrics, the console and the run directory.
 - :func:`check_cli` runs the same entry point in-process for commands that must stop before
-  Ray starts (config errors, ``--help``, ``--cfg job``); reaching the launcher fails the test.
+  the workers start (config errors, ``--help``, ``--cfg job``). The launcher's checks
+  (:func:`rlframe.preflight.check_run_inputs`, which a real run makes partly while Ray and the
+  workers start) run alone, without Ray; a command that passes them fails the test.
 - :func:`spawn_cli` starts ``python -m rlframe.main`` as a child process. Use it only where the
   process is what the test checks: exit codes of a fresh process, signals, the console of a
   fresh interpreter, ``ray job submit``, loopback binding, run-directory locking, imports.
@@ -155,19 +157,25 @@ class LauncherReached(AssertionError):
 
 
 def check_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
-    """Run the command line in this process for a command that must stop before Ray: a config
-    error, ``--help``, ``--cfg job``. Reaching the launcher fails with :class:`LauncherReached`.
+    """Run the command line in this process for a command that must stop before the workers
+    start: a config error, ``--help``, ``--cfg job``. The launcher's checks run here without
+    Ray; passing them fails with :class:`LauncherReached`.
 
     Without ``trainer.output_dir`` in ``args`` the run directory is a fresh temporary folder, so
     nothing lands in the recipe's own ``outputs/``."""
     import rlframe.launch
+    from rlframe.config import Config
+    from rlframe.preflight import check_run_inputs
 
     if not any(a.startswith("trainer.output_dir=") or a in ("--cfg", "--help") for a in args):
         args = (*args, f"trainer.output_dir={tempfile.mkdtemp(prefix='rlframe-cli-')}/run")
 
     reached: list[str] = []
 
-    def refuse(*_: Any, **__: Any) -> list[dict[str, float]]:
+    def refuse(cfg: Config) -> list[dict[str, float]]:
+        # The launcher checks the run's inputs while Ray and the workers start: here they
+        # are checked alone, and a run that passes them is refused.
+        check_run_inputs(cfg)
         # Hydra turns an exception in the run into exit 1: keep the fact, raise it after.
         reached.append(f"{' '.join(args)} reached the launcher (Ray would start)")
         raise LauncherReached(reached[-1])

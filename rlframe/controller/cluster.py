@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 
 from rlframe.config import Device, RayConfig
 
@@ -19,9 +21,22 @@ from rlframe.config import Device, RayConfig
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 LOOPBACK = "127.0.0.1"
 
+SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+"""A local Ray's settings. Ray starts one idle worker process per CPU when its raylet starts
+and when the driver connects; every rlframe actor has a runtime environment of its own (its rank's variables), so
+none of them ever ran one, and on a small machine their start-up took CPU from the workers'."""
+
 
 def will_start_local_ray(cfg: RayConfig) -> bool:
     return not (cfg.address or os.environ.get("RAY_ADDRESS"))
+
+
+def prepare_ray_environment(cfg: RayConfig) -> bool:
+    """Set Ray's environment before Ray is imported; True when this run starts a local Ray."""
+    local = will_start_local_ray(cfg)
+    if local:
+        os.environ[LOOPBACK_ENV] = "0"
+    return local
 
 
 def init_ray(cfg: RayConfig) -> bool:
@@ -34,9 +49,7 @@ def init_ray(cfg: RayConfig) -> bool:
     left to the handlers :func:`rlframe.logs.route_driver_logs` installed. Returns True when
     this call started a local Ray, which the caller then shuts down.
     """
-    local = will_start_local_ray(cfg)
-    if local:
-        os.environ[LOOPBACK_ENV] = "0"
+    local = prepare_ray_environment(cfg)
     import ray
 
     if ray.is_initialized():
@@ -57,12 +70,80 @@ def init_ray(cfg: RayConfig) -> bool:
         include_dashboard=cfg.include_dashboard,
         dashboard_host=LOOPBACK,
         _node_ip_address=LOOPBACK,
-        _system_config={"enable_worker_prestart": False, "prestart_worker_first_driver": False},
+        _system_config=SYSTEM_CONFIG,
         log_to_driver=True,
         configure_logging=False,
     )
     start_reaper()
     return True
+
+
+class RayStart:
+    """:func:`init_ray` on a thread of its own, so that the run's checks go on while Ray's
+    processes start (most of that time the driver only waits for them).
+
+    The thread lives until :meth:`stop`: Ray ties the processes it starts to the life of the
+    thread that started them (``PR_SET_PDEATHSIG``), so they would be killed with it. The
+    modules ``ray.init`` imports are imported first, on the calling thread: two threads
+    importing one package at once can see it half initialised (or deadlock), and the checks
+    import users' plug-in files, which may share a package with Ray.
+    """
+
+    def __init__(self, cfg: RayConfig) -> None:
+        prepare_ray_environment(cfg)
+        import_ray_modules()
+        self.began = time.time()
+        self.seconds = 0.0
+        """How long the start took, once it ended."""
+        self.started = False
+        """This call started a local Ray (which :meth:`stop` shuts down)."""
+        self.error: BaseException | None = None
+        self.ready = threading.Event()
+        self.release = threading.Event()
+        self.thread = threading.Thread(
+            target=self.run, args=(cfg,), name="rlframe-ray-start", daemon=True
+        )
+        self.thread.start()
+
+    def run(self, cfg: RayConfig) -> None:
+        try:
+            self.started = init_ray(cfg)
+        except BaseException as e:  # noqa: BLE001 - raised again on the main thread by wait()
+            self.error = e
+        finally:
+            self.seconds = time.time() - self.began
+            self.ready.set()
+        self.release.wait()
+
+    def wait(self) -> bool:
+        """Wait until Ray is up (the start's error is raised here); True when this run started
+        it. A signal still ends the wait: the main thread's handlers run during it."""
+        self.ready.wait()
+        if self.error is not None:
+            raise self.error
+        return self.started
+
+    def stop(self) -> None:
+        """Once the start has ended (a failed check may come while Ray is still starting),
+        shut down the Ray this run started and end the thread."""
+        self.ready.wait()
+        if self.started:
+            import ray
+
+            ray.shutdown()
+        self.release.set()
+        self.thread.join()
+
+
+def import_ray_modules() -> None:
+    """What ``ray.init`` imports (Ray, and the dashboard's packages it checks for)."""
+    import ctypes  # noqa: F401
+    import gzip  # noqa: F401
+
+    import ray  # noqa: F401
+    from ray._private.utils import get_dashboard_dependency_error
+
+    get_dashboard_dependency_error()
 
 
 def start_reaper() -> subprocess.Popen:

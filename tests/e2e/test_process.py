@@ -19,6 +19,7 @@ import hashlib
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,6 +109,56 @@ def test_a_signal_during_worker_start_up_stops_with_one_line(
     assert stopped_in < 6.0  # 2 s; 11-20 s while one unbounded ray.wait held the signal
     for noise in ("Traceback", "SystemError", "KeyboardInterrupt", "Aborted", "core dumped"):
         assert noise not in rest + err
+
+
+@pytest.mark.parametrize(
+    "override,error",
+    [
+        # Checked while Ray starts (what the workers are built from).
+        ("model.path=/no/such/model", "model.path: no such folder /no/such/model"),
+        # Checked while the workers construct (the prompts, after the tokenizer).
+        ("data.batch_size=100000", "data.batch_size: 100000 exceeds the "),
+    ],
+    ids=["while-ray-starts", "while-workers-start"],
+)
+def test_a_check_failing_during_start_up_stops_everything_in_one_line(
+    tmp_path: Path, override: str, error: str
+) -> None:
+    """The run's checks overlap Ray's start and the workers' (rlframe.launch.run_training): a
+    failing one still ends the run with its one config-error line and exit 2, and stops the
+    local Ray it had begun (every process seen in the driver's tree is gone once it exits)."""
+    command = cli_command("+recipe=grpo_tiny", override, f"trainer.output_dir={tmp_path / 'run'}")
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
+    )
+    seen: dict[psutil.Process, str] = {}
+    try:
+        while proc.poll() is None:
+            try:
+                # Named again each time: a child is the driver's ``python3`` until its exec.
+                seen |= {p: p.name() for p in process_tree(proc.pid)[1:]}
+            except psutil.NoSuchProcess:
+                continue  # one ended between the listing and its name: list again
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=60)
+        deadline = time.monotonic() + 20
+        while any(not is_gone(p) for p in seen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = sorted((p.pid, name) for p, name in seen.items() if not is_gone(p))
+    finally:
+        proc.kill()
+        for process in seen:
+            if not is_gone(process):
+                process.kill()
+    names = sorted(set(seen.values()))
+    print(f"{override}: exit {proc.returncode}; processes seen: {names}; left: {left}")
+    assert proc.returncode == 2, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"rlframe: config error: {error}"), err
+    assert "Traceback" not in out + err and "step 1" not in out
+    # Ray had started (its session is named after the driver's pid) and nothing of it lives.
+    assert list(Path(tempfile.gettempdir(), "ray").glob(f"session_*_{proc.pid}"))
+    assert "gcs_server" in names and not left
 
 
 def check_console_and_logs(lines: list[str], run_dir: Path) -> None:

@@ -130,14 +130,13 @@ def test_a_full_disk_ends_the_run_in_one_line_with_its_own_exit_status(
     traceback, with DISK_FULL_EXIT."""
     import rlframe.launch
     from rlframe.config import Config
-    from rlframe.preflight import RunInputs
     from rlframe.save_failures import DISK_FULL_EXIT
     from rlframe.tracking import Tracker
     from tests.harness import call_main, release_all_run_dirs
 
     out = small_disk / "run"
 
-    def train_until_full(cfg: Config, inputs: RunInputs) -> list[dict[str, float]]:
+    def train_until_full(cfg: Config) -> list[dict[str, float]]:
         tracker = Tracker(out, ["jsonl"], cfg.trainer.total_steps, cfg, "p", "e")
         tracker.log(1, {"reward/mean": 0.5})
         fill(small_disk)
