@@ -323,9 +323,11 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
 
 def check_vision(cfg: Config, model_path: str) -> None:
     """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
-    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet, and only the
+    its rows (images, mrope) have no Ulysses split or critic path yet, and only the
     ``single_turn`` agent puts a prompt's images in its rows (another agent's engine calls
-    would send image pads without their images)."""
+    would send image pads without their images). LoRA adapts its language model alone
+    (:mod:`rlframe.lora_targets`): the vision tower stays as loaded whatever
+    ``model.freeze_vision`` says."""
     config = read_model_config(model_path, cfg.model.trust_remote_code)
     if config is None:
         return
@@ -336,7 +338,6 @@ def check_vision(cfg: Config, model_path: str) -> None:
     unsupported = {
         "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size > 1,
         "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
-        "model.lora.rank": cfg.model.lora.enabled,
         "critic.enable": cfg.critic.enable,
         "rollout.agent": cfg.rollout.agent != "single_turn",
     }
