@@ -153,7 +153,13 @@ def test_geometry3k_prepare_writes_image_rows_the_tiny_vlm_reads(
     "recipe,override,key,text",
     [
         ("grpo_tiny", "model.freeze_vision=true", "model.freeze_vision", "has no vision tower"),
-        ("vlm_tiny", "model.lora.rank=8", "model.lora.rank", "not supported"),
+        # Under LoRA the vision tower keeps its weights: its layers take no adapters.
+        (
+            "vlm_tiny",
+            "model.lora.rank=8 model.lora.target_modules=[q_proj,qkv]",
+            "model.lora.target_modules",
+            "['qkv'] are layers of the vision tower",
+        ),
         # Another agent's engine calls would send the image pads without their images.
         ("vlm_tiny", "rollout.agent=multi_turn agent.env=calculator", "rollout.agent", "not supp"),
     ],
