@@ -67,7 +67,9 @@ class LoraConfig:
             # peft annotates lora_alpha int, but only divides it by r: a float alpha is exact.
             lora_alpha=self.alpha,  # type: ignore[arg-type]
             lora_dropout=self.dropout,
-            target_modules=targets if targets is not None else list(self.target_modules) or "all-linear",
+            target_modules=(
+                targets if targets is not None else list(self.target_modules) or "all-linear"
+            ),
             bias="none",
             task_type={"lm": "CAUSAL_LM", "value": "TOKEN_CLS"}[head],
             # The value head trains in full (modules_to_save): no adapter on it.

@@ -100,6 +100,27 @@ def test_lost_vision_sync_lifts_logprob_diff_and_export_generates(tmp_path: Path
     assert generated["vllm"] == generated["hf"] and len(generated["hf"]) == 6
 
 
+# The merged sync is proven at the worker level (tests/workers/test_lora_vision.py, both
+# modes); its whole run is the matrix tier's, for time.
+@pytest.mark.parametrize("sync", ["adapter", pytest.param("merged", marks=pytest.mark.matrix)])
+def test_lora_on_the_language_model_syncs_clean_every_step(tmp_path: Path, sync: str) -> None:
+    """LoRA on the tiny VLM's language model: step 2 samples image prompts with the synced
+    adapters (the adapter tensors, or the merged weights without the vision tower,
+    which keeps its loaded weights) at the trainer's log-probs."""
+    metrics = run_recipe(
+        tmp_path / "run",
+        *SHORT,
+        "trainer.total_steps=2",
+        "model.lora.rank=8",
+        f"model.lora.sync={sync}",
+        recipe="vlm_tiny",
+    ).metrics
+    diffs = read_diffs(metrics)
+    print(f"{sync}: logprob_diff by step {diffs}")
+    assert sorted(diffs) == [1, 2] and max(diffs.values()) < CLEAN
+    assert all(m["actor/grad_norm"] > 0 for m in metrics)
+
+
 @pytest.mark.matrix
 def test_vlm_tiny_learns_with_clean_syncs(tmp_path: Path) -> None:
     metrics = run_recipe(tmp_path / "run", recipe="vlm_tiny").metrics

@@ -1,5 +1,5 @@
-"""Fixtures of the in-process engine tests: the tiny model and the tiny VLM, and a one-rank gloo group that
-the packing and micro-batch tests share (``one_rank_group``)."""
+"""Fixtures of the in-process engine tests: the tiny model, the tiny VLM, and a one-rank gloo
+group that the packing and micro-batch tests share (``one_rank_group``)."""
 
 from __future__ import annotations
 

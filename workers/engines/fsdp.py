@@ -174,7 +174,9 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> 
 
 def freeze_vision_tower(model: nn.Module) -> None:
     """Stop the vision tower's parameters from training (``model.freeze_vision``)."""
-    towers = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == VISION_TOWER_SEGMENT]
+    towers = [
+        m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == VISION_TOWER_SEGMENT
+    ]
     if not towers:
         raise ValueError(f"model.freeze_vision: {type(model).__name__} has no vision tower")
     for tower in towers:
