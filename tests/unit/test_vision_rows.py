@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlframe.data.images import place_images, read_image_bytes
+from rlframe.data.images import load_processor, place_images, read_image_bytes
 from rlframe.mrope import ImageTokens, compute_mrope_positions
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import RowImages, build_layout
@@ -161,3 +161,29 @@ def test_geometry3k_prepare_writes_image_rows_the_tiny_vlm_reads(
 def test_vision_settings_fail_before_ray(recipe: str, override: str, key: str, text: str) -> None:
     outcome = check_cli(f"+recipe={recipe}", *override.split())
     assert_config_error(outcome, key, text, alone=False)
+
+
+def test_a_resume_with_another_processor_fails_before_ray(tmp_path: Path) -> None:
+    """A checkpoint's ``hf_config`` processor against the model's: the same settings pass;
+    another ``max_pixels`` (other image token counts) stops the resume before Ray, naming the
+    setting with both values."""
+    import json
+
+    from rlframe.data.images import find_processor_change
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+
+    model = resolve_tiny_vl_path("tiny-vl:0")
+    same, checkpoint = tmp_path / "same", tmp_path / "run" / "checkpoints" / "step_00000002"
+    for folder in (same, checkpoint / "hf_config"):
+        load_processor(model).save_pretrained(folder)
+    assert find_processor_change(same, model) is None
+    assert find_processor_change(tmp_path / "text_model_checkpoint", model) is None
+    saved = checkpoint / "hf_config" / "processor_config.json"
+    config = json.loads(saved.read_text())
+    config["image_processor"]["size"]["longest_edge"] *= 4
+    saved.write_text(json.dumps(config))
+    (checkpoint / "driver_state.json").write_text(json.dumps({"step": 2, "seed": 0}))
+    outcome = check_cli("+recipe=vlm_tiny", f"trainer.resume={checkpoint}")
+    assert_config_error(
+        outcome, "model.path", "image_processor.size.longest_edge: 50176 in the checkpoint, 12544"
+    )
