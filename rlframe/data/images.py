@@ -143,13 +143,23 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 """A model folder with one of these has a processor (a vision-language model's)."""
 
 
-def save_processor(model_path: str, dest: Path) -> None:
+def save_processor(model_path: str, dest: Path, trust_remote_code: bool = False) -> None:
     """A vision-language model's processor (image processor, chat template) beside the config:
     the export loads and generates with images only with it."""
-    local = Path(model_path)
-    if not any((local / name).is_file() for name in PROCESSOR_FILES):
-        return
-    load_processor(model_path).save_pretrained(dest)
+    if has_processor(model_path, trust_remote_code):
+        load_processor(model_path).save_pretrained(dest)
+
+
+def has_processor(model_path: str, trust_remote_code: bool = False) -> bool:
+    """Whether the model has an image processor: a folder by its files; a hub id (no local
+    folder: ``Qwen/Qwen2.5-VL-7B-Instruct``) by a vision tower in its config."""
+    local = Path(model_path).expanduser()
+    if local.is_dir():
+        return any((local / name).is_file() for name in PROCESSOR_FILES)
+    from rlframe.model_config import read_model_config
+
+    config = read_model_config(model_path, trust_remote_code)
+    return getattr(config, "vision_config", None) is not None
 
 
 def find_processor_change(saved: Path, model_path: str) -> str | None:
