@@ -142,7 +142,7 @@ def test_resume_with_image_rows_in_flight_matches_straight_run(tmp_path: Path) -
     """Asynchronous (staleness 1, one token a call) in a separate rollout pool: the step-2
     checkpoint holds image rows part-way (the call that ran during the update) and the
     processor; a copy resumed from it logs the straight run's step 3. Two runs of two pools,
-    51 to 64 s on 2 shared cores: ``matrix`` (the state's images are the default tier's in
+    51 to 82 s on 2 shared cores: ``matrix`` (the state's images are the default tier's in
     tests/unit/test_producer_state.py)."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     common = [
