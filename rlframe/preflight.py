@@ -91,7 +91,7 @@ def check_driver_inputs(cfg: Config, found: WorkerInputs) -> RunInputs:
     tokenizer = load_tokenizer(cfg, model_path)
     # What a vision-language model cannot do yet goes first: it names the real limit where a
     # later check (the agent's chat template) would name a symptom.
-    check_vision(cfg, model_path)
+    check_vision(cfg, model_path, resume_from)
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
     check_sequence_parallel(cfg, model_path)
@@ -361,11 +361,14 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
         )
 
 
-def check_vision(cfg: Config, model_path: str) -> None:
+def check_vision(cfg: Config, model_path: str, resume_from: Path | None = None) -> None:
     """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
-    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet, and only the
+    its rows (images, mrope) have no Ulysses split or critic path yet, and only the
     ``single_turn`` agent puts a prompt's images in its rows (another agent's engine calls
-    would send image pads without their images)."""
+    would send image pads without their images). LoRA adapts its language model alone
+    (:mod:`rlframe.lora_targets`): the vision tower stays as loaded whatever
+    ``model.freeze_vision`` says. A resumed run's processor is the one its checkpoint
+    saved."""
     config = read_model_config(model_path, cfg.model.trust_remote_code)
     if config is None:
         return
@@ -376,13 +379,23 @@ def check_vision(cfg: Config, model_path: str) -> None:
     unsupported = {
         "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size > 1,
         "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
-        "model.lora.rank": cfg.model.lora.enabled,
         "critic.enable": cfg.critic.enable,
         "rollout.agent": cfg.rollout.agent != "single_turn",
     }
     for key, used in unsupported.items():
         if used:
             raise ConfigError(key, f"not supported yet for a vision-language model ({model_path})")
+    if resume_from is not None:
+        from rlframe.checkpoint_layout import HF_CONFIG
+        from rlframe.data.images import find_processor_change
+
+        change = find_processor_change(resume_from / HF_CONFIG, model_path)
+        if change is not None:
+            raise ConfigError(
+                "model.path",
+                f"the processor of {model_path} is not the one {resume_from} saved ({change}): "
+                "resume with the model folder the run was trained with",
+            )
 
 
 def check_sequence_parallel(cfg: Config, model_path: str) -> None:
