@@ -23,8 +23,9 @@ LOOPBACK = "127.0.0.1"
 
 SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
 """A local Ray's settings. Ray starts one idle worker process per CPU when its raylet starts
-and when the driver connects; every rlframe actor has a runtime environment of its own (its rank's variables), so
-none of them ever ran one, and on a small machine their start-up took CPU from the workers'."""
+and again when the driver connects. Every rlframe actor has a runtime environment of its own
+(its rank's variables), so none of them ever runs in one, and on a small machine their
+start-up took CPU from the workers'."""
 
 
 def will_start_local_ray(cfg: RayConfig) -> bool:
