@@ -91,7 +91,7 @@ def check_driver_inputs(cfg: Config, found: WorkerInputs) -> RunInputs:
     tokenizer = load_tokenizer(cfg, model_path)
     # What a vision-language model cannot do yet goes first: it names the real limit where a
     # later check (the agent's chat template) would name a symptom.
-    check_vision(cfg, model_path, resume_from)
+    check_vision(cfg, model_path, found.resume_from)
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
     check_sequence_parallel(cfg, model_path)
