@@ -323,9 +323,9 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
 
 def check_vision(cfg: Config, model_path: str) -> None:
     """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
-    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet, and only the
-    ``single_turn`` agent puts a prompt's images in its rows (another agent's engine calls
-    would send image pads without their images)."""
+    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet, and the
+    ``openai`` agent's server does not put images in its rows (its engine calls would send
+    image pads without their images); ``single_turn`` and ``multi_turn`` do."""
     config = read_model_config(model_path, cfg.model.trust_remote_code)
     if config is None:
         return
@@ -338,7 +338,7 @@ def check_vision(cfg: Config, model_path: str) -> None:
         "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
         "model.lora.rank": cfg.model.lora.enabled,
         "critic.enable": cfg.critic.enable,
-        "rollout.agent": cfg.rollout.agent != "single_turn",
+        "rollout.agent": cfg.rollout.agent == "openai",
     }
     for key, used in unsupported.items():
         if used:
