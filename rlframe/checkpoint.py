@@ -163,7 +163,7 @@ def write_hf_config(
     tokenizer.save_pretrained(dest)
     from rlframe.data.images import save_processor
 
-    save_processor(model_path, dest)
+    save_processor(model_path, dest, trust_remote_code)
 
 
 class Checkpointer:

@@ -93,7 +93,9 @@ def export_lora_checkpoint(
     from peft import get_peft_model
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import (
+        AutoConfig,
         AutoModelForCausalLM,
+        AutoModelForImageTextToText,
         AutoTokenizer,
         GenerationConfig,
         PreTrainedModel,
@@ -105,7 +107,9 @@ def export_lora_checkpoint(
     shards, meta_dir = checkpoint / "actor", checkpoint / HF_CONFIG
     info = json.loads((meta_dir / LORA_BASE).read_text())
     base_path = info.pop("base_model")
-    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    vision = getattr(AutoConfig.from_pretrained(base_path), "vision_config", None) is not None
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    base = auto.from_pretrained(base_path, dtype=torch.float32)
     lora = LoraConfig(**info)
     model = get_peft_model(base, lora.to_peft(targets=list_peft_targets(base, lora)))
     saved = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
@@ -130,6 +134,7 @@ def export_lora_checkpoint(
     else:
         model.to(dtype).save_pretrained(str(out_dir))
     AutoTokenizer.from_pretrained(meta_dir).save_pretrained(out_dir)
+    save_processor(str(meta_dir), out_dir)
     return out_dir
 
 

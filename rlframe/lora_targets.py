@@ -8,6 +8,12 @@ bare parameters; peft adapts them through parameter wrappers, which the merged s
 merge (it merges ``W + B @ A`` of linear layers), and vLLM 0.32 serves expert adapters only
 through its Triton fused-MoE LoRA kernels (GPU): on CPU an engine with LoRA on any MoE model
 fails to start.
+
+On a vision-language model the adapters go on the language model only: the vision tower
+(and its merger) keeps the weights it was loaded with, as peft users freeze it, and its
+linear layers (Qwen2-VL's ``qkv``, ``fc1``...; Qwen2.5-VL's share ``gate_proj`` and the like
+with the language model) are never targets. peft matches target names by their last
+segment, so the language model's layers are handed to it by their full names.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 from rlframe.config import Config, ConfigError, Device, first_line
 from rlframe.config.lora import LoraConfig, LoraSync
+from rlframe.model_config import is_vision_tower_name
 
 BLOCK_NAMES = ("layers", "h", "blocks")
 """The decoder's layer lists (workers/engines/fsdp.py, LAYER_LIST_NAMES)."""
@@ -35,43 +42,63 @@ class DecoderLinears:
     """Those outside the blocks' feed-forward parts: what it may name on an MoE model."""
     experts: bool
     """The blocks hold experts (a module named ``experts``): a mixture-of-experts model."""
+    tower: list[str]
+    """A vision-language model's vision-tower linears (none for a text model): never targets."""
+    paths: dict[str, list[str]]
+    """The full module names of each of ``names``: what peft is handed on a vision-language
+    model, where a last segment alone could also match a layer of the tower."""
 
 
 def read_decoder_linears(model: Any) -> DecoderLinears:  # model: torch.nn.Module
-    """The decoder linears of ``model`` (a real one, a peft-free one, or on the meta device)."""
+    """The decoder linears of ``model`` (a real one, a peft-free one, or on the meta device);
+    a vision tower's linears apart."""
     from torch import nn
 
-    names, attention, experts = set(), set(), False
+    names, attention, tower, experts = set(), set(), set(), False
+    paths: dict[str, list[str]] = {}
     for name, module in model.named_modules():
         parts = name.split(".")
+        if is_vision_tower_name(name):
+            if isinstance(module, nn.Linear):
+                tower.add(parts[-1])
+            continue
         if not any(p in BLOCK_NAMES for p in parts[:-1]):
             continue
         experts = experts or parts[-1] == "experts"
         if isinstance(module, nn.Linear):
             names.add(parts[-1])
+            paths.setdefault(parts[-1], []).append(name)
             if not any(p in FEED_FORWARD_NAMES or "expert" in p for p in parts[:-1]):
                 attention.add(parts[-1])
-    return DecoderLinears(sorted(names), sorted(attention), experts)
+    return DecoderLinears(sorted(names), sorted(attention), experts, sorted(tower), paths)
 
 
 def list_peft_targets(model: Any, lora: LoraConfig) -> list[str] | None:
     """The ``target_modules`` to hand peft for ``model``: None keeps ``lora``'s own (its list,
     or ``all-linear`` when empty); an MoE model's empty list is its attention layers, because
-    peft's ``all-linear`` would adapt its fused experts and router too."""
+    peft's ``all-linear`` would adapt its fused experts and router too. On a vision-language
+    model, the full names of the language model's layers that ``lora`` names (all of them,
+    or the attention on an MoE model, when it names none): never a vision-tower layer."""
+    linears = read_decoder_linears(model)
+    if linears.tower:
+        wanted = lora.target_modules or (linears.attention if linears.experts else linears.names)
+        return [path for name in wanted for path in linears.paths.get(name, [])]
     if lora.target_modules:
         return None
-    linears = read_decoder_linears(model)
     return linears.attention if linears.experts else None
 
 
 def read_model_linears(model_path: str, trust_remote_code: bool) -> DecoderLinears:
-    """:func:`read_decoder_linears` of the model at ``model_path``, built on the meta device."""
+    """:func:`read_decoder_linears` of the model at ``model_path``, built on the meta device
+    (a vision-language model as its image-text-to-text model, the one that trains)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    vision = getattr(config, "vision_config", None) is not None
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        model = auto.from_config(config, trust_remote_code=trust_remote_code)
     return read_decoder_linears(model)
 
 
@@ -116,6 +143,14 @@ def check_section_targets(key: str, lora: LoraConfig, linears: DecoderLinears) -
             )
         return
     unknown = [n for n in lora.target_modules if n not in linears.names]
+    tower = [n for n in unknown if n in linears.tower]
+    if tower:
+        raise ConfigError(
+            f"{key}.target_modules",
+            f"{tower} are layers of the vision tower, which takes no adapters: under LoRA it "
+            f"keeps the weights it was loaded with; the language model's linear layers: "
+            f"{linears.names} (leave the list empty for all of them)",
+        )
     if unknown:
         raise ConfigError(
             f"{key}.target_modules",

@@ -21,3 +21,12 @@ def read_model_config(model_path: str, trust_remote_code: bool) -> Any | None:
         return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except Exception:
         return None
+
+
+VISION_TOWER_SEGMENT = "visual"
+"""The module that holds a Qwen2-VL-style model's vision tower and its merger (projector)."""
+
+
+def is_vision_tower_name(name: str) -> bool:
+    """Whether a module or ``state_dict`` name belongs to the vision tower (or its merger)."""
+    return VISION_TOWER_SEGMENT in name.split(".")

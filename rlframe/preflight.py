@@ -55,7 +55,7 @@ def check_run_inputs(cfg: Config) -> RunInputs:
     model_path, tokenizer = load_model_files(cfg)
     # What a vision-language model cannot do yet goes first: it names the real limit where a
     # later check (the agent's chat template) would name a symptom.
-    check_vision(cfg, model_path)
+    check_vision(cfg, model_path, resume_from)
     check_agent(cfg, tokenizer)
     check_sequence_length(cfg, model_path)
     check_sequence_parallel(cfg, model_path)
@@ -321,11 +321,14 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
         )
 
 
-def check_vision(cfg: Config, model_path: str) -> None:
+def check_vision(cfg: Config, model_path: str, resume_from: Path | None = None) -> None:
     """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
-    its rows (images, mrope) have no Ulysses split, critic or LoRA path yet, and the
-    ``openai`` agent's server does not put images in its rows (its engine calls would send
-    image pads without their images); ``single_turn`` and ``multi_turn`` do."""
+    its rows (images, mrope) have no Ulysses split or critic path yet, and the ``openai``
+    agent's server does not put images in its rows (its engine calls would send image pads
+    without their images); ``single_turn`` and ``multi_turn`` do. LoRA adapts its language
+    model alone (:mod:`rlframe.lora_targets`): the vision tower stays as loaded whatever
+    ``model.freeze_vision`` says. A resumed run's processor is the one its checkpoint
+    saved."""
     config = read_model_config(model_path, cfg.model.trust_remote_code)
     if config is None:
         return
@@ -336,13 +339,23 @@ def check_vision(cfg: Config, model_path: str) -> None:
     unsupported = {
         "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size > 1,
         "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
-        "model.lora.rank": cfg.model.lora.enabled,
         "critic.enable": cfg.critic.enable,
         "rollout.agent": cfg.rollout.agent == "openai",
     }
     for key, used in unsupported.items():
         if used:
             raise ConfigError(key, f"not supported yet for a vision-language model ({model_path})")
+    if resume_from is not None:
+        from rlframe.checkpoint_layout import HF_CONFIG
+        from rlframe.data.images import find_processor_change
+
+        change = find_processor_change(resume_from / HF_CONFIG, model_path)
+        if change is not None:
+            raise ConfigError(
+                "model.path",
+                f"the processor of {model_path} is not the one {resume_from} saved ({change}): "
+                "resume with the model folder the run was trained with",
+            )
 
 
 def check_sequence_parallel(cfg: Config, model_path: str) -> None:

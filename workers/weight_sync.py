@@ -25,8 +25,9 @@ import torch.distributed as dist
 from torch import nn
 
 from rlframe.controller.weight_group import WeightGroupSpec
+from rlframe.model_config import is_vision_tower_name
 from workers.engines.dtensor_gather import full_tensor
-from workers.engines.weight_names import is_vision_tower_name, model_type_of, to_engine_tensors
+from workers.engines.weight_names import model_type_of, to_engine_tensors
 from workers.sync_probe import SyncProbe
 
 if TYPE_CHECKING:

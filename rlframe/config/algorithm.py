@@ -217,14 +217,15 @@ class AlgorithmConfig:
 def check_router_replay_setup(
     router_replay: RouterReplay,
     agent: str,
-    max_staleness: int,
+    partial_chunk_tokens: int,
     sequence_parallel_size: int,
     engine: str,
     top_p: float,
 ) -> None:
     """``algorithm.router_replay=rollout`` where the routing cannot reach the trainer whole:
-    rows rebuilt by an agent or a partial rollout (they carry no routing yet), tokens split
-    across a sequence-parallel group, or vLLM log-probs of another meaning."""
+    rows rebuilt by an agent (they carry no routing yet), responses continued over calls of
+    different weights (partial rollouts), tokens split across a sequence-parallel group, or
+    vLLM log-probs of another meaning."""
     if router_replay is RouterReplay.off:
         return
     key, why = "algorithm.router_replay", "rollout carries each token's routing"
@@ -233,11 +234,15 @@ def check_router_replay_setup(
         key,
         f"{why} in single_turn rows only; rollout.agent={agent} rebuilds its rows without it",
     )
+    # A continued response's prefix is routed again by the newer weights of its next call:
+    # no one routing of it is what sampled every token. Whole responses (lockstep, or
+    # asynchronous without partial rollouts) have one.
     require(
-        max_staleness == 0,
+        partial_chunk_tokens == 0,
         key,
-        f"{why} in lockstep only (rollout.max_staleness=0); the asynchronous producer "
-        "rebuilds its rows without it",
+        f"{why} of responses sampled whole; rollout.partial_chunk_tokens="
+        f"{partial_chunk_tokens} continues them over calls that may run on newer weights "
+        "(routing their prefix again): set it 0",
     )
     require(
         sequence_parallel_size == 1,

@@ -40,7 +40,8 @@ class LoraConfig:
     """Names (last path segment) of the linear layers that get adapters, e.g. ``[q_proj,
     v_proj]``. Empty: every linear layer of the decoder (peft's ``all-linear``, no LM head);
     on a mixture-of-experts model, every attention layer (experts and router take none, see
-    rlframe/lora_targets.py)."""
+    rlframe/lora_targets.py). On a vision-language model they name the language model's
+    layers: the vision tower takes no adapters and keeps its loaded weights."""
     sync: LoraSync = LoraSync.merged
     """How the rollout engine gets the trained weights: ``merged`` (full tensors, base plus
     adapter) or ``adapter`` (the adapter tensors only, served by vLLM's LoRA support)."""
@@ -53,11 +54,12 @@ class LoraConfig:
         return self.rank > 0
 
     def to_peft(self, head: str = "lm", targets: list[str] | None = None) -> peft.LoraConfig:
-        """The peft config: empty ``target_modules`` is ``targets`` when given (the attention
-        of an MoE model: :func:`rlframe.lora_targets.list_peft_targets`), else every linear
-        layer of the decoder (``all-linear`` leaves the LM head out). ``head="value"`` (a
-        critic): peft's TOKEN_CLS task, whose fresh ``score`` head trains in full beside the
-        adapters."""
+        """The peft config: ``targets`` when given (:func:`rlframe.lora_targets.
+        list_peft_targets`: the attention of an MoE model, the language model's layers of a
+        vision-language model by their full names), else ``target_modules``, else every
+        linear layer of the decoder (``all-linear`` leaves the LM head out). ``head="value"``
+        (a critic): peft's TOKEN_CLS task, whose fresh ``score`` head trains in full beside
+        the adapters."""
         from peft import LoraConfig as PeftLoraConfig
 
         return PeftLoraConfig(
@@ -65,7 +67,9 @@ class LoraConfig:
             # peft annotates lora_alpha int, but only divides it by r: a float alpha is exact.
             lora_alpha=self.alpha,  # type: ignore[arg-type]
             lora_dropout=self.dropout,
-            target_modules=list(self.target_modules) or targets or "all-linear",
+            target_modules=(
+                targets if targets is not None else list(self.target_modules) or "all-linear"
+            ),
             bias="none",
             task_type={"lm": "CAUSAL_LM", "value": "TOKEN_CLS"}[head],
             # The value head trains in full (modules_to_save): no adapter on it.

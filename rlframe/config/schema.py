@@ -70,7 +70,7 @@ class Config:
         check_router_replay_setup(
             a.router_replay,
             self.rollout.agent,
-            self.rollout.max_staleness,
+            self.rollout.partial_chunk_tokens,
             self.actor.sequence_parallel_size,
             self.rollout.engine.value,
             self.rollout.top_p,

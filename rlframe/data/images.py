@@ -180,10 +180,57 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 """A model folder with one of these has a processor (a vision-language model's)."""
 
 
-def save_processor(model_path: str, dest: Path) -> None:
+def save_processor(model_path: str, dest: Path, trust_remote_code: bool = False) -> None:
     """A vision-language model's processor (image processor, chat template) beside the config:
     the export loads and generates with images only with it."""
-    local = Path(model_path)
-    if not any((local / name).is_file() for name in PROCESSOR_FILES):
-        return
-    load_processor(model_path).save_pretrained(dest)
+    if has_processor(model_path, trust_remote_code):
+        load_processor(model_path).save_pretrained(dest)
+
+
+def has_processor(model_path: str, trust_remote_code: bool = False) -> bool:
+    """Whether the model has an image processor: a folder by its files; a hub id (no local
+    folder: ``Qwen/Qwen2.5-VL-7B-Instruct``) by a vision tower in its config."""
+    local = Path(model_path).expanduser()
+    if local.is_dir():
+        return any((local / name).is_file() for name in PROCESSOR_FILES)
+    from rlframe.model_config import read_model_config
+
+    config = read_model_config(model_path, trust_remote_code)
+    return getattr(config, "vision_config", None) is not None
+
+
+def find_processor_change(saved: Path, model_path: str) -> str | None:
+    """The first setting in which the processor saved in ``saved`` (a checkpoint's
+    ``hf_config``) and ``model_path``'s differ, as ``key: before, now``; None when they agree
+    or ``saved`` holds no processor. A resumed run must expand images to the token counts
+    (and sample from the pixels) its checkpoint was trained on."""
+    if not any((saved / name).is_file() for name in PROCESSOR_FILES):
+        return None
+    before = describe_processor(load_processor(str(saved)))
+    now = describe_processor(load_processor(model_path))
+    for key in sorted(before.keys() | now.keys()):
+        if before.get(key) != now.get(key):
+            return (
+                f"{key}: {shorten(before.get(key))} in the checkpoint, {shorten(now.get(key))} now"
+            )
+    return None
+
+
+def describe_processor(processor: Any) -> dict[str, Any]:
+    """A processor's settings as flat ``a.b`` keys, its chat template included."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        else:
+            flat[prefix.removesuffix(".")] = value
+
+    walk("", processor.to_dict() | {"chat_template": getattr(processor, "chat_template", None)})
+    return flat
+
+
+def shorten(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

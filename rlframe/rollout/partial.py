@@ -62,34 +62,33 @@ class Group:
         return self.scored
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON: a scored group's rows, or an unfinished one's token rows (the prompt rows
-        are rebuilt from the record on load)."""
+        """A scored group's rows, or an unfinished one's token rows (the prompt rows are
+        rebuilt from the record on load), with their images and tensors as they are:
+        :func:`~rlframe.rollout.state_json.encode_state` makes it JSON."""
         state = {
             "group_id": self.group_id,
             "record": vars(self.record),
             "start_version": self.start_version,
         }
         if self.scored is not None:
-            return state | {"scored": encode_batch(self.scored)}
+            return state | {"scored": split_batch(self.scored)}
         return state | {"rows": [asdict(r) for r in self.rows]}
 
 
-def encode_batch(batch: Batch) -> dict[str, Any]:
-    """A batch as JSON: each tensor with its dtype, the columns and meta as they are."""
-    tensors = {
-        k: {"dtype": str(t.dtype).removeprefix("torch."), "data": t.tolist()}
-        for k, t in batch.tensors.items()
-    }
+def split_batch(batch: Batch) -> dict[str, Any]:
+    """A batch as plain parts: its tensors, its columns as lists, its meta."""
     columns = {k: v.tolist() for k, v in batch.columns.items()}
-    return {"tensors": tensors, "columns": columns, "meta": dict(batch.meta)}
+    return {"tensors": dict(batch.tensors), "columns": columns, "meta": dict(batch.meta)}
 
 
-def decode_batch(saved: dict[str, Any]) -> Batch:
+def join_batch(parts: dict[str, Any]) -> Batch:
+    """The batch of :func:`split_batch`'s parts."""
+    # A checkpoint saved before the blob table holds each tensor as its dtype and nested lists.
     tensors = {
-        k: torch.tensor(t["data"], dtype=getattr(torch, t["dtype"]))
-        for k, t in saved["tensors"].items()
+        k: torch.tensor(t["data"], dtype=getattr(torch, t["dtype"])) if isinstance(t, dict) else t
+        for k, t in parts["tensors"].items()
     }
-    return Batch(tensors, dict(saved["columns"]), dict(saved["meta"]))
+    return Batch(tensors, parts["columns"], parts["meta"])
 
 
 def build_continuation(

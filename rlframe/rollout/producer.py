@@ -37,7 +37,7 @@ from rlframe.data.prompts import PromptRecord
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.agents import AGENTS, AgentContext, collect_agent_metrics, fill_mini_batches
-from rlframe.rollout.partial import Group, build_continuation, decode_batch, merge_call
+from rlframe.rollout.partial import Group, build_continuation, join_batch, merge_call
 from rlframe.rollout.rows import TokenRow, attach, collate, image_extras
 from rlframe.rollout.sampling import concat_groups, has_uniform_rewards
 from rlframe.rollout.staleness import (
@@ -47,6 +47,7 @@ from rlframe.rollout.staleness import (
     find_over_bound,
     select_step_groups,
 )
+from rlframe.rollout.state_json import decode_state, encode_state
 
 
 class Producer(Protocol):
@@ -342,21 +343,26 @@ class ExperienceProducer:
     def state_dict(self) -> dict[str, Any]:
         """Where the prompts are and every group in flight, after finishing the call in
         flight (nothing new starts): scored groups with their rows, unfinished responses
-        with their kept tokens. Resuming continues them exactly."""
+        with their kept tokens and their rows' extras (images, routed experts) in the blob
+        table of :func:`~rlframe.rollout.state_json.encode_state`. JSON; resuming continues
+        them exactly."""
         if self.call is not None:
             self.advance()
-        return {
-            "groups_served": self.groups_served,
-            "loader": self.loader.state_dict(),
-            "records": [vars(r) for r in self.records],
-            "groups": [g.state_dict() for g in self.groups],
-            "admitted": self.admitted,
-            "steps_done": self.steps_done,
-            "version": self.version,
-            "counts": self.counts,
-        }
+        return encode_state(
+            {
+                "groups_served": self.groups_served,
+                "loader": self.loader.state_dict(),
+                "records": [vars(r) for r in self.records],
+                "groups": [g.state_dict() for g in self.groups],
+                "admitted": self.admitted,
+                "steps_done": self.steps_done,
+                "version": self.version,
+                "counts": self.counts,
+            }
+        )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        state = decode_state(saved)
         self.groups_served = int(state["groups_served"])
         self.loader.load_state_dict(state["loader"])
         self.records = deque(PromptRecord(**r) for r in state.get("records", []))
@@ -372,7 +378,7 @@ class ExperienceProducer:
             PromptRecord(**saved["record"]), saved["group_id"], saved["start_version"]
         )
         if "scored" in saved:
-            group.scored = decode_batch(saved["scored"])
+            group.scored = join_batch(saved["scored"])
             group.output = group.scored
         else:
             group.rows = [TokenRow(**r) for r in saved["rows"]]

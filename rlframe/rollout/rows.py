@@ -270,7 +270,8 @@ def take_routed_experts(
     if row.response_ids:
         raise ValueError(
             "routed experts of a continued row (another turn, a partial rollout) are not "
-            "carried: algorithm.router_replay=rollout needs single_turn rows in lockstep"
+            "carried: algorithm.router_replay=rollout needs single_turn rows sampled whole "
+            "(rollout.partial_chunk_tokens=0)"
         )
     prompt = len(row.prompt_ids)
     if routing.shape[0] != prompt + new_tokens - 1:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rlframe.rollout.state_json import decode_state
 from tests.checkpoints import resume_from_copy
 from tests.e2e.async_cases import PLACEMENTS
 from tests.harness import deterministic, mean_reward_gain, read_metrics, run_recipe
@@ -48,9 +49,10 @@ def test_resume_with_episodes_in_flight_matches_straight_run(tmp_path: Path) -> 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run_recipe(straight, *SMALL, *PLACEMENTS["separate"], recipe="agent_tiny")
     saved = resume_from_copy(straight, resumed, 2)
-    in_flight = json.loads((saved / "driver_state.json").read_text())["experience"]["groups"]
+    experience = json.loads((saved / "driver_state.json").read_text())["experience"]
+    in_flight = decode_state(experience)["groups"]
     # The episodes run during step 2's update are in the checkpoint, whole and scored.
-    assert in_flight and all(g["scored"]["tensors"]["reward"]["data"] for g in in_flight)
+    assert in_flight and all(len(g["scored"]["tensors"]["reward"]) for g in in_flight)
     out = run_recipe(resumed, *SMALL, *PLACEMENTS["separate"], recipe="agent_tiny").stdout
     assert "at step 2" in out
     a, b = read_metrics(straight), read_metrics(resumed)

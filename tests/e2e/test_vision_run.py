@@ -2,8 +2,9 @@
 trainer, every delivered sync reads clean (``rollout/logprob_diff`` < 1e-4) while one that
 loses the vision tower does not, and the exported checkpoint with its processor loads and
 generates with an image in transformers and in vLLM; multi-turn episodes whose observations
-carry images sync as clean. Under ``matrix``: the recipe learns,
-and the separate placement gives the colocated metrics."""
+carry images sync as clean. Under ``matrix``: the recipe learns, the separate placement gives
+the colocated metrics, and a run resumed with image rows in flight gives the straight run's
+metrics."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from pathlib import Path
 
 import pytest
 
+from rlframe.data.images import PROCESSOR_FILES
+from rlframe.rollout.state_json import decode_state
+from tests.checkpoints import resume_from_copy
 from tests.harness import (
     REPO,
     clean_env,
     deterministic,
     mean_reward_gain,
+    read_metrics,
     run_recipe,
     shipped_by_value,
 )
@@ -101,6 +106,27 @@ def test_lost_vision_sync_lifts_logprob_diff_and_export_generates(tmp_path: Path
     assert generated["vllm"] == generated["hf"] and len(generated["hf"]) == 6
 
 
+# The merged sync is proven at the worker level (tests/workers/test_lora_vision.py, both
+# modes); its whole run is the matrix tier's, for time.
+@pytest.mark.parametrize("sync", ["adapter", pytest.param("merged", marks=pytest.mark.matrix)])
+def test_lora_on_the_language_model_syncs_clean_every_step(tmp_path: Path, sync: str) -> None:
+    """LoRA on the tiny VLM's language model: step 2 samples image prompts with the synced
+    adapters (the adapter tensors, or the merged weights without the vision tower,
+    which keeps its loaded weights) at the trainer's log-probs."""
+    metrics = run_recipe(
+        tmp_path / "run",
+        *SHORT,
+        "trainer.total_steps=2",
+        "model.lora.rank=8",
+        f"model.lora.sync={sync}",
+        recipe="vlm_tiny",
+    ).metrics
+    diffs = read_diffs(metrics)
+    print(f"{sync}: logprob_diff by step {diffs}")
+    assert sorted(diffs) == [1, 2] and max(diffs.values()) < CLEAN
+    assert all(m["actor/grad_norm"] > 0 for m in metrics)
+
+
 @pytest.mark.matrix
 def test_vlm_tiny_learns_with_clean_syncs(tmp_path: Path) -> None:
     metrics = run_recipe(tmp_path / "run", recipe="vlm_tiny").metrics
@@ -163,3 +189,38 @@ def test_multi_turn_episodes_with_observation_images_sync_clean(tmp_path: Path) 
     # Most episodes saw the observation's image (a sampled image pad ends one early).
     assert all(m["agent/obs_images/mean"] > 0.5 for m in metrics)
     assert all(m["agent/turns/mean"] > 1.5 for m in metrics)
+
+
+@pytest.mark.matrix
+def test_resume_with_image_rows_in_flight_matches_straight_run(tmp_path: Path) -> None:
+    """Asynchronous (staleness 1, one token a call) in a separate rollout pool: the step-2
+    checkpoint holds image rows part-way (the call that ran during the update) and the
+    processor; a copy resumed from it logs the straight run's step 3. Two runs of two pools,
+    51 to 82 s on 2 shared cores: ``matrix`` (the state's images are the default tier's in
+    tests/unit/test_producer_state.py)."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    common = [
+        *SHORT,
+        "trainer.total_steps=3",
+        "trainer.save_every=2",
+        "rollout.max_staleness=1",
+        "rollout.partial_chunk_tokens=1",
+        "rollout.placement=separate",
+        "trainer.cpus_per_proc=1",
+        "rollout.cpus_per_proc=1",
+        "ray.num_cpus=2",
+    ]
+    run_recipe(straight, *common, recipe="vlm_tiny")
+    saved = resume_from_copy(straight, resumed, 2)
+    assert any((saved / "hf_config" / name).is_file() for name in PROCESSOR_FILES)
+    experience = json.loads((saved / "driver_state.json").read_text())["experience"]
+    groups = decode_state(experience)["groups"]
+    partial = [r for g in groups for r in g.get("rows", []) if 0 < len(r["response_ids"]) < 3]
+    assert partial and all(len(r["row_extras"]["images"]) == 1 for r in partial)
+    out = run_recipe(resumed, *common, recipe="vlm_tiny").stdout
+    assert "at step 2" in out
+    a, b = read_metrics(straight), read_metrics(resumed)
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3]
+    for x, y in zip(a, b):
+        assert deterministic(x) == deterministic(y), x["step"]
+    assert max(m["off_policy/staleness_max"] for m in a) == 1

@@ -17,7 +17,7 @@ import torch
 
 from rlframe.config import Config
 from rlframe.controller.dispatch import Dispatch, dispatch
-from workers.engines.weight_names import is_vision_tower_name
+from rlframe.model_config import is_vision_tower_name
 from workers.hybrid import HybridWorker
 from workers.rollout_role import RolloutRole
 from workers.rollout_worker import RolloutWorker

@@ -1,11 +1,15 @@
 """A scripted engine in place of the rollout group, for the experience producer's tests
 (tests/unit/test_async_producer.py, tests/ray/test_async_failures.py): it answers "1" until
 prompt + response reach ``TOTAL`` tokens, then EOS, so short prompts give long responses (a
-long tail), and stamps the weights version the test says the engine holds."""
+long tail), and stamps the weights version the test says the engine holds. It keeps every
+request it was sent; with ``routing`` it also answers each row's routed experts, as an engine
+under ``algorithm.router_replay=rollout`` does."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from rlframe.config import (
     ActorConfig,
@@ -19,6 +23,7 @@ from rlframe.config import (
 from rlframe.data.loader import PromptLoader
 from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
+from rlframe.moe_routing import ROUTED_EXPERTS
 from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer
@@ -31,14 +36,18 @@ MAX_TOKENS = 12
 
 
 class Engine:
-    """Scripted generation with a weights version; counts the rows it ran."""
+    """Scripted generation with a weights version; counts the rows it ran and keeps the
+    requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, routing: bool = False) -> None:
         self.version = 0
         self.rows = 0
+        self.routing = routing
+        self.requests: list[Batch] = []
 
     def generate(self, prompts: Batch) -> Batch:
         self.rows += len(prompts)
+        self.requests.append(prompts)
         caps = prompts["max_tokens"].tolist() if "max_tokens" in prompts else None
         turns = []
         for i, context in enumerate(prompts["prompt_tokens"]):
@@ -48,7 +57,19 @@ class Engine:
             if n == wanted:
                 ids[-1] = TOKENIZER.eos_token_id
             turns.append((ids, [-0.5] * n, "stop" if n == wanted else "length"))
-        return build_response(turns, self.version, {"engine_s": 0.0})
+        out = build_response(turns, self.version, {"engine_s": 0.0})
+        if not self.routing:
+            return out
+        fed = [len(c) + len(t[0]) - 1 for c, t in zip(prompts["prompt_tokens"], turns)]
+        routing = [route_tokens(n, self.version) for n in fed]
+        return Batch(out.tensors, out.columns | {ROUTED_EXPERTS: routing}, out.meta)
+
+
+def route_tokens(tokens: int, version: int) -> torch.Tensor:
+    """Made-up routed experts of ``tokens`` fed tokens: [tokens, 2 layers, top 2], int16,
+    different per position and weights version."""
+    at = torch.arange(tokens * 4, dtype=torch.int16).view(tokens, 2, 2)
+    return (at + version) % 7
 
 
 def count_ones(response: str, ground_truth: str, sample: dict) -> float:
@@ -56,8 +77,16 @@ def count_ones(response: str, ground_truth: str, sample: dict) -> float:
 
 
 def make_producer(
-    engine: Engine, k: int, chunk: int, mode: str = "wait", overlap: bool = False, **algorithm: Any
+    engine: Engine,
+    k: int,
+    chunk: int,
+    mode: str = "wait",
+    overlap: bool = False,
+    images: list[bytes] | None = None,
+    **algorithm: Any,
 ) -> ExperienceProducer:
+    """A producer over ten prompts of 2 to 11 tokens (responses of 12 down to 3 tokens); with
+    ``images``, prompt i shows ``images[i % len(images)]``."""
     cfg = Config(
         model=ModelConfig(path="tiny:0"),
         data=DataConfig(batch_size=2, max_prompt_length=12),
@@ -72,9 +101,10 @@ def make_producer(
         algorithm=AlgorithmConfig(**algorithm),
         reward=RewardConfig(fn="tests.unit.scripted_engine:count_ones", num_workers=0),
     )
-    # Prompts of 2 to 11 tokens: responses of 12 down to 3 tokens.
     texts = ["1" * (i % 10 + 2) for i in range(10)]
     records = [PromptRecord(t, TOKENIZER(t)["input_ids"], "", {}) for t in texts]
+    for i, record in enumerate(records if images else []):
+        record.images = [images[i % len(images)]]
     loader = PromptLoader(records, 2, seed=0)
     rewards = RewardStage(cfg, TOKENIZER)
     return ExperienceProducer(cfg, engine.generate, TOKENIZER, loader, rewards, overlap)

@@ -7,9 +7,17 @@ from __future__ import annotations
 import pytest
 
 from rlframe.config import ConfigError
-from rlframe.config.lora import LoraSync
+from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.lora_targets import check_lora_targets, read_model_linears, trains_on_cpu
+from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+from rlframe.lora_targets import (
+    check_lora_targets,
+    list_peft_targets,
+    read_decoder_linears,
+    read_model_linears,
+    trains_on_cpu,
+)
+from rlframe.preflight import check_vision
 from tests.unit.cli_errors import check_config_error
 from tests.unit.config_trees import build
 
@@ -97,6 +105,49 @@ def test_moe_lora_refusals_exit_2_before_ray() -> None:
         check_lora_targets(cfg, resolve_model_path("tiny-moe:0"), trains_on_cpu=True)
     check_lora_targets(cfg, resolve_model_path("tiny-moe:0"), trains_on_cpu=False)  # GPU
     check_lora_targets(cfg, resolve_model_path("tiny:0"), trains_on_cpu=True)  # dense
+
+
+def test_a_vision_language_model_takes_adapters_on_its_language_model_only() -> None:
+    """tiny-vl:0 (Qwen2-VL) with adapters synced as adapters passes the checks before Ray;
+    its vision tower's layers are not targets, and naming one is refused."""
+    path = resolve_tiny_vl_path("tiny-vl:0")
+    linears = read_model_linears(path, False)
+    assert {"qkv", "fc1"} <= set(linears.tower) and "q_proj" in linears.names
+    assert not set(linears.names) & {"qkv", "proj", "fc1", "fc2"}
+    lora = {"rank": 8, "sync": "adapter"}
+    cfg = build(model={"path": "tiny-vl:0", "lora": lora}, trainer={"device": "cpu"})
+    check_vision(cfg, path)
+    check_lora_targets(cfg, path, trains_on_cpu=True)
+    cfg.model.lora.target_modules = ["q_proj", "fc1"]
+    with pytest.raises(ConfigError, match=r"target_modules: \['fc1'\] are layers of the vision"):
+        check_lora_targets(cfg, path, trains_on_cpu=True)
+
+
+def test_a_name_the_vision_tower_shares_adapts_the_language_model_alone() -> None:
+    """Qwen2.5-VL's vision blocks have ``gate_proj`` too: peft, which matches a name's last
+    segment, is handed the language model's layers by their full names."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
+
+    text = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    text |= {"num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64}
+    text |= {"rope_scaling": {"type": "mrope", "mrope_section": [4, 6, 6]}}
+    vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2}
+    vision |= {"out_hidden_size": 64, "fullatt_block_indexes": [0]}
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(
+            Qwen2_5_VLConfig(text_config=text, vision_config=vision)
+        )
+    assert "gate_proj" in read_decoder_linears(model).tower
+    for names, adapted in [([], 14), (["gate_proj"], 2)]:
+        lora = LoraConfig(rank=4, target_modules=names)
+        targets = list_peft_targets(model, lora)
+        assert targets is not None and len(targets) == adapted
+        assert all(t.startswith("model.language_model.layers.") for t in targets)
+    peft_model = get_peft_model(model, lora.to_peft(targets=targets))
+    layers = [n for n, p in peft_model.named_parameters() if "lora_A" in n]
+    assert len(layers) == 2 and not any(".visual." in n for n in layers)
 
 
 def test_a_run_trains_on_cpu_by_its_device_or_a_local_machine_without_gpus() -> None:

@@ -159,13 +159,19 @@ def test_router_replay_refuses_a_dense_model(tmp_path: Path) -> None:
     ("rollout", "text"),
     [
         ({"agent": "multi_turn"}, "rollout.agent=multi_turn"),
-        ({"max_staleness": 1}, "lockstep only"),
+        ({"max_staleness": 1, "partial_chunk_tokens": 2}, "partial_chunk_tokens=2"),
         ({"engine": "vllm", "top_p": 0.9}, "rollout.top_p=1"),
     ],
 )
 def test_router_replay_refuses_rows_without_routing(rollout: dict, text: str) -> None:
     with pytest.raises(ConfigError, match=f"algorithm.router_replay: .*{text}"):
         make_config(**rollout)
+
+
+def test_router_replay_runs_ahead_with_whole_responses() -> None:
+    """Asynchronous rows keep their routing (the producer's state included,
+    tests/unit/test_producer_state.py) when each response is sampled in one call."""
+    assert make_config(max_staleness=1).rollout.max_staleness == 1
 
 
 def test_router_replay_with_vllm_on_cpu_stops_before_ray() -> None:

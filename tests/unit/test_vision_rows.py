@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlframe.data.images import place_images, read_image_bytes
+from rlframe.data.images import load_processor, place_images, read_image_bytes
 from rlframe.mrope import ImageTokens, compute_mrope_positions
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import RowImages, build_layout
-from tests.harness import check_cli
+from tests.harness import REPO, check_cli, clean_env
 from tests.unit.cli_errors import assert_config_error
 
 IMAGE = 54
@@ -153,7 +153,13 @@ def test_geometry3k_prepare_writes_image_rows_the_tiny_vlm_reads(
     "recipe,override,key,text",
     [
         ("grpo_tiny", "model.freeze_vision=true", "model.freeze_vision", "has no vision tower"),
-        ("vlm_tiny", "model.lora.rank=8", "model.lora.rank", "not supported"),
+        # Under LoRA the vision tower keeps its weights: its layers take no adapters.
+        (
+            "vlm_tiny",
+            "model.lora.rank=8 model.lora.target_modules=[q_proj,qkv]",
+            "model.lora.target_modules",
+            "['qkv'] are layers of the vision tower",
+        ),
         # The openai agent's server would send the image pads without their images.
         ("vlm_tiny", "rollout.agent=openai", "rollout.agent", "not supported"),
     ],
@@ -161,3 +167,54 @@ def test_geometry3k_prepare_writes_image_rows_the_tiny_vlm_reads(
 def test_vision_settings_fail_before_ray(recipe: str, override: str, key: str, text: str) -> None:
     outcome = check_cli(f"+recipe={recipe}", *override.split())
     assert_config_error(outcome, key, text, alone=False)
+
+
+def test_a_resume_with_another_processor_fails_before_ray(tmp_path: Path) -> None:
+    """A checkpoint's ``hf_config`` processor against the model's: the same settings pass;
+    another ``max_pixels`` (other image token counts) stops the resume before Ray, naming the
+    setting with both values."""
+    import json
+
+    from rlframe.data.images import find_processor_change
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+
+    model = resolve_tiny_vl_path("tiny-vl:0")
+    same, checkpoint = tmp_path / "same", tmp_path / "run" / "checkpoints" / "step_00000002"
+    for folder in (same, checkpoint / "hf_config"):
+        load_processor(model).save_pretrained(folder)
+    assert find_processor_change(same, model) is None
+    assert find_processor_change(tmp_path / "text_model_checkpoint", model) is None
+    saved = checkpoint / "hf_config" / "processor_config.json"
+    config = json.loads(saved.read_text())
+    config["image_processor"]["size"]["longest_edge"] *= 4
+    saved.write_text(json.dumps(config))
+    (checkpoint / "driver_state.json").write_text(json.dumps({"step": 2, "seed": 0}))
+    outcome = check_cli("+recipe=vlm_tiny", f"trainer.resume={checkpoint}")
+    assert_config_error(
+        outcome, "model.path", "image_processor.size.longest_edge: 50176 in the checkpoint, 12544"
+    )
+
+
+def test_a_hub_models_processor_is_saved_with_the_checkpoint(tmp_path: Path) -> None:
+    """A model named by its hub id (``Qwen/Qwen2.5-VL-7B-Instruct``: no local folder) has its
+    processor written beside the checkpoint's config too; served here from an offline hub
+    cache holding the tiny VLM (a fresh process: the hub cache is read at import)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--acme--tiny-vl" / "snapshots" / ("0" * 40)
+    shutil.copytree(resolve_tiny_vl_path("tiny-vl:0"), snapshot)
+    (snapshot / "model.safetensors").unlink()  # the processor and config are what is read
+    (cache / "models--acme--tiny-vl" / "refs").mkdir()
+    (cache / "models--acme--tiny-vl" / "refs" / "main").write_text("0" * 40)
+    dest = tmp_path / "hf_config"
+    code = "from rlframe.data.images import save_processor\n"
+    code += f"save_processor('acme/tiny-vl', {str(dest)!r})"
+    env = clean_env({"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (dest / "processor_config.json").is_file()

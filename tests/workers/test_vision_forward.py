@@ -9,17 +9,11 @@ import pytest
 import torch
 
 from rlframe.config import ModelConfig
-from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
 from rlframe.sequence_layout import build_layout
 from tests.vision_rows import make_vision_batch
 from tests.workers.layout_cases import gather_grads
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
-
-
-@pytest.fixture(scope="module")
-def vl_path(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return resolve_tiny_vl_path("tiny-vl:0", cache_dir=tmp_path_factory.mktemp("models"))
 
 
 def build_engine(path: str, freeze_vision: bool = False):

@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlframe.algorithms.losses import LossScale
+from rlframe.model_config import VISION_TOWER_SEGMENT
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.dtensor_gather import full_tensor
@@ -171,13 +172,11 @@ def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> 
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-VISION_TOWER = "visual"
-"""The vision tower's module name in Qwen2-VL-style models (its merger included)."""
-
-
 def freeze_vision_tower(model: nn.Module) -> None:
     """Stop the vision tower's parameters from training (``model.freeze_vision``)."""
-    towers = [m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == VISION_TOWER]
+    towers = [
+        m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == VISION_TOWER_SEGMENT
+    ]
     if not towers:
         raise ValueError(f"model.freeze_vision: {type(model).__name__} has no vision tower")
     for tower in towers:

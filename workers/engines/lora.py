@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from rlframe.config.lora import LoraConfig
+from rlframe.model_config import is_vision_tower_name
 from workers.engines.dtensor_gather import full_tensor
 from workers.engines.hf_model import HFModel
 from workers.engines.weight_names import model_type_of, to_adapter_name, to_engine_tensors
@@ -65,7 +66,9 @@ def is_adapter_entry(name: str) -> bool:
 
 
 def iter_merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every base weight with its adapter merged in, as ``(HF name, full tensor)``.
+    """Every base weight with its adapter merged in, as ``(HF name, full tensor)``; a vision
+    tower's weights are left out (they take no adapters and never change: the engine keeps
+    the copy it loaded, see :mod:`rlframe.lora_targets`).
 
     ``W + scaling * B @ A`` is computed on the gathered tensors, on the side: the training
     weights are never merged and unmerged in place, so the frozen base stays bit-exact.
@@ -75,7 +78,7 @@ def iter_merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     model_type = model_type_of(model)
     state = model.state_dict()
     for name, value in state.items():
-        if is_adapter_entry(name):
+        if is_adapter_entry(name) or is_vision_tower_name(name):
             continue
         tensor = full_tensor(value).detach()
         owner = name.removesuffix(".base_layer.weight")

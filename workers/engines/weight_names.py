@@ -123,12 +123,3 @@ def to_adapter_name(train_name: str, adapter: str = "default") -> str:
     ``...q_proj.lora_A.weight``, wrapper segments dropped, peft's prefix kept."""
     parts = [p for p in train_name.split(".") if p not in WRAPPER_SEGMENTS and p != adapter]
     return ".".join(parts)
-
-
-VISION_TOWER_SEGMENT = "visual"
-"""The module that holds a Qwen2-VL-style model's vision tower and merger (projector)."""
-
-
-def is_vision_tower_name(train_name: str) -> bool:
-    """Whether a training name belongs to the vision tower (or its merger)."""
-    return VISION_TOWER_SEGMENT in train_name.split(".")
