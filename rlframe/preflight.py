@@ -363,10 +363,10 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
 
 def check_vision(cfg: Config, model_path: str, resume_from: Path | None = None) -> None:
     """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
-    its rows (images, mrope) have no Ulysses split or critic path yet, and only the
-    ``single_turn`` agent puts a prompt's images in its rows (another agent's engine calls
-    would send image pads without their images). LoRA adapts its language model alone
-    (:mod:`rlframe.lora_targets`): the vision tower stays as loaded whatever
+    its rows (images, mrope) have no Ulysses split or critic path yet, and the ``openai``
+    agent's server does not put images in its rows (its engine calls would send image pads
+    without their images); ``single_turn`` and ``multi_turn`` do. LoRA adapts its language
+    model alone (:mod:`rlframe.lora_targets`): the vision tower stays as loaded whatever
     ``model.freeze_vision`` says. A resumed run's processor is the one its checkpoint
     saved."""
     config = read_model_config(model_path, cfg.model.trust_remote_code)
@@ -380,7 +380,7 @@ def check_vision(cfg: Config, model_path: str, resume_from: Path | None = None) 
         "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size > 1,
         "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
         "critic.enable": cfg.critic.enable,
-        "rollout.agent": cfg.rollout.agent != "single_turn",
+        "rollout.agent": cfg.rollout.agent == "openai",
     }
     for key, used in unsupported.items():
         if used:

@@ -127,7 +127,7 @@ def build_padded_layout(rows: Batch, images: RowImages | None = None) -> Sequenc
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
     placeholders = None
     if images is not None:
-        placeholders = mark_placeholders(prompt_ids, response_ids, images.tokens)
+        placeholders = mark_placeholders(rows, images.tokens)
         position_ids = torch.zeros(3, *input_ids.shape, dtype=torch.long)
         for i, grids in enumerate(images.row_grids()):
             real = attention_mask[i].bool()
@@ -158,14 +158,13 @@ def attach_images(images: RowImages | None) -> tuple[torch.Tensor | None, torch.
     return images.pixel_values, images.grid_thw
 
 
-def mark_placeholders(
-    prompt_ids: torch.Tensor, response_ids: torch.Tensor, tokens: ImageTokens
-) -> torch.Tensor:
-    """[B, P + R] prompt and response ids with -1 for every image token of a response: a
-    policy may sample the image token, which stands for no image there (vLLM embeds it as
-    text and gives it a text position)."""
-    sampled = torch.where(response_ids == tokens.image_token_id, -1, response_ids)
-    return torch.cat([prompt_ids, sampled], dim=1)
+def mark_placeholders(rows: Batch, tokens: ImageTokens) -> torch.Tensor:
+    """[B, P + R] prompt and response ids with -1 for every image token the policy sampled: it
+    stands for no image there (vLLM embeds it as text and gives it a text position). The
+    image tokens of an observation inside a response (loss mask 0) stand for its images."""
+    response_ids = rows.tensor("response_ids")
+    sampled = select_tokens(rows) & (response_ids == tokens.image_token_id)
+    return torch.cat([rows.tensor("prompt_ids"), response_ids.masked_fill(sampled, -1)], dim=1)
 
 
 def build_packed_layout(rows: Batch, images: RowImages | None = None) -> SequenceLayout:
@@ -184,7 +183,7 @@ def build_packed_layout(rows: Batch, images: RowImages | None = None) -> Sequenc
     position_ids = (real.long().cumsum(1) - 1)[real][None]
     placeholders = None
     if images is not None:
-        marked = mark_placeholders(prompt_ids, response_ids, images.tokens)
+        marked = mark_placeholders(rows, images.tokens)
         mrope = [
             compute_mrope_positions(marked[i][real[i]], grids, images.tokens)
             for i, grids in enumerate(images.row_grids())

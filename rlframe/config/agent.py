@@ -21,7 +21,7 @@ ENV_ERROR_POLICIES = ("raise", "fail_episode")
 class AgentConfig:
     env: str = ""
     """Environment for ``rollout.agent=multi_turn``: a registered name (calculator,
-    guess_number) or ``pkg.module:factory`` / ``path/to/file.py:factory``."""
+    guess_number, colour_quiz) or ``pkg.module:factory`` / ``path/to/file.py:factory``."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the environment factory (one environment per trajectory)."""
     max_turns: int = 4

@@ -53,15 +53,24 @@ def encode_png(image: Any) -> bytes:
     return out.getvalue()
 
 
-def place_images(messages: list[dict[str, Any]], count: int, where: str) -> list[dict[str, Any]]:
+def place_images(
+    messages: list[dict[str, Any]], count: int, where: str, payloads: list[bytes] | None = None
+) -> list[dict[str, Any]]:
     """The turns with content parts (``{"type": "image"}``, ``{"type": "text", ...}``) that put
     the row's ``count`` images where the ``<image>`` markers are, or before the first user
-    turn's text when there are none. The marker count must match the images."""
+    turn's text when there are none. The marker count must match the images. With
+    ``payloads`` (the ``count`` images' bytes, in order) each image part carries its own as
+    ``image``."""
     markers = sum(
         m["content"].count(IMAGE_MARKER) for m in messages if isinstance(m["content"], str)
     )
     if markers not in (0, count):
         raise ValueError(f"{where}: {markers} '{IMAGE_MARKER}' markers for {count} images")
+    images = iter(payloads or [])
+
+    def image_part() -> dict[str, Any]:
+        return {"type": "image"} if payloads is None else {"type": "image", "image": next(images)}
+
     placed = []
     front = markers == 0
     for message in messages:
@@ -71,17 +80,45 @@ def place_images(messages: list[dict[str, Any]], count: int, where: str) -> list
             continue
         parts: list[dict[str, Any]] = []
         if front and message["role"] == "user":
-            parts += [{"type": "image"}] * count
+            parts += [image_part() for _ in range(count)]
             front = False
         for i, text in enumerate(content.split(IMAGE_MARKER)):
             if i:
-                parts.append({"type": "image"})
+                parts.append(image_part())
             if text:
                 parts.append({"type": "text", "text": text})
         placed.append({**message, "content": parts})
     if front:
         raise ValueError(f"{where}: images but no user turn to put them in")
     return placed
+
+
+def is_image(part: Any) -> bool:
+    """Whether a message content part is an image (``{"type": "image", ...}``)."""
+    return isinstance(part, dict) and part.get("type") == "image"
+
+
+def read_part_image(part: dict[str, Any], where: str) -> bytes:
+    """The encoded bytes of an image part's ``image``: a PIL image (PNG-encoded here), bytes,
+    a path or ``{"bytes", "path"}``."""
+    image = part.get("image")
+    if image is None:
+        raise ValueError(f"{where}: an image part carries no 'image' (a PIL image or bytes)")
+    if hasattr(image, "save") and hasattr(image, "size"):  # a PIL image
+        return encode_png(image)
+    return read_image_bytes(image, where)
+
+
+def collect_images(messages: list[dict[str, Any]], where: str) -> list[bytes]:
+    """The encoded images of ``messages``' image parts, in the order the chat template places
+    them (messages in order, parts in order); [] for text-only messages."""
+    return [
+        read_part_image(part, where)
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if is_image(part)
+    ]
 
 
 @dataclass

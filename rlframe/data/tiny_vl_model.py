@@ -49,11 +49,13 @@ CHAT_TEMPLATE = (
     + IMAGE_PAD
     + VISION_END
     + "{%- elif part['type'] == 'text' -%}{{ part['text'] }}"
-    "{%- endif -%}{%- endfor -%}{%- endif -%}{%- endfor -%}"
+    "{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}{{ eos_token }}{%- endif -%}{%- endfor -%}"
 )
 """Turns' texts in order; an image part becomes the vision-start, one image pad (the processor
 repeats it to the image's token count) and the vision-end token. No role markers: the tiny
-tasks are plain continuations, as for ``tiny:<seed>``."""
+tasks are plain continuations, as for ``tiny:<seed>``; a model turn ends with the EOS token
+(the stop token), so multi-turn episodes can place an observation after it."""
 
 
 def build_tiny_vl_tokenizer() -> Any:

@@ -1,10 +1,10 @@
 """Environments for multi-turn rollouts: the protocol, the registry, tools and built-ins.
 
-Importing the package registers the built-in environments (``calculator``, ``guess_number``)
-and tool-call parsers (``hermes`` / ``qwen``).
+Importing the package registers the built-in environments (``calculator``, ``guess_number``,
+``colour_quiz``) and tool-call parsers (``hermes`` / ``qwen``).
 """
 
-from rlframe.envs import calculator, guess  # noqa: F401  (registers the built-ins)
+from rlframe.envs import calculator, colour_quiz, guess  # noqa: F401  (registers the built-ins)
 from rlframe.envs.base import (
     ENVS,
     Env,

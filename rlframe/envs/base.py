@@ -7,7 +7,8 @@ trajectory:
     step(action)  -> (observation messages, reward, done, info)
 
 ``sample`` is the prompt row: ``prompt`` (rendered text), ``messages`` (its chat turns),
-``ground_truth`` and every other column. ``action`` is the text of the model's turn, without
+``ground_truth``, ``images`` (a vision-language row's encoded images, in order; absent for a
+text row) and every other column. ``action`` is the text of the model's turn, without
 its end-of-turn token. Either method may be ``async``. ``tools`` (optional) lists JSON
 schemas handed to the chat template as ``tools=``.
 
@@ -22,9 +23,13 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from rlframe.algorithms.registry import Registry
+from rlframe.data.images import place_images
 
 Message = dict[str, Any]
-"""A chat message: ``{"role": "user" | "tool" | "system" | "assistant", "content": str, ...}``."""
+"""A chat message: ``{"role": "user" | "tool" | "system" | "assistant", "content": ...}``.
+The content is a string, or (for a vision-language model) a list of parts in the Hugging Face
+multimodal chat format: ``{"type": "text", "text": str}`` and ``{"type": "image", "image":
+<PIL image | encoded bytes>}``, placed by the chat template in order."""
 
 
 class StepResult(NamedTuple):
@@ -98,8 +103,15 @@ def build_env_factory(name: str, kwargs: dict[str, Any]) -> Callable[[], Any]:
 
 
 def default_messages(sample: dict[str, Any]) -> list[Message]:
-    """The prompt row's own chat turns: what most environments open with."""
+    """The prompt row's own chat turns: what most environments open with. A row's images are
+    placed as the prompt placed them (at its ``<image>`` markers, else before the first user
+    turn), each image part carrying its image."""
     messages = sample.get("messages")
     if messages:
-        return [dict(m) for m in messages]
-    return [{"role": "user", "content": sample["prompt"]}]
+        opening = [dict(m) for m in messages]
+    else:
+        opening = [{"role": "user", "content": sample["prompt"]}]
+    images = list(sample.get("images") or [])
+    if not images:
+        return opening
+    return place_images(opening, len(images), "env reset", payloads=images)

@@ -17,6 +17,13 @@ conditioned on while sampling. The dummy turn holds no ``<think>``, so the suffi
 unaffected; :meth:`ChatFormat.observation_ids` checks that the template is append-only at
 the end-of-turn token and says so when it is not.
 
+Images (a vision-language model): a message's content may be a list of parts, ``{"type":
+"image", "image": <PIL image | bytes>}`` among ``{"type": "text", ...}`` ones. The template
+places each image's pad; the model's processor then repeats the pad to the image's token
+count (:func:`rlframe.data.images.expand_prompt`), as vLLM's processor does with the same
+image, and the caller appends the images (:func:`rlframe.data.images.collect_images`) to the
+row's ``images`` extra in the same order.
+
 Tokenizers without a chat template (the tiny test model) get :data:`PLAIN_TEMPLATE`:
 messages' contents back to back, each assistant turn closed by the EOS token. It renders a
 prompt exactly as :func:`rlframe.data.prompts.render_prompt` joins it.
@@ -24,9 +31,11 @@ prompt exactly as :func:`rlframe.data.prompts.render_prompt` joins it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
+from rlframe.data.images import collect_images, expand_prompt, load_processor
 from rlframe.envs.base import EnvError, Message
 
 PLAIN_TEMPLATE = (
@@ -74,25 +83,40 @@ class ChatFormat:
             add_generation_prompt=add_generation_prompt,
         )
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, images: list[bytes] | None = None) -> list[int]:
+        """The ids of ``text``; with ``images`` (those its image pads stand for, in order)
+        each pad expanded to its image's token count, as the model's processor expands it."""
+        if images:
+            try:
+                processor = load_processor(self.tokenizer.name_or_path)
+                return expand_prompt(processor, text, images)
+            except ValueError as e:
+                raise EnvError(f"messages with images: {e}") from None
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
-        """The ids of the conversation so far, ending with the assistant header."""
-        return self.encode(self.render(messages, add_generation_prompt=True))
+        """The ids of the conversation so far, ending with the assistant header; image parts
+        expanded (see the module docstring)."""
+        images = read_images(messages)
+        return self.encode(self.render(messages, add_generation_prompt=True), images)
 
     def observation_ids(
         self, observation: list[Message], max_tokens: int
     ) -> tuple[list[int], bool]:
         """(ids that follow the model's end-of-turn token, whether contents were cut to fit
         ``max_tokens``). Memoised: many trajectories see the same observations."""
-        key = json.dumps([max_tokens, observation], sort_keys=True, default=str)
+        key = json.dumps([max_tokens, observation], sort_keys=True, default=digest)
         if key not in self.cache:
             if len(self.cache) >= CACHE_SIZE:
                 self.cache.clear()
             self.cache[key] = self.fit_observation([dict(m) for m in observation], max_tokens)
         ids, cut = self.cache[key]
         return list(ids), cut
+
+    def image_token_id(self) -> int:
+        """The token of an image pad (a vision-language model's processor has one)."""
+        processor = load_processor(self.tokenizer.name_or_path)
+        return int(self.tokenizer.convert_tokens_to_ids(processor.image_token))
 
     def suffix_ids(self, observation: list[Message]) -> list[int]:
         before = self.render(DUMMY_TURNS, add_generation_prompt=False)
@@ -112,21 +136,21 @@ class ChatFormat:
                 f"turns when an observation follows): {prefix[-80:]!r} vs "
                 f"{after[: len(prefix)][-80:]!r}"
             )
-        return self.encode(after[len(prefix) :])
+        return self.encode(after[len(prefix) :], read_images(observation))
 
     def fit_observation(
         self, observation: list[Message], max_tokens: int
     ) -> tuple[list[int], bool]:
-        """Cut the longest message content by the excess until the suffix fits. The template's
-        own tokens (role headers, end-of-turn, the next assistant header) are never cut."""
+        """Cut the longest text content by the excess until the suffix fits. The template's
+        own tokens (role headers, end-of-turn, the next assistant header) and messages with
+        content parts (images) are never cut."""
         ids = self.suffix_ids(observation)
         cut = False
+        texts = [i for i, m in enumerate(observation) if not isinstance(m.get("content"), list)]
         for _ in range(16):
-            if len(ids) <= max_tokens:
-                return ids, cut
-            longest = max(
-                range(len(observation)), key=lambda i: len(str(observation[i].get("content", "")))
-            )
+            if len(ids) <= max_tokens or not texts:
+                break
+            longest = max(texts, key=lambda i: len(str(observation[i].get("content", ""))))
             content_ids = self.encode(str(observation[longest].get("content", "")))
             if not content_ids:
                 break
@@ -142,3 +166,22 @@ class ChatFormat:
             f"an observation needs {len(ids)} tokens even with its contents cut, more than "
             f"agent.max_obs_tokens={max_tokens}: raise agent.max_obs_tokens"
         )
+
+
+def read_images(messages: list[Message]) -> list[bytes]:
+    """The encoded images of ``messages``' image parts, in order (EnvError when a part's
+    image cannot be read)."""
+    try:
+        return collect_images(messages, "an env's message")
+    except ValueError as e:
+        raise EnvError(str(e)) from None
+
+
+def digest(value: Any) -> str:
+    """A JSON stand-in for what JSON cannot hold: an image by a hash of its bytes (a PIL
+    image's text names its address, which a later image may reuse), the rest by its text."""
+    if isinstance(value, bytes | bytearray):
+        return hashlib.sha256(value).hexdigest()
+    if hasattr(value, "tobytes") and hasattr(value, "size"):  # a PIL image
+        return hashlib.sha256(value.tobytes()).hexdigest() + f"{value.size}{value.mode}"
+    return str(value)

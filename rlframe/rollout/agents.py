@@ -82,6 +82,8 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
         "agent/env_reward/mean": float(batch.tensor("env_reward").mean()),
         "agent/stuck_calls": float(count_stuck_calls()),
     }
+    if "agent_obs_images" in batch:  # multi_turn: images its observations brought
+        metrics["agent/obs_images/mean"] = float(batch.tensor("agent_obs_images").mean())
     if "agent_episode" in batch:  # an openai episode can make several rows
         rows = torch.bincount(batch.tensor("agent_episode"))
         rows = rows[rows > 0]

@@ -15,6 +15,13 @@ last turn is dropped, so a response always ends with the model's own tokens.
 
 Layout of a response: ``[turn 1 | obs 1 | turn 2 | ... | turn k | padding]``; ``loss_mask``
 is 1 on turn tokens only, ``response_mask`` on turns and observations.
+
+Images (a vision-language model): the opening messages carry the prompt row's images
+(``sample["images"]``) and an observation may carry more (image parts, see
+:mod:`rlframe.envs.chat`); the row's ``images`` extra lists them all in the order their
+expanded pads appear, so every engine call and the trainer's forward get them with the ids.
+A turn that sampled the image pad ends an episode with images: that pad stands for no image,
+and the engine could not serve a context holding it beside real ones.
 """
 
 from __future__ import annotations
@@ -22,14 +29,23 @@ from __future__ import annotations
 from typing import Any
 
 from rlframe.config.agent import compute_response_width
+from rlframe.controller.reads import IMAGES
 from rlframe.envs import ChatFormat, EnvError, build_env_factory, get_tools
 from rlframe.envs.base import as_step_result, check_messages
+from rlframe.envs.chat import read_images
 from rlframe.envs.runner import CallOutcome, run_env_calls
 from rlframe.protocol import Batch
 from rlframe.rollout.agents import AGENTS, AgentContext
 from rlframe.rollout.rows import TokenRow, attach, collate, sample_turns
 
-STATS = ("env_reward", "env_failed", "agent_tool_calls", "agent_tool_errors", "agent_obs_cut")
+STATS = (
+    "env_reward",
+    "env_failed",
+    "agent_tool_calls",
+    "agent_tool_errors",
+    "agent_obs_cut",
+    "agent_obs_images",
+)
 """Per-episode counters, kept as row extras (``agent_turns`` and ``agent_obs_tokens`` are
 read off the row at the end)."""
 
@@ -41,15 +57,19 @@ def mix_seed(seed: int, turn: int) -> int:
 
 
 def build_samples(prompts: Batch) -> list[dict[str, Any]]:
-    """What ``env.reset`` gets: the prompt row's text, chat turns, ground truth and columns."""
+    """What ``env.reset`` gets: the prompt row's text, chat turns, ground truth, images (a row
+    of a vision-language prompt set) and columns."""
     messages = prompts.column("messages") if "messages" in prompts else [None] * len(prompts)
+    images = prompts.column(IMAGES) if IMAGES in prompts else [None] * len(prompts)
     return [
         {**extra, "prompt": p, "messages": m, "ground_truth": gt}
-        for p, m, gt, extra in zip(
+        | ({"images": list(row_images)} if row_images else {})
+        for p, m, gt, extra, row_images in zip(
             prompts.column("prompt"),
             messages,
             prompts.column("ground_truth"),
             prompts.column("extra"),
+            images,
         )
     ]
 
@@ -99,7 +119,10 @@ class EpisodeRunner:
                 self.prompts.tensor("prompt_mask")[i].bool()
             ].tolist()
             stats["env_failed"] = 1.0
-            return TokenRow(ids, seed=seed, finish_reason="env_error", row_extras=stats)
+            images = self.samples[i].get("images", [])
+            return TokenRow(
+                ids, seed=seed, finish_reason="env_error", row_extras=stats | self.carry(images)
+            )
         messages = check_messages(outcome.value, self.env_name, "reset")
         ids = self.chat.prompt_ids(messages)
         limit = self.cfg.data.max_prompt_length
@@ -109,7 +132,12 @@ class EpisodeRunner:
                 f"{len(ids)} tokens with the env's opening messages and tools, more than "
                 f"data.max_prompt_length={limit}"
             )
-        return TokenRow(ids, seed=seed, row_extras=stats)
+        return TokenRow(ids, seed=seed, row_extras=stats | self.carry(read_images(messages)))
+
+    def carry(self, images: list[bytes]) -> dict[str, list[bytes]]:
+        """The ``images`` extra of a row: present on every row when the prompts have images
+        (the grid's column then replaces the prompts' one), else only on a row with some."""
+        return {IMAGES: list(images)} if images or IMAGES in self.prompts else {}
 
     def sample_turn(self, rows: list[TokenRow], live: list[int], turn: int) -> None:
         """One generate call for every live episode."""
@@ -138,11 +166,13 @@ class EpisodeRunner:
             stats["agent_tool_calls"] += int(result.info.get("tool_calls", 0))
             stats["agent_tool_errors"] += int(result.info.get("tool_errors", 0))
             cut_off = t.finish_reason == "length"
+            images = read_images(result.observation) if not result.done else []
             if (
                 result.done
                 or (cut_off and not self.agent.close_cut_turns)
                 or t.turns >= self.agent.max_turns
                 or t.sampled >= budget
+                or self.sampled_image_pad(t, images)
             ):
                 self.done.add(i)
                 continue
@@ -153,6 +183,16 @@ class EpisodeRunner:
             )
             t.add_observation(close + obs)
             stats["agent_obs_cut"] += was_cut
+            if images:
+                t.row_extras.setdefault(IMAGES, []).extend(images)
+                stats["agent_obs_images"] += len(images)
+
+    def sampled_image_pad(self, t: TokenRow, new_images: list[bytes]) -> bool:
+        """Whether the row, which holds or would get images, has a sampled image pad."""
+        if not (t.row_extras.get(IMAGES) or new_images):
+            return False
+        pad = self.chat.image_token_id()
+        return any(m and token == pad for token, m in zip(t.response_ids, t.loss_mask))
 
     def decode_turn(self, t: TokenRow) -> str:
         """The turn's text without its end-of-turn token; special tokens stay visible."""

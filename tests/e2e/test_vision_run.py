@@ -1,9 +1,10 @@
 """Vision-language runs on the tiny VLM (``+recipe=vlm_tiny``): the images reach vLLM and the
 trainer, every delivered sync reads clean (``rollout/logprob_diff`` < 1e-4) while one that
 loses the vision tower does not, and the exported checkpoint with its processor loads and
-generates with an image in transformers and in vLLM. Under ``matrix``: the recipe learns,
-the separate placement gives the colocated metrics, and a run resumed with image rows in
-flight gives the straight run's metrics."""
+generates with an image in transformers and in vLLM; multi-turn episodes whose observations
+carry images sync as clean. Under ``matrix``: the recipe learns, the separate placement gives
+the colocated metrics, and a run resumed with image rows in flight gives the straight run's
+metrics."""
 
 from __future__ import annotations
 
@@ -156,6 +157,38 @@ def test_separate_placement_gives_the_colocated_metrics(tmp_path: Path) -> None:
             assert math.isclose(c[key], s[key], rel_tol=1e-5, abs_tol=1e-7), (key, c, s)
         assert s["rollout/logprob_diff"] < CLEAN
     assert colocated[0]["actor/grad_norm"] > 0
+
+
+def test_multi_turn_episodes_with_observation_images_sync_clean(tmp_path: Path) -> None:
+    """colour_quiz: turn 1 names the prompt image's colour, the observation shows a second
+    image, turn 2 names its colour. The engine serves each row with both images (its
+    expanded prompt ids equal the driver's) and the trainer's log-probs of every sampled
+    token, the second turn's after both images, equal the engine's."""
+    result = run_recipe(
+        tmp_path / "run",
+        "rollout.agent=multi_turn",
+        "agent.env=colour_quiz",
+        "agent.max_turns=2",
+        "agent.max_tokens_per_turn=1",
+        "agent.close_cut_turns=true",
+        "agent.max_obs_tokens=32",
+        "agent.rule_reward_weight=0",
+        "rollout.max_tokens=2",
+        "data.batch_size=4",
+        "rollout.n=4",
+        "actor.mini_batch_size=16",
+        "actor.micro_batch_size=16",
+        "algorithm.entropy_coef=0.01",
+        "trainer.total_steps=2",
+        recipe="vlm_tiny",
+    )
+    assert result.exit_code == 0, result.stderr[-3000:]
+    metrics = result.metrics
+    print(read_diffs(metrics), [m["agent/obs_images/mean"] for m in metrics])
+    assert len(metrics) == 2 and max(read_diffs(metrics).values()) < CLEAN
+    # Most episodes saw the observation's image (a sampled image pad ends one early).
+    assert all(m["agent/obs_images/mean"] > 0.5 for m in metrics)
+    assert all(m["agent/turns/mean"] > 1.5 for m in metrics)
 
 
 @pytest.mark.matrix

@@ -160,8 +160,8 @@ def test_geometry3k_prepare_writes_image_rows_the_tiny_vlm_reads(
             "model.lora.target_modules",
             "['qkv'] are layers of the vision tower",
         ),
-        # Another agent's engine calls would send the image pads without their images.
-        ("vlm_tiny", "rollout.agent=multi_turn agent.env=calculator", "rollout.agent", "not supp"),
+        # The openai agent's server would send the image pads without their images.
+        ("vlm_tiny", "rollout.agent=openai", "rollout.agent", "not supported"),
     ],
 )
 def test_vision_settings_fail_before_ray(recipe: str, override: str, key: str, text: str) -> None:
