@@ -106,9 +106,12 @@ def test_lost_vision_sync_lifts_logprob_diff_and_export_generates(tmp_path: Path
     assert generated["vllm"] == generated["hf"] and len(generated["hf"]) == 6
 
 
-# The merged sync is proven at the worker level (tests/workers/test_lora_vision.py, both
-# modes); its whole run is the matrix tier's, for time.
-@pytest.mark.parametrize("sync", ["adapter", pytest.param("merged", marks=pytest.mark.matrix)])
+# Both syncs are proven at the worker level on image rows
+# (tests/workers/test_lora_vision.py::test_lora_on_the_language_model_syncs_image_logprobs),
+# and the checks before Ray accept the run (tests/unit/test_lora_config.py); the whole runs,
+# which add only the pools' plumbing that text LoRA runs cover, are the matrix tier's.
+@pytest.mark.matrix
+@pytest.mark.parametrize("sync", ["adapter", "merged"])
 def test_lora_on_the_language_model_syncs_clean_every_step(tmp_path: Path, sync: str) -> None:
     """LoRA on the tiny VLM's language model: step 2 samples image prompts with the synced
     adapters (the adapter tensors, or the merged weights without the vision tower,

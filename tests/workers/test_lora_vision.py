@@ -38,7 +38,8 @@ def sample_image_rows(rollout, vl_path: str) -> Batch:
     """Image prompts with the responses vLLM samples for them, as the trainer's rows."""
     from workers.engines.base import SamplingSpec
 
-    batch = make_vision_batch(vl_path, rows=ROWS, seed=3)
+    # Single-turn rows: vLLM samples a fresh response to each prompt and its images alone.
+    batch = make_vision_batch(vl_path, rows=ROWS, seed=3, observation_row=ROWS)
     mask = batch.tensor("prompt_mask").bool()
     prompts = [ids[m].tolist() for ids, m in zip(batch.tensor("prompt_ids"), mask, strict=True)]
     spec = SamplingSpec(max_tokens=5, temperature=1.0, top_p=1.0, stop_token_ids=())
