@@ -1,10 +1,11 @@
-"""Checks of everything a run reads, on the driver, before Ray starts.
+"""Checks of everything a run reads, on the driver, as Ray and the workers start.
 
 The schema (``rlframe/config/``) checks values and their combinations; this module checks
 what those values *point at*: registered names and users' plug-in files, worker classes,
 the model folder and tokenizer, and the prompt data. Each failure is a :class:`ConfigError`
 naming the key, so the command exits with one clear line within seconds instead of a
-traceback after Ray and vLLM have started.
+traceback from a worker. The checks against the model's own config are
+:mod:`rlframe.model_checks`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from rlframe.config import Config, ConfigError, Device, Placement, first_line
 from rlframe.data.prompts import PromptRecord
-from rlframe.model_config import read_model_config
+from rlframe.model_checks import check_sequence_length, check_sequence_parallel, check_vision
 
 
 @dataclass
@@ -333,97 +334,6 @@ def check_agent(cfg: Config, tokenizer: Any) -> None:
             "agent.env",
             f"the model's chat template fails on an observation message: {type(e).__name__}: {e}",
         ) from None
-
-
-def check_sequence_length(cfg: Config, model_path: str) -> None:
-    """The longest prompt + response must fit the model's positions (vLLM refuses to start
-    otherwise, after Ray). Multi-turn responses hold observations too."""
-    from rlframe.config.agent import compute_response_width, is_multi_turn
-
-    config = read_model_config(model_path, cfg.model.trust_remote_code)
-    if config is None:  # a model id whose config is not reachable: vLLM will say
-        return
-    # A vision-language model's positions are its language model's.
-    limit = getattr(config.get_text_config(), "max_position_embeddings", None)
-    width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
-    longest = cfg.data.max_prompt_length + width
-    if limit is not None and longest > limit:
-        parts = (
-            f"data.max_prompt_length {cfg.data.max_prompt_length} + "
-            f"rollout.max_tokens {cfg.rollout.max_tokens}"
-        )
-        if is_multi_turn(cfg.rollout.agent):
-            obs = width - cfg.rollout.max_tokens
-            parts += f" + (agent.max_turns - 1) * agent.max_obs_tokens = {obs}"
-        raise ConfigError(
-            "agent.max_obs_tokens" if is_multi_turn(cfg.rollout.agent) else "rollout.max_tokens",
-            f"{parts} = {longest} tokens exceeds the model's {limit} positions",
-        )
-
-
-def check_vision(cfg: Config, model_path: str, resume_from: Path | None = None) -> None:
-    """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
-    its rows (images, mrope) have no Ulysses split or critic path yet, and the ``openai``
-    agent's server does not put images in its rows (its engine calls would send image pads
-    without their images); ``single_turn`` and ``multi_turn`` do. LoRA adapts its language
-    model alone (:mod:`rlframe.lora_targets`): the vision tower stays as loaded whatever
-    ``model.freeze_vision`` says. A resumed run's processor is the one its checkpoint
-    saved."""
-    config = read_model_config(model_path, cfg.model.trust_remote_code)
-    if config is None:
-        return
-    if getattr(config, "vision_config", None) is None:
-        if cfg.model.freeze_vision:
-            raise ConfigError("model.freeze_vision", f"{model_path} has no vision tower")
-        return
-    unsupported = {
-        "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size > 1,
-        "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
-        "critic.enable": cfg.critic.enable,
-        "rollout.agent": cfg.rollout.agent == "openai",
-    }
-    for key, used in unsupported.items():
-        if used:
-            raise ConfigError(key, f"not supported yet for a vision-language model ({model_path})")
-    if resume_from is not None:
-        from rlframe.checkpoint_layout import HF_CONFIG
-        from rlframe.data.images import find_processor_change
-
-        change = find_processor_change(resume_from / HF_CONFIG, model_path)
-        if change is not None:
-            raise ConfigError(
-                "model.path",
-                f"the processor of {model_path} is not the one {resume_from} saved ({change}): "
-                "resume with the model folder the run was trained with",
-            )
-
-
-def check_sequence_parallel(cfg: Config, model_path: str) -> None:
-    """Ulysses hands each rank of a group ``heads / size`` attention heads: the size must
-    divide the model's heads (key/value heads are repeated as needed). Sliding-window layers
-    are refused: the mask the exchange builds is the full causal one."""
-    sizes = {
-        "actor.sequence_parallel_size": cfg.actor.sequence_parallel_size,
-        "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size,
-    }
-    sizes = {k: v for k, v in sizes.items() if v > 1}
-    if not sizes:
-        return
-    config = read_model_config(model_path, cfg.model.trust_remote_code)
-    if config is None:
-        return
-    config = getattr(config, "text_config", config)
-    heads = getattr(config, "num_attention_heads", None)
-    sliding = "sliding_attention" in (getattr(config, "layer_types", None) or [])
-    for key, size in sizes.items():
-        if heads is not None and heads % size:
-            raise ConfigError(
-                key, f"{size} must divide the model's {heads} attention heads ({model_path})"
-            )
-        if sliding:
-            raise ConfigError(
-                key, f"{size} > 1 is not supported for models with sliding-window layers"
-            )
 
 
 def describe_load_error(error: BaseException) -> str:

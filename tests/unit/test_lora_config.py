@@ -17,7 +17,7 @@ from rlframe.lora_targets import (
     read_model_linears,
     trains_on_cpu,
 )
-from rlframe.preflight import check_vision
+from rlframe.model_checks import check_vision
 from tests.unit.cli_errors import check_config_error
 from tests.unit.config_trees import build
 

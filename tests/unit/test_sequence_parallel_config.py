@@ -9,7 +9,7 @@ import torch
 
 from rlframe.config import ConfigError, build_config
 from rlframe.logs import describe_mesh
-from rlframe.preflight import check_sequence_parallel
+from rlframe.model_checks import check_sequence_parallel
 from rlframe.sequence_layout import build_layout
 from tests.workers.layout_cases import make_batch
 
