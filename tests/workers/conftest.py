@@ -4,11 +4,10 @@ group that the packing and micro-batch tests share (``one_rank_group``)."""
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
 
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
-from tests.workers.layout_cases import free_port, set_rank_env
+from tests.workers.layout_cases import join_one_rank_group
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +24,4 @@ def vl_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def one_rank_group() -> None:
     """This process as rank 0 of a one-rank gloo group, as a lone worker would be."""
-    set_rank_env(0, 1, free_port())
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
+    join_one_rank_group()

@@ -43,6 +43,16 @@ def set_rank_env(rank: int, world_size: int, port: int) -> None:
     )
 
 
+def join_one_rank_group() -> None:
+    """This process as rank 0 of a one-rank gloo group, as a lone worker would be; a new
+    group when there is none (a vLLM engine's shutdown destroys the default group)."""
+    import torch.distributed as dist
+
+    set_rank_env(0, 1, free_port())
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+
+
 def make_config(
     loss_agg: str = "token-mean",
     micro: int = 16,

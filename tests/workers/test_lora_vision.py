@@ -14,6 +14,7 @@ from rlframe.config.lora import LoraSync
 from rlframe.protocol import Batch
 from tests.vision_rows import make_vision_batch
 from tests.workers.cases import build_role, make_lora_vllm_config
+from tests.workers.layout_cases import join_one_rank_group
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 
@@ -26,6 +27,9 @@ CLEAN = 1e-4
 def roles(request: pytest.FixtureRequest, vl_path: str):
     from workers.rollout_role import RolloutRole
 
+    # The other sync mode's engine, released before this one is built, took the default
+    # process group down with it (vLLM's shutdown destroys it): join a new one.
+    join_one_rank_group()
     cfg = make_lora_vllm_config(request.param)
     cfg.model.path = vl_path
     cfg.actor = replace(cfg.actor, mini_batch_size=ROWS, micro_batch_size=ROWS)
