@@ -53,7 +53,8 @@ class VLLMRollout:
         # vLLM's engine build calls gc.collect() five times, and each pass walks the ~700k
         # objects that the imports of torch, transformers and vLLM left: 0.6 s a pass on a
         # 2-core machine. Those objects live as long as the process, so they are frozen out
-        # of the collector, as vLLM's own server does after its start-up.
+        # of the collector now; vLLM's engine core freezes too, but only once it is built,
+        # and its shutdown unfreezes everything again.
         gc.freeze()
         # model.lora.sync=adapter: serve pushed adapters over the base loaded here.
         adapters = lora is not None and lora.enabled and lora.sync is LoraSync.adapter
