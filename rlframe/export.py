@@ -24,6 +24,7 @@ import torch
 
 from rlframe.checkpoint_layout import DRIVER_STATE, HF_CONFIG, LORA_BASE, find_latest_checkpoint
 from rlframe.data.images import save_processor
+from rlframe.model_config import pick_policy_model_class
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -45,8 +46,6 @@ def export_checkpoint(
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import (
         AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForImageTextToText,
         AutoTokenizer,
         GenerationConfig,
     )
@@ -55,9 +54,7 @@ def export_checkpoint(
     if (meta_dir / LORA_BASE).is_file():
         return export_lora_checkpoint(checkpoint, out_dir, dtype, merge)
     config = AutoConfig.from_pretrained(meta_dir)
-    vision = getattr(config, "vision_config", None) is not None
-    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
-    model = auto.from_config(config, dtype=torch.float32)
+    model = pick_policy_model_class(config).from_config(config, dtype=torch.float32)
     saved = FileSystemReader(str(shards)).read_metadata().state_dict_metadata
     # The state dict's tensors are the model's own: DCP loads into them in place.
     state = model.state_dict()
@@ -94,8 +91,6 @@ def export_lora_checkpoint(
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import (
         AutoConfig,
-        AutoModelForCausalLM,
-        AutoModelForImageTextToText,
         AutoTokenizer,
         GenerationConfig,
         PreTrainedModel,
@@ -107,8 +102,7 @@ def export_lora_checkpoint(
     shards, meta_dir = checkpoint / "actor", checkpoint / HF_CONFIG
     info = json.loads((meta_dir / LORA_BASE).read_text())
     base_path = info.pop("base_model")
-    vision = getattr(AutoConfig.from_pretrained(base_path), "vision_config", None) is not None
-    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    auto = pick_policy_model_class(AutoConfig.from_pretrained(base_path))
     base = auto.from_pretrained(base_path, dtype=torch.float32)
     lora = LoraConfig(**info)
     model = get_peft_model(base, lora.to_peft(targets=list_peft_targets(base, lora)))

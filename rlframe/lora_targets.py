@@ -23,7 +23,7 @@ from typing import Any
 
 from rlframe.config import Config, ConfigError, Device, first_line
 from rlframe.config.lora import LoraConfig, LoraSync
-from rlframe.model_config import is_vision_tower_name
+from rlframe.model_config import is_vision_tower_name, pick_policy_model_class
 
 BLOCK_NAMES = ("layers", "h", "blocks")
 """The decoder's layer lists (workers/engines/fsdp.py, LAYER_LIST_NAMES)."""
@@ -92,11 +92,10 @@ def read_model_linears(model_path: str, trust_remote_code: bool) -> DecoderLinea
     """:func:`read_decoder_linears` of the model at ``model_path``, built on the meta device
     (a vision-language model as its image-text-to-text model, the one that trains)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    vision = getattr(config, "vision_config", None) is not None
-    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+    auto = pick_policy_model_class(config)
     with torch.device("meta"):
         model = auto.from_config(config, trust_remote_code=trust_remote_code)
     return read_decoder_linears(model)

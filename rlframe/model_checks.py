@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlframe.config import Config, ConfigError
-from rlframe.model_config import read_model_config
+from rlframe.model_config import has_vision_tower, read_model_config
 
 
 def check_sequence_length(cfg: Config, model_path: str) -> None:
@@ -50,7 +50,7 @@ def check_vision(cfg: Config, model_path: str, resume_from: Path | None = None) 
     config = read_model_config(model_path, cfg.model.trust_remote_code)
     if config is None:
         return
-    if getattr(config, "vision_config", None) is None:
+    if not has_vision_tower(config):
         if cfg.model.freeze_vision:
             raise ConfigError("model.freeze_vision", f"{model_path} has no vision tower")
         return

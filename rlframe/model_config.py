@@ -1,4 +1,6 @@
-"""The model's HF config as the checks before Ray read it: read once per model folder.
+"""What the model's HF config says, for the driver's checks and the places that pick a model
+class: the config read once per model folder, whether it is a vision-language model's, and
+the name of its vision tower.
 
 Several pre-flight checks (sequence length, sequence parallelism, expert parallelism, router
 replay, vision) each need the config; reading and parsing ``config.json`` (or resolving a hub
@@ -21,6 +23,21 @@ def read_model_config(model_path: str, trust_remote_code: bool) -> Any | None:
         return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     except Exception:
         return None
+
+
+def has_vision_tower(config: Any) -> bool:
+    """Whether a transformers config is a vision-language model's (it holds a vision
+    tower's config)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def pick_policy_model_class(config: Any) -> Any:
+    """The transformers auto class a policy of ``config`` loads as: the image-text-to-text
+    model of a vision-language model (the one that trains, tower included), else the causal
+    LM."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if has_vision_tower(config) else AutoModelForCausalLM
 
 
 VISION_TOWER_SEGMENT = "visual"

@@ -193,10 +193,9 @@ def has_processor(model_path: str, trust_remote_code: bool = False) -> bool:
     local = Path(model_path).expanduser()
     if local.is_dir():
         return any((local / name).is_file() for name in PROCESSOR_FILES)
-    from rlframe.model_config import read_model_config
+    from rlframe.model_config import has_vision_tower, read_model_config
 
-    config = read_model_config(model_path, trust_remote_code)
-    return getattr(config, "vision_config", None) is not None
+    return has_vision_tower(read_model_config(model_path, trust_remote_code))
 
 
 def find_processor_change(saved: Path, model_path: str) -> str | None:

@@ -36,7 +36,7 @@ from rlframe.envs.chat import read_images
 from rlframe.envs.runner import CallOutcome, run_env_calls
 from rlframe.protocol import Batch
 from rlframe.rollout.agents import AGENTS, AgentContext
-from rlframe.rollout.rows import TokenRow, attach, collate, sample_turns
+from rlframe.rollout.rows import TokenRow, attach, collate, image_extras, sample_turns
 
 STATS = (
     "env_reward",
@@ -137,7 +137,7 @@ class EpisodeRunner:
     def carry(self, images: list[bytes]) -> dict[str, list[bytes]]:
         """The ``images`` extra of a row: present on every row when the prompts have images
         (the grid's column then replaces the prompts' one), else only on a row with some."""
-        return {IMAGES: list(images)} if images or IMAGES in self.prompts else {}
+        return {IMAGES: list(images)} if IMAGES in self.prompts else image_extras(images)
 
     def sample_turn(self, rows: list[TokenRow], live: list[int], turn: int) -> None:
         """One generate call for every live episode."""

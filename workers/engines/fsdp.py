@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlframe.algorithms.losses import LossScale
-from rlframe.model_config import VISION_TOWER_SEGMENT
+from rlframe.model_config import VISION_TOWER_SEGMENT, has_vision_tower
 from rlframe.protocol import Batch
 from rlframe.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.engines.dtensor_gather import full_tensor
@@ -114,7 +114,7 @@ def load_hf_model(
     auto: type[AutoModelForCausalLM | AutoModelForImageTextToText | AutoModelForTokenClassification]
     auto = AutoModelForTokenClassification if head == "value" else AutoModelForCausalLM
     config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
-    if getattr(config, "vision_config", None) is not None:
+    if has_vision_tower(config):
         if head != "lm":
             raise NotImplementedError(f"a {head} head on a vision-language model")
         auto = AutoModelForImageTextToText

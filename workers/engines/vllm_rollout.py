@@ -20,6 +20,7 @@ import torch
 
 from rlframe.config import RolloutConfig
 from rlframe.config.lora import LoraConfig, LoraSync
+from rlframe.model_config import has_vision_tower
 from workers.engines.base import RolloutSample, SamplingSpec
 from workers.engines.vllm_lora import AdapterSlot, build_lora_engine_args
 from workers.engines.vllm_moe import forget_moe_kernels
@@ -189,8 +190,7 @@ def read_image_token_id(path: str) -> int | None:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError):  # not loadable here: the engine itself says why
         return None
-    has_vision = getattr(config, "vision_config", None) is not None
-    return int(config.image_token_id) if has_vision else None
+    return int(config.image_token_id) if has_vision_tower(config) else None
 
 
 def collapse_image_pads(ids: list[int], image_token_id: int) -> list[int]:
