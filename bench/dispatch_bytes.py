@@ -45,7 +45,7 @@ def measure(steps: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]
         calls[method] += 1
         return submit(self, method, *args, **kwargs)
 
-    from rlframe.launch import run_training
+    from rlframe.run.launch import run_training
 
     # The measurement wraps the real submit; nothing else changes.
     WorkerGroup.submit = measured_submit  # type: ignore[method-assign]

@@ -9,17 +9,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlframe.protocol import Batch
-from rlframe.sequence_layout import build_layout
-from workers.engines.dtensor_gather import full_tensor
-from workers.engines.fsdp import (
+from rlframe.core.protocol import Batch
+from rlframe.core.sequence_layout import build_layout
+from workers.training.dtensor_gather import full_tensor
+from workers.training.fsdp import (
     FSDPEngine,
     OptimizerSpec,
     apply_fsdp,
     compute_layout_logprobs,
     load_hf_model,
 )
-from workers.engines.token_logprobs import compute_token_logprobs
+from workers.training.token_logprobs import compute_token_logprobs
 
 if TYPE_CHECKING:
     from gpu_check import Check, Shape
@@ -245,7 +245,7 @@ def check_lora(c: Check) -> dict[str, Any]:
         "trainable_m": round(sum(p.numel() for p in trainable) / 1e6, 2),
         "base_unchanged": bool(torch.equal(before[base_name], after[base_name])),
         "adapter_moved": float((after[adapter_name] - before[adapter_name]).abs().max()),
-        # What the LoRA receiver check must see (workers/sync_probe.py MOVED_NATS).
+        # What the LoRA receiver check must see (workers/sync/sync_probe.py MOVED_NATS).
         "logprob_move_per_step_lr1e-5": moves,
         "passed": bool(torch.equal(before[base_name], after[base_name]))
         and float((after[adapter_name] - before[adapter_name]).abs().max()) > 0,

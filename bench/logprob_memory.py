@@ -4,7 +4,7 @@ The loss path: final hidden states [N, H] and an LM head [V, H] -> per-token log
 (and entropy for logging) -> a token-mean policy-gradient loss -> backward to the hidden
 states and the head. ``unchunked`` is the path before issue 9 (the whole [N, V] logits,
 tempered, kept for backward, entropy over the whole vocabulary); ``chunked`` is
-:func:`workers.engines.token_logprobs.compute_token_logprobs` with ``--chunk`` tokens.
+:func:`workers.training.token_logprobs.compute_token_logprobs` with ``--chunk`` tokens.
 
 Each variant runs in its own process; on CPU, peak memory is the process's peak resident
 set (``ru_maxrss``) and "extra" is that minus the resident set just before the loss path
@@ -43,7 +43,7 @@ def run_variant(
     """One measurement, in this (fresh) process."""
     import torch
 
-    from workers.engines.token_logprobs import compute_token_logprobs
+    from workers.training.token_logprobs import compute_token_logprobs
 
     g = torch.Generator(device="cpu").manual_seed(0)
     # In place, so that making the inputs never peaks above the inputs themselves.

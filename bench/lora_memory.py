@@ -3,7 +3,7 @@
 A Qwen2-architecture model of about 113M parameters (12 layers, width 768, fp32, random
 weights, the tiny model's character tokenizer) is built here once. Each mode runs in a fresh
 process as one gloo rank holding the real engines, as a hybrid worker does: the FSDP2
-training role (``workers.train_role.TrainRole``) and the in-process vLLM rollout role.
+training role (``workers.roles.train_role.TrainRole``) and the in-process vLLM rollout role.
 
 - ``full``: full fine-tuning; the sync streams every tensor.
 - ``merged``: LoRA (``--rank``, all linear layers); the sync streams the merged tensors.
@@ -110,7 +110,7 @@ def make_config(mode: str, rank: int, length: int, rows: int):
 
 
 def make_batch(rows: int, length: int, vocab: int):
-    from rlframe.protocol import Batch
+    from rlframe.core.protocol import Batch
 
     g = torch.Generator().manual_seed(0)
     half = length // 2
@@ -131,9 +131,9 @@ def measure_mode(mode: str, model_path: str, rank: int, rows: int, length: int, 
     """One mode in this process: state bytes, the step's peak memory and time, sync times."""
     import torch.distributed as dist
 
-    from workers.rollout_role import RolloutRole
-    from workers.train_role import TrainRole
-    from workers.weight_sync import InProcessSink
+    from workers.roles.rollout_role import RolloutRole
+    from workers.roles.train_role import TrainRole
+    from workers.sync.weight_sync import InProcessSink
 
     # One rank, with the environment a worker has (vLLM's external launcher reads it).
     with socket.socket() as s:

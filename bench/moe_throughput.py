@@ -33,7 +33,7 @@ MODELS = ("tiny:0", "tiny-moe:0")
 
 def make_batch(rows: int, response: int, vocab: int, seed: int = 0):
     """``rows`` responses of lengths between a quarter of ``response`` and all of it."""
-    from rlframe.protocol import Batch
+    from rlframe.core.protocol import Batch
 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(response // 4, response + 1, (rows,), generator=g)

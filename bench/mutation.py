@@ -54,7 +54,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "sequence_layout": (
-        ["rlframe/sequence_layout.py"],
+        ["rlframe/core/sequence_layout.py"],
         ["tests/unit/test_sequence_layout.py", "tests/unit/test_observation_gradient.py"],
     ),
     "multi_turn": (
@@ -100,11 +100,11 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ["tests/unit/test_math_code_rewards.py", "tests/unit/test_reward_hacks.py"],
     ),
     "checkpoint": (
-        ["rlframe/checkpoint.py"],
+        ["rlframe/state/checkpoint.py"],
         ["tests/unit/test_long_runs.py", "tests/unit/test_checkpoint_fallbacks.py"],
     ),
     "validation": (
-        ["rlframe/validation.py"],
+        ["rlframe/loop/validation.py"],
         ["tests/unit/test_long_runs.py", "tests/unit/test_validation_split.py"],
     ),
 }
@@ -114,19 +114,19 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
 EQUIVALENT: dict[str, str] = {
     "rlframe/algorithms/losses.py:107:0.0 -> 1.0": "gspo's clip_ratio_c=0 turns dual-clip off; "
     "1.0 turns it off too (dual-clip needs c > 1)",
-    "rlframe/validation.py:22:1000003 -> 1000004": "any offset gives validation its own seed "
+    "rlframe/loop/validation.py:22:1000003 -> 1000004": "any offset gives validation its own seed "
     "stream; the tests pin the offset's use, not its value",
-    "rlframe/validation.py:30:- -> +": "the early return only skips comb(n - c, k) = 0; "
+    "rlframe/loop/validation.py:30:- -> +": "the early return only skips comb(n - c, k) = 0; "
     "without it the formula gives the same 1.0",
-    "rlframe/validation.py:30:a - b -> a": "as above: n < k never holds (checked just before), "
-    "and the formula covers n - c < k",
+    "rlframe/loop/validation.py:30:a - b -> a": "as above: n < k never holds (checked just "
+    "before), and the formula covers n - c < k",
     "rlframe/rewards/pool.py:94:0 -> 1": "RewardPool.restarts is a counter nothing reads",
     "rlframe/rewards/pool.py:116:drop augmented assignment": "RewardPool.restarts is a counter "
     "nothing reads",
     "rlframe/rewards/pool.py:116:1 -> 2": "RewardPool.restarts is a counter nothing reads",
-    "rlframe/checkpoint.py:216:True -> False": "flush of a console line: only its order "
+    "rlframe/state/checkpoint.py:216:True -> False": "flush of a console line: only its order "
     "among other output changes",
-    "rlframe/checkpoint.py:230:drop call statement": "fsync of the checkpoints folder after "
+    "rlframe/state/checkpoint.py:230:drop call statement": "fsync of the checkpoints folder after "
     "the rename: only a power loss tells it apart",
     "rlframe/rewards/sandbox.py:90:True -> False": "SandboxLimits frozen: nothing assigns to "
     "a limits object, so a mutable one behaves the same",
@@ -166,10 +166,10 @@ EQUIVALENT: dict[str, str] = {
     "rlframe/envs/chat.py:100:< -> <=": "the end-of-turn token never starts the rendered "
     "turns (a user turn comes first), so rfind never returns 0",
     "rlframe/envs/chat.py:100:0 -> 1": "as above: rfind returns -1 or a position past 0",
-    "rlframe/sequence_layout.py:109:drop unary -": "fill value of packed_at for padding "
+    "rlframe/core/sequence_layout.py:109:drop unary -": "fill value of packed_at for padding "
     "slots, never read: selected tokens are response tokens, so always real",
-    "rlframe/sequence_layout.py:109:1 -> 2": "as above: the fill value is never read",
-    "rlframe/sequence_layout.py:196:0 -> 1": "the same starting load on every rank: the "
+    "rlframe/core/sequence_layout.py:109:1 -> 2": "as above: the fill value is never read",
+    "rlframe/core/sequence_layout.py:196:0 -> 1": "the same starting load on every rank: the "
     "lightest rank is the same whatever the offset",
     "rlframe/rollout/multi_turn.py:235:1 -> 2": "call_envs' default turn -1 only means no "
     "turn (a reset): -2 means the same",
@@ -178,9 +178,9 @@ EQUIVALENT: dict[str, str] = {
     "rlframe/rewards/code_tests.py:93:drop call statement": "run_python probes the sandbox "
     "itself (detect_isolation is cached); the early call only moves the error before the test "
     "cases are parsed, on a machine without bubblewrap",
-    "rlframe/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
+    "rlframe/state/checkpoint.py:145:drop call statement": "fsync of a folder: only a power loss "
     "tells it apart, which no test here can cause",
-    "rlframe/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "
+    "rlframe/state/checkpoint.py:152:drop call statement": "flush before fsync: closing the file "
     "flushes it before the rename anyway; only a power loss tells it apart",
 }
 """``file:line:change`` of mutants that no test can kill on this machine, and why. Filled

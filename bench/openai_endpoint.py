@@ -41,8 +41,8 @@ from rlframe.config import (  # noqa: E402
     RolloutConfig,
     RolloutEngineName,
 )
+from rlframe.core.protocol import Batch  # noqa: E402
 from rlframe.data.tiny_model import resolve_model_path  # noqa: E402
-from rlframe.protocol import Batch  # noqa: E402
 
 PROMPT = "guess0-9:"
 TURN_TOKENS = 4
@@ -51,7 +51,7 @@ TURN_TOKENS = 4
 def build(engine: str) -> tuple[Config, Any, Any, str]:
     from transformers import AutoTokenizer
 
-    from workers.rollout_role import RolloutRole
+    from workers.roles.rollout_role import RolloutRole
 
     # What a worker process of a pool of one has (vLLM's executor reads them).
     for key, value in (("OMP_NUM_THREADS", "2"), ("RANK", "0"), ("LOCAL_RANK", "0"),

@@ -70,11 +70,11 @@ def build_config(sp: int, tokens: int):  # -> rlframe.config.Config
     )
 
 
-def build_rows(tokens: int, seed: int):  # -> rlframe.protocol.Batch
+def build_rows(tokens: int, seed: int):  # -> rlframe.core.protocol.Batch
     """One response of ``tokens - PROMPT`` tokens after a prompt of ``PROMPT``."""
     import torch
 
-    from rlframe.protocol import Batch
+    from rlframe.core.protocol import Batch
 
     g = torch.Generator().manual_seed(seed)
     width = tokens - PROMPT

@@ -59,7 +59,7 @@ def build_model(hidden: int, layers: int, folder: Path) -> str:
 
 
 def make_skewed_batch(rows: int, vocab: int, seed: int = 0):
-    from rlframe.protocol import Batch
+    from rlframe.core.protocol import Batch
 
     g = torch.Generator().manual_seed(seed)
     lengths = (16 + 496 * torch.rand(rows, generator=g) ** 3).long()

@@ -1,13 +1,13 @@
 """Weight-sync throughput: the cross-process broadcast against an in-process copy.
 
 A Qwen2-architecture model of about 70M parameters (fp32, random weights, built here) is
-streamed by :class:`workers.weight_sync.WeightSource` in ``--bucket-mb`` buckets, either
+streamed by :class:`workers.sync.weight_sync.WeightSource` in ``--bucket-mb`` buckets, either
 
 - in-process: every bucket copied into a preallocated copy of the weights (what the
   colocated sync does before vLLM's loader takes over), or
-- cross-process: broadcast by :class:`~workers.weight_sync.BroadcastSender` over a gloo
-  (CPU) or NCCL (GPU) :class:`~workers.weight_sync.WeightGroup` to a second process whose
-  :class:`~workers.weight_sync.BroadcastReceiver` copies it into the same preallocated copy
+- cross-process: broadcast by :class:`~workers.sync.weight_sync.BroadcastSender` over a gloo
+  (CPU) or NCCL (GPU) :class:`~workers.sync.weight_sync.WeightGroup` to a second process whose
+  :class:`~workers.sync.weight_sync.BroadcastReceiver` copies it into the same preallocated copy
   (what the separate placement does).
 
 Both paths end with the receiver's copy equal to the source (checked), and the payload is the
@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from rlframe.controller.weight_group import WeightGroupSpec
-from workers.weight_sync import BroadcastReceiver, BroadcastSender, WeightGroup, WeightSource
+from workers.sync.weight_sync import BroadcastReceiver, BroadcastSender, WeightGroup, WeightSource
 
 
 def build_model(device: str) -> torch.nn.Module:

@@ -21,12 +21,12 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from rlframe import startup
 from rlframe.config import Config, ConfigError, build_config
 from rlframe.config.checks import RENAMED_KEYS, check_renamed_key, first_line, list_dotted_keys
+from rlframe.observability import startup
 
 if TYPE_CHECKING:
-    from rlframe.interrupts import Interrupted
+    from rlframe.run.interrupts import Interrupted
 
 BUILTIN_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 RECIPE_DIRS_ENV = "RLFRAME_RECIPE_DIRS"
@@ -195,27 +195,27 @@ def run(cfg: Config) -> None:
     A worker, reward or environment failure ends the run with its own message (role, rank,
     method and the worker's traceback; the env, sample and turn), not with a driver traceback;
     so does a placement the cluster cannot satisfy (one line, within seconds when it never could),
-    and a run whose rollout engine fails the sync check (exit 76, :mod:`rlframe.sync_check`).
+    and a run whose rollout engine fails the sync check (exit 76, :mod:`rlframe.loop.sync_check`).
     """
     from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
     from rlframe.envs import EnvError
-    from rlframe.interrupts import (
+    from rlframe.loop.sync_check import BROKEN_SYNC_EXIT, BrokenSyncError, describe_broken_sync
+    from rlframe.rewards import RewardError
+    from rlframe.run.interrupts import (
         Interrupted,
         describe_position,
         find_interruption,
         install_interrupt_handlers,
     )
-    from rlframe.launch import run_training
-    from rlframe.rewards import RewardError
-    from rlframe.run_dir import lock_run_dir
-    from rlframe.save_failures import (
+    from rlframe.run.launch import run_training
+    from rlframe.state.run_dir import lock_run_dir
+    from rlframe.state.save_failures import (
         DISK_FULL_EXIT,
         CheckpointError,
         describe_full_disk,
         find_full_disk,
     )
-    from rlframe.sync_check import BROKEN_SYNC_EXIT, BrokenSyncError, describe_broken_sync
 
     install_interrupt_handlers()
     try:
@@ -251,7 +251,7 @@ def run(cfg: Config) -> None:
 
 def exit_interrupted(cfg: Config, interrupted: Interrupted) -> NoReturn:
     """Say where the interrupted run stands and exit 128 + the signal's number."""
-    from rlframe.interrupts import describe_interruption
+    from rlframe.run.interrupts import describe_interruption
 
     say_error(describe_interruption(cfg.trainer.output_dir))
     sys.stdout.flush()

@@ -7,7 +7,7 @@
   2 cores). It returns the per-step metrics, the console and the run directory.
 - :func:`check_cli` runs the same entry point in-process for commands that must stop before
   the workers start (config errors, ``--help``, ``--cfg job``). The launcher's checks
-  (:func:`rlframe.preflight.check_run_inputs`, which a real run makes partly while Ray and the
+  (:func:`rlframe.run.preflight.check_run_inputs`, which a real run makes partly while Ray and the
   workers start) run alone, without Ray; a command that passes them fails the test.
 - :func:`spawn_cli` starts ``python -m rlframe.main`` as a child process. Use it only where the
   process is what the test checks: exit codes of a fresh process, signals, the console of a
@@ -85,7 +85,7 @@ def kept_signal_handlers() -> Iterator[None]:
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
-        from rlframe.interrupts import RECEIVED
+        from rlframe.run.interrupts import RECEIVED
 
         RECEIVED.clear()
 
@@ -163,9 +163,9 @@ def check_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
 
     Without ``trainer.output_dir`` in ``args`` the run directory is a fresh temporary folder, so
     nothing lands in the recipe's own ``outputs/``."""
-    import rlframe.launch
+    import rlframe.run.launch
     from rlframe.config import Config
-    from rlframe.preflight import check_run_inputs
+    from rlframe.run.preflight import check_run_inputs
 
     if not any(a.startswith("trainer.output_dir=") or a in ("--cfg", "--help") for a in args):
         args = (*args, f"trainer.output_dir={tempfile.mkdtemp(prefix='rlframe-cli-')}/run")
@@ -181,14 +181,14 @@ def check_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
         raise LauncherReached(reached[-1])
 
     saved_env = dict(os.environ)
-    saved_run = rlframe.launch.run_training
+    saved_run = rlframe.run.launch.run_training
     os.environ.update(env or {})
-    rlframe.launch.run_training = refuse
+    rlframe.run.launch.run_training = refuse
     try:
         code, stdout, stderr = call_main(list(args))
     finally:
         release_all_run_dirs()
-        rlframe.launch.run_training = saved_run
+        rlframe.run.launch.run_training = saved_run
         os.environ.clear()
         os.environ.update(saved_env)
     if reached:
@@ -198,7 +198,7 @@ def check_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
 
 def release_all_run_dirs() -> None:
     """Drop the run-directory locks this process took (a CLI run drops them at exit)."""
-    from rlframe.run_dir import HELD, release_run_dir
+    from rlframe.state.run_dir import HELD, release_run_dir
 
     for path in list(HELD):
         release_run_dir(path)

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from rlframe.data.images import expand_prompt, load_processor
+from rlframe.core.protocol import Batch
 from rlframe.data.visual_tasks import make_colour
-from rlframe.protocol import Batch
+from rlframe.models.images import expand_prompt, load_processor
 
 
 def make_vision_batch(

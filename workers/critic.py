@@ -1,7 +1,7 @@
 """The critic worker: a value model (HF backbone + scalar head) under FSDP2, for PPO/GAE.
 
 It shares the actor's bundles and has its own process group. It is built from the training
-role's blocks (:mod:`workers.train_role`): the same FSDP2 engine and sharding, micro-batch
+role's blocks (:mod:`workers.roles.train_role`): the same FSDP2 engine and sharding, micro-batch
 scoring, loss tail and checkpointing. It reads the actor's batch sizes and packing
 (``actor.mini_batch_size``, ``actor.micro_batch_size``, ``actor.pack_sequences``...).
 """
@@ -15,20 +15,20 @@ from rlframe.config import Config
 from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
-from rlframe.sequence_layout import build_layout
-from workers.engines.checkpointing import load_engine, save_engine
-from workers.engines.fsdp import (
+from rlframe.core.protocol import Batch
+from rlframe.core.sequence_layout import build_layout
+from workers.roles.train_role import (
+    backward_summed_over_ranks,
+    count_optimizer_steps,
+    score_micro_batches,
+)
+from workers.training.checkpointing import load_engine, save_engine
+from workers.training.fsdp import (
     FSDPEngine,
     OptimizerSpec,
     pick_dtype,
     resolve_packing,
     run_minibatch_updates,
-)
-from workers.train_role import (
-    backward_summed_over_ranks,
-    count_optimizer_steps,
-    score_micro_batches,
 )
 
 

@@ -14,10 +14,10 @@ from rlframe.config import Config
 from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch, UpdateResult
-from workers.rollout_role import RolloutRole
-from workers.train_role import TrainRole
-from workers.weight_sync import InProcessSink
+from rlframe.core.protocol import Batch, UpdateResult
+from workers.roles.rollout_role import RolloutRole
+from workers.roles.train_role import TrainRole
+from workers.sync.weight_sync import InProcessSink
 
 
 class HybridWorker(Worker):

@@ -21,9 +21,9 @@ from rlframe.config import Config
 from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
-from workers.engines.fsdp import apply_fsdp, pick_attention, pick_dtype, run_as_root_forward
-from workers.engines.rank0_load import load_rank0_state
+from rlframe.core.protocol import Batch
+from workers.training.fsdp import apply_fsdp, pick_attention, pick_dtype, run_as_root_forward
+from workers.training.rank0_load import load_rank0_state
 
 
 def render_conversation(

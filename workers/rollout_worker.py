@@ -13,9 +13,9 @@ from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
-from workers.rollout_role import RolloutRole
-from workers.weight_sync import BroadcastReceiver, WeightGroup
+from rlframe.core.protocol import Batch
+from workers.roles.rollout_role import RolloutRole
+from workers.sync.weight_sync import BroadcastReceiver, WeightGroup
 
 
 class RolloutWorker(Worker):
@@ -50,6 +50,6 @@ class RolloutWorker(Worker):
 
     @dispatch(Dispatch.ROLLOUT_DP_SPLIT, reads=reads.GENERATE)
     def generate(self, prompts: Batch) -> Batch:
-        """See :meth:`workers.rollout_role.RolloutRole.generate` (the engine never sleeps here,
-        so meta ``more_turns`` changes nothing)."""
+        """See :meth:`workers.roles.rollout_role.RolloutRole.generate` (the engine never sleeps
+        here, so meta ``more_turns`` changes nothing)."""
         return self.rollout_role.generate(prompts)

@@ -13,9 +13,9 @@ from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch, UpdateResult
-from workers.train_role import TrainRole
-from workers.weight_sync import BroadcastSender, WeightGroup
+from rlframe.core.protocol import Batch, UpdateResult
+from workers.roles.train_role import TrainRole
+from workers.sync.weight_sync import BroadcastSender, WeightGroup
 
 
 class TrainWorker(Worker):
@@ -69,7 +69,7 @@ class TrainWorker(Worker):
 
     @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
     def update(self, batch: Batch) -> UpdateResult:
-        """See :meth:`workers.train_role.TrainRole.update`."""
+        """See :meth:`workers.roles.train_role.TrainRole.update`."""
         return self.train_role.update(batch)
 
     @dispatch(Dispatch.ONE_TO_ALL)

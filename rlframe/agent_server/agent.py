@@ -33,11 +33,11 @@ from typing import Any
 from rlframe.agent_server.app import AgentServer
 from rlframe.agent_server.sessions import Session
 from rlframe.agent_server.trajectory import Episode
-from rlframe.algorithms.registry import load_function
 from rlframe.config.agent import compute_response_width
+from rlframe.core.protocol import Batch
+from rlframe.core.registry import load_function
 from rlframe.envs import EnvError
 from rlframe.envs.runner import CallOutcome, run_env_calls
-from rlframe.protocol import Batch
 from rlframe.rollout.agents import AgentContext
 from rlframe.rollout.multi_turn import build_samples
 from rlframe.rollout.rows import TokenRow, attach, collate
@@ -64,8 +64,8 @@ def as_reward(value: Any) -> float | None:
 
 
 def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
-    """The ``openai`` agent (registered in :mod:`rlframe.rollout.agents`); see the module
-    docstring."""
+    """The ``openai`` agent (picked by :func:`rlframe.agent_server.pick_agent`); see the
+    module docstring."""
     server = get_server(ctx)
     server.batcher.meta = dict(prompts.meta)
     if "openai_entry" not in ctx.resources:

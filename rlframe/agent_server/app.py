@@ -39,7 +39,7 @@ from rlframe.agent_server.sessions import Session, SessionRegistry
 from rlframe.agent_server.trajectory import Episode, normalize_message
 from rlframe.config import Config
 from rlframe.config.agent import compute_response_width, is_loopback
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from rlframe.rollout.multi_turn import mix_seed
 
 ACCEPTED = {

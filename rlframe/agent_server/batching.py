@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from rlframe.rollout.rows import build_request
 
 

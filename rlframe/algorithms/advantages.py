@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlframe.algorithms.registry import Registry
+from rlframe.core.registry import Registry
 
 if TYPE_CHECKING:
     from rlframe.config import AlgorithmConfig

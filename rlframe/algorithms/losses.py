@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlframe.algorithms.names import KL_ESTIMATORS, LOSS_AGGREGATIONS
-from rlframe.algorithms.registry import Registry
+from rlframe.config.names import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from rlframe.core.registry import Registry
 
 if TYPE_CHECKING:
     from rlframe.config import AlgorithmConfig

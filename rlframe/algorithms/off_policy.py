@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlframe.algorithms.losses import MAX_LOG_RATIO
-from rlframe.algorithms.names import OffPolicyCorrection
+from rlframe.config.names import OffPolicyCorrection
 
 if TYPE_CHECKING:
     from rlframe.config import AlgorithmConfig, Config

@@ -26,8 +26,8 @@ from rlframe.algorithms.losses import (
     masked_mean,
 )
 from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
-from rlframe.algorithms.names import OffPolicyCorrection
 from rlframe.algorithms.off_policy import compute_behaviour_weights
+from rlframe.config.names import OffPolicyCorrection
 
 if TYPE_CHECKING:
     from rlframe.config import AlgorithmConfig

@@ -2,7 +2,7 @@
 
 The agent itself is chosen by ``rollout.agent`` (single_turn, multi_turn, or a user's
 function); this section sets the environment and the limits of an episode. Names and paths
-are resolved and checked by :mod:`rlframe.preflight`, before Ray starts.
+are resolved and checked by :mod:`rlframe.run.preflight`, before Ray starts.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_choice, require_positive
+from rlframe.core.registry import absolutize
 
 ENV_ERROR_POLICIES = ("raise", "fail_episode")
 
@@ -92,7 +92,7 @@ class AgentConfig:
     """Largest request body; larger ones get HTTP 413."""
 
     def __post_init__(self) -> None:
-        # The name is checked against the registry by rlframe.preflight.
+        # The name is checked against the registry by rlframe.run.preflight.
         self.env = absolutize(self.env) if self.env else ""
         require(self.max_turns >= 1, "agent.max_turns", f"must be >= 1, got {self.max_turns}")
         for key, value in (

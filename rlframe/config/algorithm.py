@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlframe.algorithms.names import (
+from rlframe.config.checks import require, require_choice, require_positive
+from rlframe.config.names import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     MISMATCH_LEVELS,
@@ -13,8 +14,7 @@ from rlframe.algorithms.names import (
     OffPolicyCorrection,
     RouterReplay,
 )
-from rlframe.algorithms.registry import absolutize
-from rlframe.config.checks import require, require_choice, require_positive
+from rlframe.core.registry import absolutize
 
 
 @dataclass
@@ -110,14 +110,14 @@ class AlgorithmConfig:
     """Mixture-of-experts models: off, or rollout (R3: the rollout engine records the experts
     each token was routed to, and the trainer's log-prob pass and update route every token to
     them; the router's weights of those experts are recomputed, so the router still learns).
-    Needs a replayable MoE model (rlframe.moe_routing), the single_turn agent in lockstep, and
-    an engine that records routing: hf anywhere, vllm on CUDA only."""
+    Needs a replayable MoE model (rlframe.models.moe_routing), the single_turn agent in
+    lockstep, and an engine that records routing: hf anywhere, vllm on CUDA only."""
     behav_weight_cap: float = 5.0
     """decoupled: tokens whose behaviour weight pi_prox / pi_rollout exceeds this are dropped
     from the loss (AReaL's behav_imp_weight_cap); 0 keeps every token. Must be 0 or > 1."""
 
     def __post_init__(self) -> None:
-        # Registered names are checked by rlframe.preflight (the registries import torch);
+        # Registered names are checked by rlframe.run.preflight (the registries import torch);
         # file paths are made absolute here so that workers load the same file.
         self.advantage, self.policy_loss = absolutize(self.advantage), absolutize(self.policy_loss)
         require_choice(self.loss_agg, LOSS_AGGREGATIONS, "algorithm.loss_agg")

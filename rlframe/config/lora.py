@@ -3,7 +3,8 @@
 The base weights stay frozen; only the adapters (and their optimizer state) train, are
 checkpointed and, with ``sync=adapter``, travel to the rollout engine. Value checks run in
 the schema (:func:`check_lora`); whether the target modules exist in the model is checked
-against the model's architecture before Ray starts (:func:`rlframe.preflight.check_lora_targets`).
+against the model's architecture before Ray starts
+(:func:`rlframe.models.lora_targets.check_lora_targets`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class LoraConfig:
     """Names (last path segment) of the linear layers that get adapters, e.g. ``[q_proj,
     v_proj]``. Empty: every linear layer of the decoder (peft's ``all-linear``, no LM head);
     on a mixture-of-experts model, every attention layer (experts and router take none, see
-    rlframe/lora_targets.py). On a vision-language model they name the language model's
+    rlframe/models/lora_targets.py). On a vision-language model they name the language model's
     layers: the vision tower takes no adapters and keeps its loaded weights."""
     sync: LoraSync = LoraSync.merged
     """How the rollout engine gets the trained weights: ``merged`` (full tensors, base plus
@@ -54,7 +55,7 @@ class LoraConfig:
         return self.rank > 0
 
     def to_peft(self, head: str = "lm", targets: list[str] | None = None) -> peft.LoraConfig:
-        """The peft config: ``targets`` when given (:func:`rlframe.lora_targets.
+        """The peft config: ``targets`` when given (:func:`rlframe.models.lora_targets.
         list_peft_targets`: the attention of an MoE model, the language model's layers of a
         vision-language model by their full names), else ``target_modules``, else every
         linear layer of the decoder (``all-linear`` leaves the LM head out). ``head="value"``

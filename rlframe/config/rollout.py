@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from rlframe.algorithms.names import OffPolicyCorrection
-from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_positive
+from rlframe.config.names import OffPolicyCorrection
+from rlframe.core.registry import absolutize
 
 
 class Placement(str, Enum):
@@ -127,7 +127,7 @@ class RolloutConfig:
             "rollout.max_logprob_diff",
             f"must be >= 0 nats (0: no sync check; null: by dtype), got {self.max_logprob_diff}",
         )
-        # The name is checked against the registry by rlframe.preflight.
+        # The name is checked against the registry by rlframe.run.preflight.
         self.agent = absolutize(self.agent)
         require(self.n >= 1, "rollout.n", f"must be >= 1 (responses per prompt), got {self.n}")
         require_positive(self.max_tokens, "rollout.max_tokens")

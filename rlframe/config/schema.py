@@ -7,7 +7,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlframe.algorithms.names import GROUP_RELATIVE, NEEDS_CRITIC
 from rlframe.config.agent import AgentConfig
 from rlframe.config.algorithm import AlgorithmConfig, check_router_replay_setup
 from rlframe.config.checks import (
@@ -19,6 +18,7 @@ from rlframe.config.checks import (
 )
 from rlframe.config.lora import check_adapter_sync, check_lora
 from rlframe.config.model import ModelConfig
+from rlframe.config.names import GROUP_RELATIVE, NEEDS_CRITIC
 from rlframe.config.placement import check_placement
 from rlframe.config.rollout import RolloutConfig, check_async, check_sync_gap
 from rlframe.config.sections import (

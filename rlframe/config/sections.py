@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from rlframe.algorithms.registry import absolutize
 from rlframe.config.checks import require, require_choice, require_positive
 from rlframe.config.lora import LoraConfig
-from rlframe.data.tasks import TASK_NAMES
+from rlframe.config.names import TASK_NAMES
+from rlframe.core.registry import absolutize
 
 
 class Device(str, Enum):
@@ -249,7 +249,7 @@ class RewardConfig:
     def __post_init__(self) -> None:
         import math
 
-        # The name is checked against the registry by rlframe.preflight.
+        # The name is checked against the registry by rlframe.run.preflight.
         self.fn = absolutize(self.fn)
         require_positive(self.overlong_penalty, "reward.overlong_penalty")
         require(

@@ -14,6 +14,7 @@ import threading
 import time
 
 from rlframe.config import Device, RayConfig
+from rlframe.config.device import will_start_local_ray
 
 # Read by ray._private.ray_constants at import (and patched below when Ray is already
 # imported). Off, Ray takes 127.0.0.1 as this machine's address instead of asking the
@@ -26,10 +27,6 @@ SYSTEM_CONFIG = {"enable_worker_prestart": False, "prestart_worker_first_driver"
 and again when the driver connects. Every rlframe actor has a runtime environment of its own
 (its rank's variables), so none of them ever runs in one, and on a small machine their
 start-up took CPU from the workers'."""
-
-
-def will_start_local_ray(cfg: RayConfig) -> bool:
-    return not (cfg.address or os.environ.get("RAY_ADDRESS"))
 
 
 def prepare_ray_environment(cfg: RayConfig) -> bool:
@@ -47,8 +44,8 @@ def init_ray(cfg: RayConfig) -> bool:
     the object manager and every worker's gRPC server listen on loopback only), the
     dashboard (when ``ray.include_dashboard``) and the workers' rendezvous. A reaper process
     stops it if the driver dies without shutting it down (SIGKILL). Ray's driver logging is
-    left to the handlers :func:`rlframe.logs.route_driver_logs` installed. Returns True when
-    this call started a local Ray, which the caller then shuts down.
+    left to the handlers :func:`rlframe.observability.logs.route_driver_logs` installed.
+    Returns True when this call started a local Ray, which the caller then shuts down.
     """
     local = prepare_ray_environment(cfg)
     import ray

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypeVar
 
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 
 DISPATCH_ATTR = "__rlframe_dispatch__"
 

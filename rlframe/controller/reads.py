@@ -19,11 +19,11 @@ GENERATE = ("prompt_tokens", "seed", "max_tokens", IMAGES)
 (optional) images."""
 
 FORWARD = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "loss_mask", IMAGES)
-"""A training-engine forward over prompt + response (see rlframe.sequence_layout)."""
+"""A training-engine forward over prompt + response (see rlframe.core.sequence_layout)."""
 
 POLICY_FORWARD = (*FORWARD, "routed_experts")
 """The policy's forward: with router replay on, each token's routed experts
-(rlframe.moe_routing) too. The reference and the critic route freely: not theirs."""
+(rlframe.models.moe_routing) too. The reference and the critic route freely: not theirs."""
 
 POLICY_UPDATE = (
     *POLICY_FORWARD,

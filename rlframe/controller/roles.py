@@ -15,7 +15,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from rlframe.protocol import Batch, UpdateResult
+from rlframe.core.protocol import Batch, UpdateResult
 
 if TYPE_CHECKING:
     from rlframe.controller.weight_group import WeightGroupSpec

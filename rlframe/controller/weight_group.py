@@ -3,7 +3,7 @@
 The launcher picks one address and port and passes the same :class:`WeightGroupSpec` to both
 groups' ``init_weight_group(spec)``. Trainer ranks are ranks ``0..trainer_world-1`` of that
 torch.distributed group, rollout ranks ``trainer_world..trainer_world+rollout_world-1``.
-The launcher's side (picking the address, joining, syncing) is in :mod:`rlframe.pools`; this
+The launcher's side (picking the address, joining, syncing) is in :mod:`rlframe.run.pools`; this
 module stays light because the workers import the spec.
 """
 

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from rlframe.controller.dispatch import Dispatch, dispatch
-from rlframe.logs import route_worker_logs
-from rlframe.startup import StartupClock
+from rlframe.observability.logs import route_worker_logs
+from rlframe.observability.startup import StartupClock
 
 RENDEZVOUS_FILE_ENV = "RLFRAME_RENDEZVOUS_FILE"
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
+from rlframe.core.protocol import Batch
 from rlframe.data.prompts import PromptRecord
-from rlframe.protocol import Batch
 
 
 class PromptLoader:

@@ -88,7 +88,7 @@ def to_image_entry(image: Any) -> dict[str, Any]:
     encoded as PNG)."""
     if isinstance(image, dict):
         return {"bytes": image.get("bytes"), "path": image.get("path")}
-    from rlframe.data.images import encode_png
+    from rlframe.models.images import encode_png
 
     return {"bytes": encode_png(image), "path": None}
 

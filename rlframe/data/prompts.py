@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlframe.data.images import expand_prompt, load_processor, place_images, read_image_bytes
 from rlframe.data.tasks import VISUAL_TASKS, generate_examples
+from rlframe.models.images import expand_prompt, load_processor, place_images, read_image_bytes
 
 
 @dataclass

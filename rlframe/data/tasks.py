@@ -67,15 +67,16 @@ ENV_TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {"guess": mak
 VISUAL_TASKS = ("colour",)
 """Tasks whose prompts carry an image (:mod:`rlframe.data.visual_tasks`); for a
 vision-language model, not part of ``mixed``."""
-TASK_NAMES = (*TASKS, "mixed", *ENV_TASKS, *VISUAL_TASKS)
+GENERATED_TASKS = (*TASKS, "mixed", *ENV_TASKS, *VISUAL_TASKS)
+"""Every task this module generates: the schema's ``TASK_NAMES``."""
 """What ``data.task`` accepts: each task, ``mixed`` (the rule-scored ones in turn), an env
 task, or a visual task."""
 
 
 def generate_examples(task: str, count: int, seed: int) -> list[Example]:
     """``count`` examples of ``task`` (or ``mixed``: all tasks in turn), fixed by ``seed``."""
-    if task not in TASK_NAMES:
-        raise ValueError(f"unknown synthetic task {task!r}; choose from {list(TASK_NAMES)}")
+    if task not in GENERATED_TASKS:
+        raise ValueError(f"unknown synthetic task {task!r}; choose from {list(GENERATED_TASKS)}")
     rng = random.Random(seed)
     if task in VISUAL_TASKS:
         from rlframe.data.visual_tasks import make_colour

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from rlframe.data.images import encode_png
+from rlframe.models.images import encode_png
 
 COLOURS = {
     "red": (220, 30, 30),

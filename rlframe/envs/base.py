@@ -22,8 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
-from rlframe.algorithms.registry import Registry
-from rlframe.data.images import place_images
+from rlframe.core.registry import Registry
+from rlframe.models.images import place_images
 
 Message = dict[str, Any]
 """A chat message: ``{"role": "user" | "tool" | "system" | "assistant", "content": ...}``.

@@ -20,8 +20,8 @@ the end-of-turn token and says so when it is not.
 Images (a vision-language model): a message's content may be a list of parts, ``{"type":
 "image", "image": <PIL image | bytes>}`` among ``{"type": "text", ...}`` ones. The template
 places each image's pad; the model's processor then repeats the pad to the image's token
-count (:func:`rlframe.data.images.expand_prompt`), as vLLM's processor does with the same
-image, and the caller appends the images (:func:`rlframe.data.images.collect_images`) to the
+count (:func:`rlframe.models.images.expand_prompt`), as vLLM's processor does with the same
+image, and the caller appends the images (:func:`rlframe.models.images.collect_images`) to the
 row's ``images`` extra in the same order.
 
 Tokenizers without a chat template (the tiny test model) get :data:`PLAIN_TEMPLATE`:
@@ -35,8 +35,8 @@ import hashlib
 import json
 from typing import Any
 
-from rlframe.data.images import collect_images, expand_prompt, load_processor
 from rlframe.envs.base import EnvError, Message
+from rlframe.models.images import collect_images, expand_prompt, load_processor
 
 PLAIN_TEMPLATE = (
     "{%- for message in messages -%}"

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlframe.algorithms.registry import Registry
+from rlframe.core.registry import Registry
 
 
 @dataclass

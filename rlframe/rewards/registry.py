@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlframe.algorithms.registry import Registry
+from rlframe.core.registry import Registry
 
 RewardFn = Callable[[str, str, dict[str, Any]], float]
 REWARDS: Registry[RewardFn] = Registry("reward")

@@ -30,7 +30,7 @@ import torch
 from rlframe.config import Config, RewardConfig
 from rlframe.config.agent import AgentConfig
 from rlframe.controller.roles import RewardModelGroup
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from rlframe.rewards.scoring import RuleScorer
 
 

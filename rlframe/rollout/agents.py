@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from rlframe.algorithms.registry import Registry, load_function
 from rlframe.config import Config
+from rlframe.core.protocol import Batch
+from rlframe.core.registry import Registry
 from rlframe.envs.runner import count_stuck_calls
-from rlframe.protocol import Batch
 from rlframe.rollout.rows import generate_batch
 
 
@@ -57,15 +57,6 @@ AGENTS: Registry[AgentFn] = Registry("rollout agent")
 def run_single_turn(prompts: Batch, ctx: AgentContext) -> Batch:
     """One sampled response per row: every response token is the policy's."""
     return generate_batch(ctx.generate, prompts, ctx.config.rollout.max_tokens)
-
-
-@AGENTS.register("openai")
-def run_openai_agent(prompts: Batch, ctx: AgentContext) -> Batch:
-    """Episodes of ``agent.entry`` against the run's OpenAI-compatible server."""
-    # Loaded by path, as users' agents are: rlframe.agent_server is an agent built on this
-    # package (an import here would close a circle), and its server stack (aiohttp) loads
-    # only for the runs that use it.
-    return load_function("rlframe.agent_server.agent:run_openai_episodes")(prompts, ctx)
 
 
 def collect_agent_metrics(batch: Batch) -> dict[str, float]:

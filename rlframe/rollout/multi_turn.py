@@ -30,11 +30,11 @@ from typing import Any
 
 from rlframe.config.agent import compute_response_width
 from rlframe.controller.reads import IMAGES
+from rlframe.core.protocol import Batch
 from rlframe.envs import ChatFormat, EnvError, build_env_factory, get_tools
 from rlframe.envs.base import as_step_result, check_messages
 from rlframe.envs.chat import read_images
 from rlframe.envs.runner import CallOutcome, run_env_calls
-from rlframe.protocol import Batch
 from rlframe.rollout.agents import AGENTS, AgentContext
 from rlframe.rollout.rows import TokenRow, attach, collate, image_extras, sample_turns
 

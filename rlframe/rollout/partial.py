@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from rlframe.core.protocol import Batch
 from rlframe.data.prompts import PromptRecord
-from rlframe.protocol import Batch
 from rlframe.rollout.rows import TokenRow, add_turns, build_request, read_row_images
 
 

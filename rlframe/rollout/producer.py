@@ -30,13 +30,19 @@ from typing import Any, Protocol
 
 import torch
 
-from rlframe.algorithms.names import NEEDS_GREEDY_BASELINE
 from rlframe.config import Config, StaleGroups
+from rlframe.config.names import NEEDS_GREEDY_BASELINE
+from rlframe.core.protocol import Batch
 from rlframe.data.loader import PromptLoader, build_prompt_batch
 from rlframe.data.prompts import PromptRecord
-from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
-from rlframe.rollout.agents import AGENTS, AgentContext, collect_agent_metrics, fill_mini_batches
+from rlframe.rollout.agents import (
+    AGENTS,
+    AgentContext,
+    AgentFn,
+    collect_agent_metrics,
+    fill_mini_batches,
+)
 from rlframe.rollout.partial import Group, build_continuation, join_batch, merge_call
 from rlframe.rollout.rows import TokenRow, attach, collate, image_extras
 from rlframe.rollout.sampling import concat_groups, has_uniform_rewards
@@ -96,10 +102,13 @@ class ExperienceProducer:
         loader: PromptLoader,
         rewards: RewardStage,
         overlap: bool = False,
+        agent: AgentFn | None = None,
     ) -> None:
         self.cfg, self.tokenizer, self.loader, self.rewards = cfg, tokenizer, loader, rewards
         self.context = AgentContext(generate, tokenizer, cfg)
-        self.agent = AGENTS.get(cfg.rollout.agent)
+        self.agent = agent or AGENTS.get(cfg.rollout.agent)
+        """``rlframe.agent_server.pick_agent``'s choice (the run passes it); a built-in or a
+        user's agent by default."""
         r, a = cfg.rollout, cfg.algorithm
         self.continues = r.agent == "single_turn"
         """Responses continue call by call; any other agent's episodes run whole."""

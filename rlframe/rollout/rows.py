@@ -22,8 +22,7 @@ from typing import Any
 import torch
 
 from rlframe.controller.reads import IMAGES
-from rlframe.moe_routing import ROUTED_EXPERTS
-from rlframe.protocol import Batch
+from rlframe.core.protocol import ROUTED_EXPERTS, Batch
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from rlframe.moe_routing import ROUTED_EXPERTS, left_pad_routed_experts
-from rlframe.protocol import Batch
+from rlframe.core.protocol import ROUTED_EXPERTS, Batch
+from rlframe.models.moe_routing import left_pad_routed_experts
 
 
 def has_uniform_rewards(group: Batch) -> bool:

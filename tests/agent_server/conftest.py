@@ -29,7 +29,7 @@ from rlframe.data.tiny_model import (
     save_model_atomically,
 )
 from tests.unit.chatml_tokenizer import build_chatml_tokenizer
-from workers.rollout_role import RolloutRole
+from workers.roles.rollout_role import RolloutRole
 
 
 def make_config(**agent: Any) -> Config:

@@ -8,16 +8,17 @@ from typing import Any
 import pytest
 import torch
 
+from rlframe.agent_server import pick_agent
 from rlframe.config import AgentConfig
+from rlframe.core.protocol import Batch
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import load_prompt_records
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.envs import EnvError
-from rlframe.protocol import Batch
 from rlframe.rewards.stage import combine_rewards
-from rlframe.rollout import AGENTS, AgentContext
+from rlframe.rollout import AgentContext
 from tests.agent_server.conftest import make_config
-from workers.rollout_role import RolloutRole
+from workers.roles.rollout_role import RolloutRole
 
 PLUGINS = "tests.plugins.openai_agents"
 
@@ -37,7 +38,7 @@ def run(entry: str, dynamic_sampling: bool = False, **agent: Any) -> tuple[Batch
     }
     ctx = AgentContext(RolloutRole(cfg, path, "cpu", 0).generate, tokenizer, cfg)
     try:
-        return prompts, AGENTS.get("openai")(prompts, ctx)
+        return prompts, pick_agent("openai")(prompts, ctx)
     finally:
         ctx.resources["openai_server"].stop()
 

@@ -25,7 +25,7 @@ from rlframe.agent_server.guard import RateLimitedLog, count_open_fds
 from rlframe.data.tiny_model import resolve_model_path
 from tests.agent_server.conftest import Served, make_config
 from tests.flood import FLOOD
-from workers.rollout_role import RolloutRole
+from workers.roles.rollout_role import RolloutRole
 
 USER = [{"role": "user", "content": "1+1=?"}]
 FD_HEADROOM = 400

@@ -56,7 +56,7 @@ def sample_with_vllm(export: str, out: str) -> None:
 
 
 def build_rows(samples: list[dict]):
-    from rlframe.protocol import Batch
+    from rlframe.core.protocol import Batch
 
     width = max(len(s["prompt_ids"]) for s in samples)
     ids = torch.zeros(len(samples), width, dtype=torch.long)
@@ -77,9 +77,9 @@ def build_rows(samples: list[dict]):
 
 @torch.no_grad()
 def score(model: torch.nn.Module, samples: list[dict]) -> list[list[float]]:
-    """The trainer's own scoring functions (workers.engines.fsdp), whatever the model."""
-    from rlframe.sequence_layout import build_padded_layout
-    from workers.engines.fsdp import compute_layout_logprobs
+    """The trainer's own scoring functions (workers.training.fsdp), whatever the model."""
+    from rlframe.core.sequence_layout import build_padded_layout
+    from workers.training.fsdp import compute_layout_logprobs
 
     layout = build_padded_layout(build_rows(samples))
     return layout.to_grid(compute_layout_logprobs(model, layout, 1.0, 0, False).logprobs).tolist()
@@ -111,8 +111,8 @@ def score_with_fsdp(checkpoint: str, samples: list[dict]) -> list[list[float]]:
 
     from rlframe.config import ModelConfig
     from rlframe.data.tiny_model import resolve_model_path
-    from workers.engines.checkpointing import load_engine
-    from workers.engines.fsdp import FSDPEngine, OptimizerSpec
+    from workers.training.checkpointing import load_engine
+    from workers.training.fsdp import FSDPEngine, OptimizerSpec
 
     # A one-process group meets through a file: a TCP port picked in advance can be taken by then.
     store = Path(tempfile.mkdtemp()) / "store"

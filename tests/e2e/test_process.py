@@ -124,7 +124,7 @@ def test_a_signal_during_worker_start_up_stops_with_one_line(
 def test_a_check_failing_during_start_up_stops_everything_in_one_line(
     tmp_path: Path, override: str, error: str
 ) -> None:
-    """The run's checks overlap Ray's start and the workers' (rlframe.launch.run_training): a
+    """The run's checks overlap Ray's start and the workers' (rlframe.run.launch.run_training): a
     failing one still ends the run with its one config-error line and exit 2, and stops the
     local Ray it had begun (every process seen in the driver's tree is gone once it exits)."""
     command = cli_command("+recipe=grpo_tiny", override, f"trainer.output_dir={tmp_path / 'run'}")

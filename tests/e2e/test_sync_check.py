@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.sync_check import BROKEN_SYNC_EXIT, FP32_MAX_LOGPROB_DIFF
+from rlframe.loop.sync_check import BROKEN_SYNC_EXIT, FP32_MAX_LOGPROB_DIFF
 from tests.e2e.async_cases import PLACEMENTS
 from tests.harness import RunResult, run_recipe, shipped_by_value
 from tests.plugins import lost_sync

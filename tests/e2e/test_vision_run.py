@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.data.images import PROCESSOR_FILES
+from rlframe.models.images import PROCESSOR_FILES
 from rlframe.rollout.state_json import decode_state
 from tests.checkpoints import resume_from_copy
 from tests.harness import (

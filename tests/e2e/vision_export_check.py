@@ -27,8 +27,8 @@ def main(export: str, out: str) -> None:
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from vllm import LLM, SamplingParams
 
-    from rlframe.data.images import decode_image
     from rlframe.data.visual_tasks import make_colour
+    from rlframe.models.images import decode_image
 
     prompt, _, images = make_colour(random.Random(0))
     image = decode_image(images[0])

@@ -18,10 +18,10 @@ import torch
 from rlframe.config import Config
 from rlframe.controller.dispatch import Dispatch, dispatch
 from workers.hybrid import HybridWorker
-from workers.rollout_role import RolloutRole
+from workers.roles.rollout_role import RolloutRole
 from workers.rollout_worker import RolloutWorker
-from workers.sync_probe import SyncProbe
-from workers.weight_sync import InProcessSink
+from workers.sync.sync_probe import SyncProbe
+from workers.sync.weight_sync import InProcessSink
 
 EXPERT = re.compile(r"^model\.layers\.0\.mlp\.experts\.([01])\.")
 SWAPPED = {"0": "1", "1": "0"}

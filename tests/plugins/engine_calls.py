@@ -16,8 +16,8 @@ from typing import Any
 
 from rlframe.config import Config
 from rlframe.controller.dispatch import Dispatch, dispatch
-from workers.engines.base import RolloutEngine
 from workers.hybrid import HybridWorker
+from workers.inference.base import RolloutEngine
 
 COUNTED = ("sleep", "wake_up", "generate")
 LOG_NAME = "engine_calls.jsonl"

@@ -11,10 +11,10 @@ import torch
 from rlframe.config import Config
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.worker_group import WorkerGroup
+from rlframe.core.protocol import Batch
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import load_prompt_records
 from rlframe.data.tiny_model import build_tiny_tokenizer
-from rlframe.protocol import Batch
 
 
 def tiny_config(world: int = 1, **sections: dict[str, Any]) -> Config:
@@ -49,7 +49,7 @@ class TinyGroups:
     ) -> WorkerGroup:
         """A group of ``worker_cls`` (default :class:`workers.hybrid.HybridWorker`) with
         ``world`` ranks (default ``cfg.trainer.procs_per_node``), started with ``cfg``."""
-        from rlframe.launch import worker_env
+        from rlframe.run.launch import worker_env
 
         if worker_cls is None:
             from workers.hybrid import HybridWorker

@@ -12,7 +12,7 @@ import ray
 import torch
 
 from rlframe.controller.worker_group import WorkerError, wait_calls
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from tests.ray.workers_for_tests import rows
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")

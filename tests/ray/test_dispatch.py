@@ -11,7 +11,7 @@ import torch
 
 from rlframe.controller.placement import PlacementError, ResourcePool
 from rlframe.controller.worker_group import WorkerError, WorkerGroup
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from tests.ray.workers_for_tests import BrokenWorker, EchoWorker, rows
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")

@@ -1,7 +1,7 @@
 """The weight sync of a mixture-of-experts policy (``tiny-moe:0``, Qwen3-MoE, 8 experts, top-2)
 across pools (``rollout.placement=separate``): after every sync the engine's log-probs of its
 own samples match the trainer's (vLLM 0.32's CPU fused-MoE kernel read a sync's experts in
-the wrong layout until workers/engines/vllm_moe.py), and a sync that corrupts a single
+the wrong layout until workers/inference/vllm_moe.py), and a sync that corrupts a single
 expert (two experts swapped, or one dropped) shows in the same gap, far above its noise.
 """
 
@@ -12,10 +12,10 @@ import torch
 from ray import cloudpickle
 
 from rlframe.controller.worker_group import WorkerGroup
+from rlframe.core.protocol import Batch
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.pools import build_broadcast_sync, join_weight_group, pick_weight_group_spec
-from rlframe.protocol import Batch
 from rlframe.rollout.rows import generate_batch
+from rlframe.run.pools import build_broadcast_sync, join_weight_group, pick_weight_group_spec
 from tests.plugins import corrupt_experts
 from tests.ray.factories import TinyGroups, logprob_gap, prompts_for, tiny_config
 

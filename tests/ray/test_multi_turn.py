@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlframe.config import Config
+from rlframe.core.protocol import Batch
 from rlframe.envs import ChatFormat
-from rlframe.protocol import Batch
 from rlframe.rollout import AgentContext, run_single_turn
 from rlframe.rollout.multi_turn import mix_seed, run_episodes
 from tests.ray.factories import prompts_for, tiny_config

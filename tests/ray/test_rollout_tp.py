@@ -13,7 +13,7 @@ import torch
 
 from rlframe.controller.dispatch import Dispatch, split_call
 from rlframe.controller.worker_group import WorkerGroup
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from rlframe.rollout.rows import build_request, generate_batch, read_prompt_rows
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
 

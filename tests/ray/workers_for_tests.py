@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 
 
 def rows(n: int) -> Batch:

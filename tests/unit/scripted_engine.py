@@ -20,11 +20,10 @@ from rlframe.config import (
     RewardConfig,
     RolloutConfig,
 )
+from rlframe.core.protocol import ROUTED_EXPERTS, Batch
 from rlframe.data.loader import PromptLoader
 from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
-from rlframe.moe_routing import ROUTED_EXPERTS
-from rlframe.protocol import Batch
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer
 from rlframe.rollout.rows import build_response

@@ -16,10 +16,10 @@ from rlframe.config import (
     ModelConfig,
     RolloutConfig,
 )
+from rlframe.core.protocol import Batch
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
-from rlframe.protocol import Batch
 from rlframe.rollout import AgentContext
 from rlframe.rollout.multi_turn import run_episodes
 from rlframe.rollout.rows import build_response

@@ -92,7 +92,7 @@ def test_loopback_hosts_need_nothing_more(host: str) -> None:
 def test_a_taken_server_port_fails_before_ray() -> None:
     import socket
 
-    from rlframe.preflight import check_server_port
+    from rlframe.run.preflight import check_server_port
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -109,7 +109,7 @@ def test_a_taken_server_port_fails_before_ray() -> None:
 def test_the_agents_http_client_lines_stay_out_of_the_driver_log(tmp_path: Path) -> None:
     import logging
 
-    from rlframe.logs import route_driver_logs
+    from rlframe.observability.logs import route_driver_logs
 
     before = logging.getLogger("httpx").level  # another test of this process may have set it
     routing = route_driver_logs(tmp_path, "warning")

@@ -18,7 +18,7 @@ from rlframe.algorithms.losses import (
     compute_kl,
 )
 from rlframe.config import AlgorithmConfig, RewardConfig
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from rlframe.rewards.stage import compute_overlong_penalty
 from rlframe.rollout.sampling import has_uniform_rewards
 

@@ -17,8 +17,8 @@ from rlframe.algorithms.losses import (
     compute_kl,
     compute_ppo_clip_loss,
 )
-from rlframe.algorithms.registry import Registry
 from rlframe.config import AlgorithmConfig
+from rlframe.core.registry import Registry
 
 
 def grpo(
@@ -101,7 +101,7 @@ def test_kl_estimators() -> None:
 @pytest.mark.parametrize("chunk", [0, 2])
 def test_entropy_of_uniform_is_log_vocab(chunk: int) -> None:
     # Zero hidden states give zero logits: the uniform distribution over the 8 tokens.
-    from workers.engines.token_logprobs import compute_token_logprobs
+    from workers.training.token_logprobs import compute_token_logprobs
 
     out = compute_token_logprobs(
         torch.zeros(6, 4), torch.randn(8, 4), torch.zeros(6, dtype=torch.long), 1.0, chunk, True

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from rlframe.checkpoint import (
+from rlframe.config import Config, ConfigError, ModelConfig, TrainerConfig
+from rlframe.state.checkpoint import (
     Checkpointer,
     find_latest_checkpoint,
     list_checkpoints,
     resolve_resume,
 )
-from rlframe.config import Config, ConfigError, ModelConfig, TrainerConfig
 
 
 def make_config(out: Path, **trainer: Any) -> Config:
@@ -161,7 +161,7 @@ def test_never_ignores_a_complete_checkpoint(tmp_path: Path) -> None:
 
 
 def prepare_output_dir(cfg: Config, resume_step: int | None) -> Path:
-    from rlframe.launch import prepare_output_dir as prepare
+    from rlframe.run.launch import prepare_output_dir as prepare
 
     return prepare(cfg, resume_step)
 
@@ -202,7 +202,7 @@ class CountingValidator:
 
 def run_loop(tmp_path: Path, **trainer: Any) -> tuple[list[int], list[int], Path]:
     """Trainer.fit with steps that do nothing: (steps validated, steps saved, checkpoints)."""
-    from rlframe.trainer import Trainer
+    from rlframe.loop.trainer import Trainer
 
     class IdleTrainer(Trainer):
         def step(self) -> dict[str, float]:

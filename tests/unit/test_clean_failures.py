@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.checkpoint import Checkpointer
-from rlframe.checkpoint_layout import find_latest_checkpoint
-from rlframe.interrupts import describe_interruption
-from rlframe.save_failures import CheckpointError
+from rlframe.run.interrupts import describe_interruption
+from rlframe.state.checkpoint import Checkpointer
+from rlframe.state.checkpoint_layout import find_latest_checkpoint
+from rlframe.state.save_failures import CheckpointError
 from tests.harness import check_cli
 
 
@@ -93,7 +93,7 @@ def fill(disk: Path) -> None:
 
 
 def test_metrics_jsonl_on_a_full_disk_keeps_whole_lines_and_names_itself(small_disk: Path) -> None:
-    from rlframe.tracking import Tracker
+    from rlframe.observability.tracking import Tracker
 
     tracker = Tracker(small_disk, ["jsonl"], 9, None, "p", "e")
     tracker.log(1, {"reward/mean": 0.5})
@@ -112,7 +112,7 @@ def test_driver_log_drops_what_a_full_disk_cannot_take_without_a_traceback(
 ) -> None:
     import logging
 
-    from rlframe.logs import DriverLogFile
+    from rlframe.observability.logs import DriverLogFile
 
     handler = DriverLogFile(small_disk / "driver.log")
     fill(small_disk)
@@ -128,10 +128,10 @@ def test_a_full_disk_ends_the_run_in_one_line_with_its_own_exit_status(
     """The entry point's handling: the training loop (here the real Tracker writing steps,
     without Ray) hits a full disk at its metrics.jsonl; the run ends in one line, no
     traceback, with DISK_FULL_EXIT."""
-    import rlframe.launch
+    import rlframe.run.launch
     from rlframe.config import Config
-    from rlframe.save_failures import DISK_FULL_EXIT
-    from rlframe.tracking import Tracker
+    from rlframe.observability.tracking import Tracker
+    from rlframe.state.save_failures import DISK_FULL_EXIT
     from tests.harness import call_main, release_all_run_dirs
 
     out = small_disk / "run"
@@ -144,7 +144,7 @@ def test_a_full_disk_ends_the_run_in_one_line_with_its_own_exit_status(
             tracker.log(step, {f"key_{i}": float(i) for i in range(800)})
         return []
 
-    monkeypatch.setattr(rlframe.launch, "run_training", train_until_full)
+    monkeypatch.setattr(rlframe.run.launch, "run_training", train_until_full)
     try:
         code, _, stderr = call_main(["+recipe=grpo_tiny", f"trainer.output_dir={out}"])
     finally:
@@ -185,7 +185,7 @@ def test_ray_s_raylet_lines_carry_no_colour_codes_off_a_terminal(
 
     from ray._private.worker import print_worker_logs
 
-    from rlframe.logs import route_driver_logs
+    from rlframe.observability.logs import route_driver_logs
 
     monkeypatch.setenv("RAY_COLOR_PREFIX", "1")  # so that the test leaves what it found
     monkeypatch.delenv("RAY_COLOR_PREFIX")
@@ -205,7 +205,7 @@ def test_a_model_folder_without_loadable_weights_fails_in_preflight(tmp_path: Pa
 
     from rlframe.config import Config, ConfigError, ModelConfig
     from rlframe.data.tiny_model import resolve_model_path
-    from rlframe.preflight import load_model_files
+    from rlframe.run.preflight import load_model_files
 
     folder = tmp_path / "model"
     shutil.copytree(resolve_model_path("tiny:0"), folder)

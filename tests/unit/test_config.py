@@ -11,7 +11,7 @@ import pytest
 
 from rlframe.config import Config, ConfigError, build_config
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.expert_parallel import check_expert_parallel
+from rlframe.models.expert_parallel import check_expert_parallel
 from tests.harness import check_cli
 from tests.unit.cli_errors import assert_config_error, check_config_error
 from tests.unit.config_trees import build

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from rlframe.observability.tracking import Tracker
 from rlframe.plot import plot_run, read_metrics, stage_keys
-from rlframe.tracking import Tracker
 
 
 def fake_step(step: int) -> dict[str, float]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlframe.controller.dispatch import Dispatch, collect_results, split_call
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 
 
 def rows(n: int) -> Batch:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlframe.config import RolloutConfig
-from workers.engines.vllm_rollout import build_engine_args, build_engine_env
+from workers.inference.vllm_rollout import build_engine_args, build_engine_env
 
 
 def test_cuda_engine_turns_custom_all_reduce_off() -> None:

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlframe.checkpoint_layout import HF_CONFIG
 from rlframe.data.tiny_model import MOE_EXPERTS, resolve_model_path
-from workers.engines.weight_names import to_engine_tensors, to_model_tensor
-from workers.weight_sync import iter_full_tensors
+from rlframe.state.checkpoint_layout import HF_CONFIG
+from workers.model_hooks.weight_names import to_engine_tensors, to_model_tensor
+from workers.sync.weight_sync import iter_full_tensors
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_export_writes_per_expert_names_that_load_back(moe_path: Path, tmp_path:
     import torch.distributed.checkpoint as dcp
     from transformers import AutoConfig, AutoTokenizer
 
-    from rlframe.export import export_checkpoint
+    from rlframe.state.export import export_checkpoint
 
     trained = load_model(moe_path)
     with torch.no_grad():  # stands in for training: every expert moves, differently
@@ -82,7 +82,7 @@ def test_export_writes_per_expert_names_that_load_back(moe_path: Path, tmp_path:
         for p in trained.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.01)
     checkpoint = tmp_path / "step_00000001"
-    # The actor's layout of a checkpoint (workers/engines/checkpointing.py), on one process.
+    # The actor's layout of a checkpoint (workers/training/checkpointing.py), on one process.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save({"model": trained.state_dict()}, checkpoint_id=str(checkpoint / "actor"))

@@ -8,7 +8,7 @@ import pytest
 
 from rlframe.config import Config, ConfigError, build_config
 from rlframe.config.placement import check_pools_gpus
-from rlframe.preflight import check_local_pools
+from rlframe.run.preflight import check_local_pools
 
 
 def make_config(placement: str, trainer_procs: int, rollout_procs: int = 1) -> Config:

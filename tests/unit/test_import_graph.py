@@ -106,8 +106,10 @@ def test_no_import_circles() -> None:
 
 def test_the_walk_finds_a_circle_when_there_is_one() -> None:
     graph = build_graph()
-    graph["rlframe.checkpoint_layout"] = graph["rlframe.checkpoint_layout"] | {"rlframe.export"}
-    assert ["rlframe.checkpoint_layout", "rlframe.export"] in find_circles(graph)
+    graph["rlframe.state.checkpoint_layout"] = graph["rlframe.state.checkpoint_layout"] | {
+        "rlframe.state.export"
+    }
+    assert ["rlframe.state.checkpoint_layout", "rlframe.state.export"] in find_circles(graph)
 
 
 def test_rlframe_never_imports_workers() -> None:
@@ -129,7 +131,7 @@ def test_the_schema_imports_nothing_heavy() -> None:
 
 def test_importing_the_driver_imports_no_vllm_and_no_cuda() -> None:
     code = (
-        "import sys, rlframe, rlframe.main, rlframe.config, rlframe.protocol\n"
+        "import sys, rlframe, rlframe.main, rlframe.config, rlframe.core.protocol\n"
         "import rlframe.controller.worker_group, rlframe.controller.placement\n"
         "assert not any(m == 'vllm' or m.startswith('vllm.') for m in sys.modules), "
         "'vllm imported'\n"

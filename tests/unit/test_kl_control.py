@@ -18,8 +18,8 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlframe.protocol import Batch
-from rlframe.trainer import Trainer
+from rlframe.core.protocol import Batch
+from rlframe.loop.trainer import Trainer
 
 ROWS, TOKENS = 8, 3
 

@@ -1,13 +1,13 @@
 """``rollout/logprob_diff`` checks only the tokens sampled with the trainer's weights; the
-stale tokens' gap is ``rollout/logprob_diff_stale`` (rlframe/step_metrics.py)."""
+stale tokens' gap is ``rollout/logprob_diff_stale`` (rlframe/loop/step_metrics.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from rlframe.protocol import Batch
-from rlframe.step_metrics import compute_logprob_diffs, read_token_versions
+from rlframe.core.protocol import Batch
+from rlframe.loop.step_metrics import compute_logprob_diffs, read_token_versions
 
 ROLLOUT = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])
 TRAINER = torch.tensor([[-1.0, -2.5, -3.0], [-0.75, -0.5, -9.0]])

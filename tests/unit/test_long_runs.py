@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from rlframe.algorithms.losses import KLController
-from rlframe.checkpoint import Checkpointer, resolve_resume, truncate_run_logs
-from rlframe.checkpoint_layout import find_latest_checkpoint
 from rlframe.config import Config, ConfigError, DataConfig, ModelConfig, TrainerConfig, ValConfig
 from rlframe.data.loader import PromptLoader
 from rlframe.data.prompts import PromptRecord
-from rlframe.tracking import Tracker
-from rlframe.validation import compute_validation_metrics, estimate_pass_at_k, list_pass_ks
+from rlframe.loop.validation import compute_validation_metrics, estimate_pass_at_k, list_pass_ks
+from rlframe.observability.tracking import Tracker
+from rlframe.state.checkpoint import Checkpointer, resolve_resume, truncate_run_logs
+from rlframe.state.checkpoint_layout import find_latest_checkpoint
 
 
 def make_config(out: Path, **trainer: object) -> Config:

@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 
 from rlframe.config import ConfigError
+from rlframe.config.device import will_train_on_cuda
 from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
-from rlframe.lora_targets import (
+from rlframe.models.checks import check_vision
+from rlframe.models.lora_targets import (
     check_lora_targets,
     list_peft_targets,
     read_decoder_linears,
     read_model_linears,
-    trains_on_cpu,
 )
-from rlframe.model_checks import check_vision
 from tests.unit.cli_errors import check_config_error
 from tests.unit.config_trees import build
 
@@ -151,8 +151,8 @@ def test_a_name_the_vision_tower_shares_adapts_the_language_model_alone() -> Non
 
 
 def test_a_run_trains_on_cpu_by_its_device_or_a_local_machine_without_gpus() -> None:
-    assert trains_on_cpu(build(trainer={"device": "cpu"}), local_gpus=8)
-    assert trains_on_cpu(build(trainer={"device": "auto"}), local_gpus=0)
-    assert not trains_on_cpu(build(trainer={"device": "auto"}), local_gpus=1)
-    assert not trains_on_cpu(build(trainer={"device": "auto"}, ray={"address": "auto"}), 0)
-    assert not trains_on_cpu(build(trainer={"device": "cuda"}), local_gpus=0)
+    assert not will_train_on_cuda(build(trainer={"device": "cpu"}), local_gpus=8)
+    assert not will_train_on_cuda(build(trainer={"device": "auto"}), local_gpus=0)
+    assert will_train_on_cuda(build(trainer={"device": "auto"}), local_gpus=1)
+    assert will_train_on_cuda(build(trainer={"device": "auto"}, ray={"address": "auto"}), 0)
+    assert will_train_on_cuda(build(trainer={"device": "cuda"}), local_gpus=0)

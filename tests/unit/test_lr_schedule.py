@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from workers.engines.fsdp import OptimizerSpec, build_lr_lambda
+from workers.training.fsdp import OptimizerSpec, build_lr_lambda
 
 
 def spec(schedule: str, warmup: int, total: int) -> OptimizerSpec:

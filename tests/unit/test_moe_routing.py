@@ -10,13 +10,12 @@ import torch
 
 from rlframe.config import ActorConfig, Config, ConfigError, DataConfig, ModelConfig, RolloutConfig
 from rlframe.config.algorithm import AlgorithmConfig
+from rlframe.core.protocol import ROUTED_EXPERTS, Batch, as_column
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.moe_routing import (
-    ROUTED_EXPERTS,
+from rlframe.models.moe_routing import (
     check_router_replay,
     compute_routing_agreement,
 )
-from rlframe.protocol import Batch, as_column
 from rlframe.rollout.rows import TokenRow, add_turns, build_response, collate
 from rlframe.rollout.sampling import concat_groups
 from tests.unit.cli_errors import check_config_error
@@ -45,7 +44,7 @@ def build_moe_block(norm_topk_prob: bool):  # -> Qwen3MoeSparseMoeBlock
 
 @pytest.mark.parametrize("norm_topk_prob", [True, False])
 def test_replaying_its_own_routing_changes_nothing(norm_topk_prob: bool) -> None:
-    from workers.engines.router_replay import RouterReplay, RoutingRecorder
+    from workers.model_hooks.router_replay import RouterReplay, RoutingRecorder
 
     block = build_moe_block(norm_topk_prob)
     x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
@@ -64,7 +63,7 @@ def test_replaying_its_own_routing_changes_nothing(norm_topk_prob: bool) -> None
 
 
 def test_replay_routes_to_the_given_experts_and_the_router_learns() -> None:
-    from workers.engines.router_replay import RouterReplay, RoutingRecorder
+    from workers.model_hooks.router_replay import RouterReplay, RoutingRecorder
 
     block = build_moe_block(norm_topk_prob=True)
     x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))

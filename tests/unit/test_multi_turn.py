@@ -20,9 +20,9 @@ from rlframe.algorithms.advantages import (
     place_on_last_token,
 )
 from rlframe.config import AgentConfig, AlgorithmConfig
+from rlframe.core.protocol import Batch
 from rlframe.envs import EnvError, StepResult
 from rlframe.envs.runner import count_stuck_calls
-from rlframe.protocol import Batch
 from rlframe.rewards.stage import combine_rewards
 from rlframe.rollout import collect_agent_metrics
 from tests.unit.scripted_episodes import (

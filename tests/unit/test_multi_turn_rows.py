@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+from rlframe.core.protocol import Batch
 from rlframe.envs import EnvError, StepResult
-from rlframe.protocol import Batch
 from tests.unit.scripted_episodes import (
     EOS,
     GUESS,

@@ -16,11 +16,11 @@ from transformers import AutoModelForCausalLM
 
 from rlframe.algorithms.losses import POLICY_LOSSES, LossScale, PolicyLossInputs, aggregate_loss
 from rlframe.config import AlgorithmConfig, Config, RolloutConfig
+from rlframe.core.protocol import Batch
+from rlframe.core.sequence_layout import build_layout
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.protocol import Batch
-from rlframe.sequence_layout import build_layout
-from workers.engines.fsdp import FSDPEngine, compute_layout_logprobs
-from workers.train_role import TrainRole
+from workers.roles.train_role import TrainRole
+from workers.training.fsdp import FSDPEngine, compute_layout_logprobs
 
 # turn 1 | observation | turn 2 | padding
 LOSS_MASK = torch.tensor(

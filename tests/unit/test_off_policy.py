@@ -104,7 +104,7 @@ def test_rollout_never_runs_the_pass() -> None:
 
 
 def test_trainer_asks_the_same_rule() -> None:
-    from rlframe.trainer import Trainer
+    from rlframe.loop.trainer import Trainer
 
     stale = make_config()
     trainer = Trainer(stale, None, None, None, lambda: 0, None)

@@ -6,7 +6,7 @@ import pytest
 
 from rlframe.config import Config, ConfigError, Placement, build_config
 from rlframe.config.placement import check_pools_fit, list_pools, resolve_actor_worker_cls
-from rlframe.logs import describe_pools
+from rlframe.observability.logs import describe_pools
 from tests.unit.cli_errors import check_config_error
 
 

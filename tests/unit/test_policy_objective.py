@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from rlframe.algorithms.losses import LossScale
-from rlframe.algorithms.names import OffPolicyCorrection
 from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
 from rlframe.config import AlgorithmConfig
+from rlframe.config.names import OffPolicyCorrection
 
 OLD = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
 RATIOS = torch.tensor([[1.5, 0.5, 1.0, 1.0]])

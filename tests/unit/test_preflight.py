@@ -15,7 +15,7 @@ import pytest
 
 from rlframe.config import ActorConfig, Config, ConfigError, DataConfig, ModelConfig, RolloutConfig
 from rlframe.data.tiny_model import build_tiny_tokenizer
-from rlframe.preflight import check_plugins, load_model_files, load_training_prompts
+from rlframe.run.preflight import check_plugins, load_model_files, load_training_prompts
 from tests.unit.cli_errors import check_config_error
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins" / "my_algorithms.py"

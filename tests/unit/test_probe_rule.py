@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.sync_probe import (
+from workers.sync.sync_probe import (
     ProbeReading,
     StaleWeightsError,
     check_probe,

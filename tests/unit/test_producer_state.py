@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from rlframe.moe_routing import ROUTED_EXPERTS
-from rlframe.protocol import Batch
+from rlframe.core.protocol import ROUTED_EXPERTS, Batch
 from rlframe.rollout.rows import TokenRow
 from rlframe.rollout.state_json import BLOBS, decode_state, encode_state
 from tests.unit.scripted_engine import Engine, make_producer, run_steps

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 
 
 def make(n: int) -> Batch:

@@ -8,7 +8,7 @@ import pytest
 
 from rlframe.config import Config, ConfigError, ModelConfig, RewardConfig, RewardModelConfig
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.preflight import check_reward_inputs
+from rlframe.run.preflight import check_reward_inputs
 from tests.unit.cli_errors import check_config_error
 
 

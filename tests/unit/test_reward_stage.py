@@ -15,10 +15,10 @@ from rlframe.config import (
     RewardConfig,
     RolloutConfig,
 )
+from rlframe.core.protocol import Batch
 from rlframe.data.tiny_model import build_tiny_tokenizer
-from rlframe.protocol import Batch
+from rlframe.loop.step_metrics import collect_reward_metrics, read_weights_version
 from rlframe.rewards.stage import RewardStage
-from rlframe.step_metrics import collect_reward_metrics, read_weights_version
 
 TOKENIZER = build_tiny_tokenizer()
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from rlframe.algorithms.registry import load_class
 from rlframe.config import ActorConfig, CriticConfig, RewardModelConfig, RolloutConfig
 from rlframe.config.placement import TRAIN_WORKER_CLS
 from rlframe.controller import reads, roles
 from rlframe.controller.dispatch import Dispatch, dispatch, find_dispatch_methods
 from rlframe.controller.worker import Worker
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
+from rlframe.core.registry import load_class
 
 DEFAULT_WORKERS = [
     (roles.HybridGroup, ActorConfig().worker_cls),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from rlframe.rollout.sampling import concat_groups, has_uniform_rewards
 
 N = 2

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.checkpoint import Checkpointer, resolve_resume
 from rlframe.config import (
     AlgorithmConfig,
     Config,
@@ -23,11 +22,12 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
+from rlframe.state.checkpoint import Checkpointer, resolve_resume
 from tests.harness import check_cli
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD_LOCK = (
-    "import sys, time\nfrom rlframe.run_dir import lock_run_dir\n"
+    "import sys, time\nfrom rlframe.state.run_dir import lock_run_dir\n"
     "lock_run_dir(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(600)\n"
 )
 
@@ -86,7 +86,7 @@ def test_a_second_run_into_a_live_runs_folder_stops_naming_its_pid(tmp_path: Pat
         # The lock dies with its holder, however it dies: then the run resumes.
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
-        from rlframe.run_dir import lock_run_dir
+        from rlframe.state.run_dir import lock_run_dir
 
         lock_run_dir(out)
         assert (out / ".lock").read_text().strip() == str(os.getpid())

@@ -310,8 +310,8 @@ def test_without_bubblewrap_code_tests_stop_before_ray_saying_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from rlframe.config import Config, ConfigError, ModelConfig, RewardConfig
-    from rlframe.preflight import check_reward_inputs
     from rlframe.rewards import sandbox
+    from rlframe.run.preflight import check_reward_inputs
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
     sandbox.detect_isolation.cache_clear()

@@ -16,8 +16,8 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlframe.protocol import Batch
-from rlframe.sequence_layout import (
+from rlframe.core.protocol import Batch
+from rlframe.core.sequence_layout import (
     balance_ranks,
     balance_rows,
     build_layout,
@@ -209,7 +209,7 @@ def test_config_keys() -> None:
 
 
 def needs_pass(cfg: Config, critic: bool = False, step: int = 1, extra_rows: int = 0) -> bool:
-    from rlframe.trainer import Trainer
+    from rlframe.loop.trainer import Trainer
 
     # This check reads neither the workers, the experience nor the weight sync.
     trainer = Trainer(

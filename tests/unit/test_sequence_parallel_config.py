@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from rlframe.config import ConfigError, build_config
-from rlframe.logs import describe_mesh
-from rlframe.model_checks import check_sequence_parallel
-from rlframe.sequence_layout import build_layout
+from rlframe.core.sequence_layout import build_layout
+from rlframe.models.checks import check_sequence_parallel
+from rlframe.observability.logs import describe_mesh
 from tests.workers.layout_cases import make_batch
 
 
@@ -62,7 +62,7 @@ def test_startup_summary_shows_the_mesh() -> None:
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_slices_tile_the_sequence_and_each_token_has_one_owner(packed: bool) -> None:
-    from workers.engines.ulysses import SequenceParallel, shard_layout
+    from workers.training.ulysses import SequenceParallel, shard_layout
 
     layout = build_layout(make_batch(), packed)
     rows, length = layout.input_ids.shape
@@ -97,7 +97,7 @@ def test_slices_tile_the_sequence_and_each_token_has_one_owner(packed: bool) -> 
 
 
 def test_one_unpadded_sequence_runs_without_a_mask() -> None:
-    from workers.engines.ulysses import SequenceParallel, shard_layout
+    from workers.training.ulysses import SequenceParallel, shard_layout
 
     # sdpa's causal kernels then never hold [L, L] scores (bench/sequence_parallel.py).
     layout = build_layout(make_batch().rows([0]), packed=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rlframe import startup
-from rlframe.launch import describe_finished_run
-from rlframe.startup import StartupClock, process_start_time
+from rlframe.observability import startup
+from rlframe.observability.startup import StartupClock, process_start_time
+from rlframe.run.launch import describe_finished_run
 
 
 def test_phases_are_consecutive_and_add_up_to_the_total() -> None:

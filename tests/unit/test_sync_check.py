@@ -1,4 +1,4 @@
-"""The sync check (rlframe/sync_check.py): ``rollout.max_logprob_diff``, its default by dtype,
+"""The sync check (rlframe/loop/sync_check.py): ``rollout.max_logprob_diff``, its default by dtype,
 the check itself, and a loop that stops on it with the failing step logged and not saved."""
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ from typing import Any
 
 import pytest
 
-from rlframe.checkpoint import Checkpointer
-from rlframe.checkpoint_layout import list_checkpoints
 from rlframe.config import ConfigError
-from rlframe.sync_check import (
+from rlframe.loop.sync_check import (
     FP32_MAX_LOGPROB_DIFF,
     HALF_MAX_LOGPROB_DIFF,
     BrokenSyncError,
@@ -20,7 +18,9 @@ from rlframe.sync_check import (
     describe_broken_sync,
     pick_max_logprob_diff,
 )
-from rlframe.trainer import Trainer
+from rlframe.loop.trainer import Trainer
+from rlframe.state.checkpoint import Checkpointer
+from rlframe.state.checkpoint_layout import list_checkpoints
 from tests.unit.cli_errors import check_config_error
 from tests.unit.config_trees import build
 

@@ -76,3 +76,11 @@ def test_reward_errors_name_function_and_sample(tmp_path: Path) -> None:
 )
 def test_math_answer(response: str, truth: str, score: float) -> None:
     assert score_math_answer(response, truth, {}) == score
+
+
+def test_the_schema_names_every_generated_task() -> None:
+    """``data.task`` is checked against the schema's names without importing the generators."""
+    from rlframe.config.names import TASK_NAMES
+    from rlframe.data.tasks import GENERATED_TASKS
+
+    assert sorted(TASK_NAMES) == sorted(GENERATED_TASKS)

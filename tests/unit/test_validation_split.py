@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rlframe.config import Config, DataConfig, ModelConfig, TrainerConfig, ValConfig
+from rlframe.core.protocol import Batch
 from rlframe.data.prompts import PromptRecord
-from rlframe.protocol import Batch
-from rlframe.validation import (
+from rlframe.loop.validation import (
     VAL_SEED_OFFSET,
     Validator,
     compute_validation_metrics,
@@ -75,7 +75,7 @@ def test_a_split_that_leaves_too_few_training_prompts_is_refused(tmp_path: Path)
 def test_preflight_hands_the_run_training_prompts_without_the_validation_ones(
     tmp_path: Path,
 ) -> None:
-    from rlframe.preflight import check_run_inputs, load_training_prompts
+    from rlframe.run.preflight import check_run_inputs, load_training_prompts
 
     cfg = make_config(tmp_path, val_every=2, val_size=16)
     inputs = check_run_inputs(cfg)

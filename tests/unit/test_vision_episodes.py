@@ -21,14 +21,14 @@ from rlframe.config import (
     ModelConfig,
     RolloutConfig,
 )
-from rlframe.data.images import decode_image, load_processor
+from rlframe.core.protocol import Batch
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import tokenize_prompts
 from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
 from rlframe.data.visual_tasks import COLOURS, draw_square, make_colour
 from rlframe.envs import ChatFormat, EnvError
 from rlframe.envs.colour_quiz import ColourQuizEnv
-from rlframe.protocol import Batch
+from rlframe.models.images import decode_image, load_processor
 from rlframe.rollout import AgentContext
 from rlframe.rollout.multi_turn import run_episodes
 from rlframe.rollout.rows import build_response

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlframe.data.images import load_processor, place_images, read_image_bytes
-from rlframe.mrope import ImageTokens, compute_mrope_positions
-from rlframe.protocol import Batch
-from rlframe.sequence_layout import RowImages, build_layout
+from rlframe.core.mrope import ImageTokens, compute_mrope_positions
+from rlframe.core.protocol import Batch
+from rlframe.core.sequence_layout import RowImages, build_layout
+from rlframe.models.images import load_processor, place_images, read_image_bytes
 from tests.harness import REPO, check_cli, clean_env
 from tests.unit.cli_errors import assert_config_error
 
@@ -175,8 +175,8 @@ def test_a_resume_with_another_processor_fails_before_ray(tmp_path: Path) -> Non
     setting with both values."""
     import json
 
-    from rlframe.data.images import find_processor_change
     from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+    from rlframe.models.images import find_processor_change
 
     model = resolve_tiny_vl_path("tiny-vl:0")
     same, checkpoint = tmp_path / "same", tmp_path / "run" / "checkpoints" / "step_00000002"
@@ -212,7 +212,7 @@ def test_a_hub_models_processor_is_saved_with_the_checkpoint(tmp_path: Path) -> 
     (cache / "models--acme--tiny-vl" / "refs").mkdir()
     (cache / "models--acme--tiny-vl" / "refs" / "main").write_text("0" * 40)
     dest = tmp_path / "hf_config"
-    code = "from rlframe.data.images import save_processor\n"
+    code = "from rlframe.models.images import save_processor\n"
     code += f"save_processor('acme/tiny-vl', {str(dest)!r})"
     env = clean_env({"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

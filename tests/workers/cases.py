@@ -21,7 +21,7 @@ from rlframe.config import (
     TrainerConfig,
 )
 from rlframe.config.lora import LoraConfig, LoraSync
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 
 UPDATE_LR = 1e-3
 LORA_LR = 1e-2
@@ -73,9 +73,9 @@ def make_lora_vllm_config(sync: LoraSync) -> Config:
     return cfg
 
 
-def build_role(model_path: str, cfg: Config) -> Any:  # a workers.train_role.TrainRole
+def build_role(model_path: str, cfg: Config) -> Any:  # a workers.roles.train_role.TrainRole
     """A one-rank training role; the same seed gives the same LoRA initialisation."""
-    from workers.train_role import TrainRole
+    from workers.roles.train_role import TrainRole
 
     torch.manual_seed(0)
     return TrainRole(cfg, model_path, "cpu", 1)
@@ -115,7 +115,7 @@ def with_critic_targets(batch: Batch) -> Batch:
 
 def gather_weights(model: torch.nn.Module) -> torch.Tensor:
     """All parameters, whole (a collective on every rank when they are sharded)."""
-    from workers.engines.fsdp import full_tensor
+    from workers.training.fsdp import full_tensor
 
     return torch.cat([full_tensor(p.detach()).reshape(-1) for p in model.parameters()])
 
@@ -141,7 +141,7 @@ def record_step_grads(optimizer: torch.optim.Optimizer) -> Iterator[list[torch.T
     ``lr * sign(grad)`` whatever the gradient's size, so a near-zero gradient whose sign
     flips with the summation order (another CPU, another thread count) moves its weight
     by up to ``2 * lr``."""
-    from workers.engines.fsdp import full_tensor
+    from workers.training.fsdp import full_tensor
 
     steps: list[torch.Tensor] = []
 

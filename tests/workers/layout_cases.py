@@ -17,7 +17,7 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from tests.harness import free_port  # noqa: F401 (also used by importers)
 
 ROWS, PROMPT, RESPONSE = 16, 6, 9
@@ -122,7 +122,7 @@ def make_batch(seed: int = 0) -> Batch:
 
 def gather_grads(model: torch.nn.Module) -> torch.Tensor:
     """All gradients as one flat vector of full tensors (a collective under FSDP)."""
-    from workers.engines.fsdp import full_tensor
+    from workers.training.fsdp import full_tensor
 
     return torch.cat([full_tensor(p.grad).reshape(-1) for p in model.parameters()])
 

@@ -19,9 +19,9 @@ def compute_case_grads(
 ) -> torch.Tensor:
     """The full gradient of one mini-batch on this rank's share (rows balanced by the
     driver's rule; a sequence-parallel group works on its ranks' shares together)."""
-    from rlframe.sequence_layout import balance_ranks, count_row_tokens
-    from workers.engines.fsdp import accumulate_gradients
+    from rlframe.core.sequence_layout import balance_ranks, count_row_tokens
     from workers.train_worker import TrainWorker
+    from workers.training.fsdp import accumulate_gradients
 
     cfg = make_config(world_size=world_size, **config_kwargs)
     role = TrainWorker(cfg, model_path, "cpu").train_role

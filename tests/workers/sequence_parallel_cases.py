@@ -25,14 +25,14 @@ def gather_rows(values: torch.Tensor) -> torch.Tensor:
 def gather_trainable(model: torch.nn.Module, attr: str | None = None) -> torch.Tensor:
     """The trainable parameters (or their ``.grad`` with ``attr="grad"``) as one flat vector
     of full tensors."""
-    from workers.engines.fsdp import full_tensor
+    from workers.training.fsdp import full_tensor
 
     params = [p for p in model.parameters() if p.requires_grad]
     return torch.cat([full_tensor(getattr(p, attr) if attr else p).reshape(-1) for p in params])
 
 
 def gather_optimizer_state(engine) -> dict[str, torch.Tensor]:  # engine: FSDPEngine
-    from workers.engines.fsdp import full_tensor
+    from workers.training.fsdp import full_tensor
 
     state = [engine.optimizer.state[p] for p in engine.trainable]
     return {
@@ -44,8 +44,8 @@ def gather_optimizer_state(engine) -> dict[str, torch.Tensor]:  # engine: FSDPEn
 def compute_values(cfg, model: str, share, packed: bool) -> torch.Tensor:
     """[rows, R] a value model's values of this rank's rows (the critic's engine; its
     value head initialised from the same seed in every run)."""
-    from workers.engines.fsdp import FSDPEngine
-    from workers.train_role import score_micro_batches
+    from workers.roles.train_role import score_micro_batches
+    from workers.training.fsdp import FSDPEngine
 
     torch.manual_seed(0)
     engine = FSDPEngine(
@@ -61,9 +61,9 @@ def compute_sequence_parallel_case(
     """Log-probs [16, R] (rows in the balanced order), the gradient of one mini-batch, and
     of ``update`` (mini-batches of 8 rows: two optimizer steps) the gradient each step
     applied, the metrics and the optimizer state."""
-    from rlframe.sequence_layout import balance_ranks, count_row_tokens
-    from workers.engines.fsdp import accumulate_gradients
+    from rlframe.core.sequence_layout import balance_ranks, count_row_tokens
     from workers.train_worker import TrainWorker
+    from workers.training.fsdp import accumulate_gradients
 
     case = dict(case)
     model = case.pop("model", model_path)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rlframe.config import ModelConfig
+from rlframe.core.sequence_layout import build_layout
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.sequence_layout import build_layout
 from tests.workers.layout_cases import (
     build_untied_model,
     free_port,
@@ -16,7 +16,7 @@ from tests.workers.layout_cases import (
     make_batch,
     set_rank_env,
 )
-from workers.engines.token_logprobs import compute_token_logprobs
+from workers.training.token_logprobs import compute_token_logprobs
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -80,7 +80,7 @@ def engine_results(
     """Log-probs, entropy and every parameter's gradient of a loss over both, on FSDP2."""
     import torch.distributed as dist
 
-    from workers.engines.fsdp import FSDPEngine, OptimizerSpec
+    from workers.training.fsdp import FSDPEngine, OptimizerSpec
 
     if not dist.is_initialized():
         dist.init_process_group("gloo")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlframe.config.lora import LoraConfig
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from tests.workers.cases import (
     LORA_LR,
     assert_same_gradient,
@@ -26,7 +26,7 @@ a 1e-4 relative error in the chunked log-prob backward shows as ~800."""
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    from workers.engines.fsdp import full_tensor
+    from workers.training.fsdp import full_tensor
 
     return {k: full_tensor(v).detach().clone() for k, v in model.state_dict().items()}
 
@@ -72,7 +72,7 @@ def test_only_adapter_parameters_train(trained) -> None:
 def test_reference_is_the_base_model_with_adapters_off(
     trained, model_path: str, one_rank_group: None
 ) -> None:
-    from workers.engines.fsdp import FSDPEngine
+    from workers.training.fsdp import FSDPEngine
 
     role, _, _ = trained
     assert role.ref is None, "LoRA must not build a second copy of the model"
@@ -91,9 +91,9 @@ def test_reference_is_the_base_model_with_adapters_off(
 def test_merged_weights_have_hf_names_and_the_policys_logprobs(trained, model_path: str) -> None:
     from transformers import AutoModelForCausalLM
 
-    from rlframe.sequence_layout import build_layout
-    from workers.engines.fsdp import compute_layout_logprobs
-    from workers.engines.lora import iter_merged_tensors
+    from rlframe.core.sequence_layout import build_layout
+    from workers.training.fsdp import compute_layout_logprobs
+    from workers.training.lora import iter_merged_tensors
 
     role, _, _ = trained
     merged = dict(iter_merged_tensors(role.actor.model))

@@ -13,20 +13,20 @@ from tests.workers.cases import build_role, make_batch, make_lora_vllm_config
 
 @pytest.fixture(scope="module")
 def roles(model_path: str, one_rank_group: None):
-    from workers.rollout_role import RolloutRole
+    from workers.roles.rollout_role import RolloutRole
 
     cfg = make_lora_vllm_config(LoraSync.adapter)
     return build_role(model_path, cfg), RolloutRole(cfg, model_path, "cpu", 0)
 
 
 def push(train, rollout, version: int) -> None:
-    from workers.weight_sync import InProcessSink
+    from workers.sync.weight_sync import InProcessSink
 
     InProcessSink(rollout).push(train.weight_source(), version)
 
 
 def test_adapter_sync_moves_adapters_only_and_serves_each_version(roles) -> None:
-    from workers.sync_probe import StaleWeightsError
+    from workers.sync.sync_probe import StaleWeightsError
 
     train, rollout = roles
     names = [name for name, _ in train.weight_source().iter_tensors()]
@@ -36,7 +36,7 @@ def test_adapter_sync_moves_adapters_only_and_serves_each_version(roles) -> None
     base = rollout.last_probe.logprobs
     ids = [[5, 6, 7, 8]]
     spec_seed = [0]
-    from workers.engines.base import SamplingSpec
+    from workers.inference.base import SamplingSpec
 
     spec = SamplingSpec(max_tokens=4, temperature=1.0, top_p=1.0, stop_token_ids=(1,))
     for _ in range(3):

@@ -19,8 +19,8 @@ def moe_path() -> str:
 
 
 def test_attention_adapters_train_and_sync_merged(moe_path: str, one_rank_group: None) -> None:
-    from workers.rollout_role import RolloutRole
-    from workers.weight_sync import InProcessSink
+    from workers.roles.rollout_role import RolloutRole
+    from workers.sync.weight_sync import InProcessSink
 
     cfg = make_lora_config(rank=8)
     cfg.model.path = "tiny-moe:0"

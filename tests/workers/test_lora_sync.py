@@ -13,7 +13,7 @@ from tests.workers.cases import build_role, make_batch, make_lora_vllm_config
 
 @pytest.fixture(scope="module")
 def roles(model_path: str, one_rank_group: None):
-    from workers.rollout_role import RolloutRole
+    from workers.roles.rollout_role import RolloutRole
 
     cfg = make_lora_vllm_config(LoraSync.merged)
     train = build_role(model_path, cfg)
@@ -22,7 +22,7 @@ def roles(model_path: str, one_rank_group: None):
 
 
 def sync(train, rollout) -> int:
-    from workers.weight_sync import InProcessSink
+    from workers.sync.weight_sync import InProcessSink
 
     version = train.publish_weights()
     probe = train.compute_sync_probe()
@@ -32,7 +32,7 @@ def sync(train, rollout) -> int:
 
 
 def test_merged_sync_matches_the_trainer_and_a_stale_one_is_caught(roles) -> None:
-    from workers.sync_probe import StaleWeightsError
+    from workers.sync.sync_probe import StaleWeightsError
 
     train, rollout = roles
     rollout.verify_weights(train.compute_sync_probe())  # version 0: the base on both sides
@@ -59,7 +59,7 @@ def test_merged_sync_matches_the_trainer_and_a_stale_one_is_caught(roles) -> Non
 
 
 def push_version(train, rollout, version: int) -> None:
-    from workers.weight_sync import InProcessSink
+    from workers.sync.weight_sync import InProcessSink
 
     InProcessSink(rollout).push(train.weight_source(), version)
 

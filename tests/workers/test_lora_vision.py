@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlframe.config.lora import LoraSync
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from tests.vision_rows import make_vision_batch
 from tests.workers.cases import build_role, make_lora_vllm_config
 from tests.workers.layout_cases import join_one_rank_group
@@ -25,7 +25,7 @@ CLEAN = 1e-4
 
 @pytest.fixture(scope="module", params=[LoraSync.adapter, LoraSync.merged], ids=lambda s: s.value)
 def roles(request: pytest.FixtureRequest, vl_path: str):
-    from workers.rollout_role import RolloutRole
+    from workers.roles.rollout_role import RolloutRole
 
     # The other sync mode's engine, released before this one is built, took the default
     # process group down with it (vLLM's shutdown destroys it): join a new one.
@@ -40,7 +40,7 @@ def roles(request: pytest.FixtureRequest, vl_path: str):
 
 def sample_image_rows(rollout, vl_path: str) -> Batch:
     """Image prompts with the responses vLLM samples for them, as the trainer's rows."""
-    from workers.engines.base import SamplingSpec
+    from workers.inference.base import SamplingSpec
 
     # Single-turn rows: vLLM samples a fresh response to each prompt and its images alone.
     batch = make_vision_batch(vl_path, rows=ROWS, seed=3, observation_row=ROWS)
@@ -74,8 +74,8 @@ def train_on_images(train, vl_path: str, steps: int = 3) -> None:
 
 
 def test_lora_on_the_language_model_syncs_image_logprobs(roles, vl_path: str) -> None:
-    from workers.engines.lora import list_lora_layers
-    from workers.weight_sync import InProcessSink
+    from workers.sync.weight_sync import InProcessSink
+    from workers.training.lora import list_lora_layers
 
     train, rollout = roles
     adapted = list(list_lora_layers(train.actor.model))

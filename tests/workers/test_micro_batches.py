@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def test_budgets_make_different_micro_batches() -> None:
-    from workers.engines.fsdp import split_micro_batches
+    from workers.training.fsdp import split_micro_batches
 
     batch = make_batch()
     counts = {}
@@ -104,7 +104,7 @@ def test_on_policy_update_without_old_logprob_pass(model_path: str) -> None:
 
 def test_update_without_old_logprobs_refuses_a_second_pass(model_path: str) -> None:
     from rlframe.config import ActorConfig
-    from workers.train_role import check_single_pass
+    from workers.roles.train_role import check_single_pass
 
     check_single_pass(16, ActorConfig(mini_batch_size=16, micro_batch_size=4), 1)
     with pytest.raises(ValueError, match="on-policy"):

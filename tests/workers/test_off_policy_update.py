@@ -21,7 +21,7 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from tests.workers.layout_cases import free_port, set_rank_env
 
 CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0

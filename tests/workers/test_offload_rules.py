@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlframe.config import ModelConfig
-from workers.engines.fsdp import FSDPEngine, OptimizerSpec
+from workers.training.fsdp import FSDPEngine, OptimizerSpec
 
 SPEC = OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 10)
 

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from rlframe.config import ModelConfig
-from rlframe.sequence_layout import build_layout
+from rlframe.core.sequence_layout import build_layout
 from tests.workers.layout_cases import gather_grads, make_batch
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def build_engine(path: str, head: str = "lm"):
-    from workers.engines.fsdp import FSDPEngine, OptimizerSpec
+    from workers.training.fsdp import FSDPEngine, OptimizerSpec
 
     return FSDPEngine(
         path,

@@ -61,8 +61,8 @@ def check_rank(
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
-    from workers.engines.dtensor_gather import full_tensor
-    from workers.engines.fsdp import FSDPEngine
+    from workers.training.dtensor_gather import full_tensor
+    from workers.training.fsdp import FSDPEngine
 
     set_rank_env(rank, 2, port)
     dist.init_process_group("gloo")

@@ -19,8 +19,8 @@ from rlframe.config import (
     RewardModelConfig,
     TrainerConfig,
 )
+from rlframe.core.protocol import Batch
 from rlframe.data.tiny_reward_model import CHAT_TEMPLATE, resolve_reward_model_path
-from rlframe.protocol import Batch
 
 
 @pytest.fixture(scope="module")

@@ -25,11 +25,11 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
+from rlframe.core.protocol import ROUTED_EXPERTS, Batch
+from rlframe.core.sequence_layout import build_layout
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.moe_routing import ROUTED_EXPERTS, compute_routing_agreement
-from rlframe.protocol import Batch
+from rlframe.models.moe_routing import compute_routing_agreement
 from rlframe.rollout.rows import generate_batch
-from rlframe.sequence_layout import build_layout
 from tests.workers.layout_cases import gather_grads
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")
@@ -69,7 +69,7 @@ def build_near_tie_moe(source: str, target: Path) -> str:
     part, whose bf16 rounding decides the top-2 for many tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.engines.router_replay import find_routers
+    from workers.model_hooks.router_replay import find_routers
 
     model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     g = torch.Generator().manual_seed(1)
@@ -86,8 +86,8 @@ def build_near_tie_moe(source: str, target: Path) -> str:
 def replay_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Batch, Any, str]:
     """(a batch sampled by a bf16 ``hf`` engine that records routing, an fp32 TrainRole with
     router replay on, the model's path)."""
-    from workers.rollout_role import RolloutRole
-    from workers.train_role import TrainRole
+    from workers.roles.rollout_role import RolloutRole
+    from workers.roles.train_role import TrainRole
 
     models = tmp_path_factory.mktemp("models")
     path = build_near_tie_moe(resolve_model_path("tiny-moe:0", cache_dir=models), models / "tie")
@@ -103,8 +103,8 @@ def mean_gap(logprobs: torch.Tensor, batch: Batch) -> float:
 
 
 def test_replay_routes_the_trainer_as_the_rollout(replay_case: tuple[Batch, Any, str]) -> None:
-    from workers.engines.layout_forward import compute_layout_logprobs
-    from workers.engines.router_replay import RoutingRecorder
+    from workers.model_hooks.router_replay import RoutingRecorder
+    from workers.training.layout_forward import compute_layout_logprobs
 
     batch, train, _ = replay_case
     rollout_routing = batch[ROUTED_EXPERTS]
@@ -150,7 +150,7 @@ def score_with_grads(engine: Any, batch: Batch, packed: bool, chunk: int):
 
 @pytest.mark.parametrize("chunk", [0, 4])
 def test_replay_packed_equals_padded(replay_case: tuple[Batch, Any, str], chunk: int) -> None:
-    from workers.engines.router_replay import find_routers
+    from workers.model_hooks.router_replay import find_routers
 
     batch, train, _ = replay_case
     engine = train.actor
@@ -171,7 +171,7 @@ def test_replay_holds_under_gradient_checkpointing(replay_case: tuple[Batch, Any
     # The backward re-runs each layer's forward, routers included: the update replays there
     # too, or the recomputation routes differently from the forward it stands in for.
     from rlframe.algorithms.losses import LossScale
-    from workers.train_role import TrainRole
+    from workers.roles.train_role import TrainRole
 
     batch, train, path = replay_case
     g = torch.Generator().manual_seed(3)

@@ -133,7 +133,7 @@ def stream_after_zeroing(role: Any) -> tuple[str, float, list[float]]:
     """Take the first tensor of the weight stream (1-byte buckets: one tensor each), then zero
     every parameter shard, then drain the stream. A stream that gathers bucket by bucket
     yields zeros after the first tensor; one that gathered everything up front does not."""
-    from workers.weight_sync import WeightSource
+    from workers.sync.weight_sync import WeightSource
 
     stream = WeightSource(role.actor.model, bucket_bytes=1).iter_tensors()
     name, first = next(stream)

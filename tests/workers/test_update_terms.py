@@ -20,7 +20,7 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlframe.protocol import Batch
+from rlframe.core.protocol import Batch
 from tests.workers.layout_cases import free_port, set_rank_env
 
 LR = 1e-3

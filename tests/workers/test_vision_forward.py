@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlframe.config import ModelConfig
-from rlframe.sequence_layout import build_layout
+from rlframe.core.sequence_layout import build_layout
 from tests.vision_rows import make_vision_batch
 from tests.workers.layout_cases import gather_grads
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.usefixtures("one_rank_group")
 
 
 def build_engine(path: str, freeze_vision: bool = False):
-    from workers.engines.fsdp import FSDPEngine, OptimizerSpec
+    from workers.training.fsdp import FSDPEngine, OptimizerSpec
 
     return FSDPEngine(
         path,
@@ -28,7 +28,7 @@ def build_engine(path: str, freeze_vision: bool = False):
 
 
 def logprobs_and_grads(path: str, packed: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    from workers.engines.vision import build_image_encoder
+    from workers.model_hooks.vision import build_image_encoder
 
     engine = build_engine(path)
     batch = make_vision_batch(path, rows=6)
@@ -52,8 +52,8 @@ def test_packed_rows_with_images_equal_padded_rows(vl_path: str) -> None:
 
 
 def test_freeze_vision_keeps_the_tower_out_of_the_update_and_the_sync(vl_path: str) -> None:
-    from workers.train_role import pick_sync_tensors
-    from workers.weight_sync import iter_full_tensors
+    from workers.roles.train_role import pick_sync_tensors
+    from workers.sync.weight_sync import iter_full_tensors
 
     engine = build_engine(vl_path, freeze_vision=True)
     frozen = {n for n, p in engine.model.named_parameters() if not p.requires_grad}

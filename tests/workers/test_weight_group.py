@@ -15,7 +15,7 @@ from torch import nn
 
 from rlframe.controller.weight_group import WeightGroupSpec
 from tests.workers.layout_cases import free_port
-from workers.weight_sync import BroadcastReceiver, BroadcastSender, WeightGroup, WeightSource
+from workers.sync.weight_sync import BroadcastReceiver, BroadcastSender, WeightGroup, WeightSource
 
 BUCKETS = 5
 BUCKET_BYTES = 16 * 2**20  # far above a loopback socket's buffer: a send needs its reader

@@ -1,0 +1,1 @@
+"""rlframe/core: TODO docstring."""

@@ -1,0 +1,1 @@
+"""rlframe/loop: TODO docstring."""

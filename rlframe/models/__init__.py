@@ -1,0 +1,1 @@
+"""rlframe/models: TODO docstring."""

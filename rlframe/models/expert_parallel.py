@@ -1,0 +1,33 @@
+"""``rollout.expert_parallel`` points at a mixture-of-experts model: checked on the driver
+before Ray starts, from the model's config (vLLM refuses nothing for a dense model and would
+run it tensor-parallel as before, so a wrong model would pass unseen)."""
+
+from __future__ import annotations
+
+from rlframe.config import Config, ConfigError
+from rlframe.models.hf_config import read_model_config
+
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+"""Where a transformers config holds its routed experts per layer (Qwen-MoE; Mixtral and
+gpt-oss; DeepSeek)."""
+
+
+def count_routed_experts(config: object) -> int:
+    """The routed experts per MoE layer of a transformers config (its text part), 0 if dense."""
+    config = getattr(config, "text_config", config)
+    return max((getattr(config, key, None) or 0 for key in EXPERT_COUNT_KEYS), default=0)
+
+
+def check_expert_parallel(cfg: Config, model_path: str) -> None:
+    """Raise ConfigError for ``rollout.expert_parallel`` on a model without experts. A model
+    whose config cannot be read here is left to the workers."""
+    if not cfg.rollout.expert_parallel:
+        return
+    config = read_model_config(model_path, cfg.model.trust_remote_code)
+    if config is None:
+        return
+    if count_routed_experts(config) == 0:
+        raise ConfigError(
+            "rollout.expert_parallel",
+            f"{model_path} has no experts (a dense model): set it false",
+        )

@@ -1,0 +1,1 @@
+"""rlframe/observability: TODO docstring."""

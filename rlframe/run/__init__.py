@@ -1,0 +1,1 @@
+"""rlframe/run: TODO docstring."""

@@ -1,0 +1,406 @@
+"""Checks of everything a run reads, on the driver, as Ray and the workers start.
+
+The schema (``rlframe/config/``) checks values and their combinations; this module checks
+what those values *point at*: registered names and users' plug-in files, worker classes,
+the model folder and tokenizer, and the prompt data. Each failure is a :class:`ConfigError`
+naming the key, so the command exits with one clear line within seconds instead of a
+traceback from a worker. The checks against the model's own config are
+:mod:`rlframe.models.checks`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlframe.config import Config, ConfigError, Device, Placement, first_line
+from rlframe.config.device import count_local_gpus, will_start_local_ray, will_train_on_cuda
+from rlframe.data.prompts import PromptRecord
+from rlframe.models.checks import run_model_checks
+from rlframe.state.run_dir import check_resume_processor
+
+
+@dataclass
+class WorkerInputs:
+    """What the workers are built from, resolved by :func:`check_worker_inputs`."""
+
+    model_path: str
+    """A loadable model directory (``tiny:N`` built) or a model id."""
+    resume_from: Path | None
+    """The checkpoint the run continues from; None for a fresh run."""
+    reward_model_path: str | None = None
+    """The reward model's directory (``tiny-rm:N`` built) or hub id; None without one."""
+
+
+@dataclass
+class RunInputs:
+    """What the checks resolved, handed to the run so nothing is loaded twice."""
+
+    model_path: str
+    """A loadable model directory (``tiny:N`` built) or a model id."""
+    tokenizer: Any
+    records: list[PromptRecord]
+    """The training prompts, tokenised."""
+    val_records: list[PromptRecord] | None
+    """The validation prompts; None when validation is off."""
+    resume_from: Path | None
+    """The checkpoint the run continues from; None for a fresh run."""
+    reward_model_path: str | None = None
+    """The reward model's directory (``tiny-rm:N`` built) or hub id; None without one."""
+
+
+def check_run_inputs(cfg: Config) -> RunInputs:
+    """Every check, in the order a run makes them (:func:`check_before_ray`, then
+    :func:`check_worker_inputs` while Ray starts, then :func:`check_driver_inputs` while the
+    workers start); raise ConfigError."""
+    resume_from = check_before_ray(cfg)
+    return check_driver_inputs(cfg, check_worker_inputs(cfg, resume_from))
+
+
+def check_before_ray(cfg: Config) -> Path | None:
+    """The cheap checks a run makes before it starts Ray: the run directory (resumed or
+    refused, never overwritten; returns the checkpoint it continues from) and, for a Ray it
+    starts itself, that the worker pools fit the machine."""
+    from rlframe.state.checkpoint import resolve_resume
+
+    resume_from = resolve_resume(cfg)
+    check_local_pools(cfg)
+    return resume_from
+
+
+def check_worker_inputs(cfg: Config, resume_from: Path | None) -> WorkerInputs:
+    """What the workers are built from, checked while Ray starts: plug-ins and worker classes
+    (imported here: the driver starts the workers from them), the reward inputs and the model
+    folder. Raise ConfigError."""
+    check_plugins(cfg)
+    reward_model_path = check_reward_inputs(cfg)
+    return WorkerInputs(resolve_model_files(cfg), resume_from, reward_model_path)
+
+
+def check_driver_inputs(cfg: Config, found: WorkerInputs) -> RunInputs:
+    """What the driver feeds the workers, checked while they start: the tokenizer, the agent
+    and its chat template, the model's limits against the config, and the prompts. Raise
+    ConfigError."""
+    from rlframe.loop.validation import split_validation_records
+
+    model_path = found.model_path
+    tokenizer = load_tokenizer(cfg, model_path)
+    # The model's own limits go before the agent's chat template: they name the real limit
+    # where the template check would name a symptom.
+    run_model_checks(cfg, model_path)
+    if found.resume_from is not None:
+        check_resume_processor(model_path, found.resume_from)
+    check_agent(cfg, tokenizer)
+    records = load_training_prompts(cfg, tokenizer)
+    try:
+        records, val_records = split_validation_records(records, cfg, tokenizer)
+    except ValueError as e:
+        raise ConfigError(
+            "data.val_files" if cfg.data.val_files else "data.val_size", str(e)
+        ) from None
+    return RunInputs(
+        model_path, tokenizer, records, val_records, found.resume_from, found.reward_model_path
+    )
+
+
+# Rule rewards that need more than the standard library, and the package each needs.
+REWARD_PACKAGES = {"math_verify": "math_verify"}
+
+
+def check_reward_inputs(cfg: Config) -> str | None:
+    """The rule reward's package is installed, the sandbox says what isolation it has, and the
+    reward model (if any) is a one-label classifier whose worker class loads. Returns the
+    reward model's path (``tiny-rm:N`` built), or None."""
+    import importlib.util
+
+    r = cfg.reward
+    package = REWARD_PACKAGES.get(r.fn)
+    if r.uses_rule and package is not None and importlib.util.find_spec(package) is None:
+        raise ConfigError(
+            "reward.fn",
+            f"{r.fn} needs the {package.replace('_', '-')} package: "
+            f"pip install {package.replace('_', '-')}",
+        )
+    if r.uses_rule and r.fn == "code_tests":
+        from rlframe.rewards.sandbox import SandboxUnavailable, detect_isolation
+
+        try:
+            print(detect_isolation().describe(), file=sys.stderr)
+        except SandboxUnavailable as e:
+            raise ConfigError("reward.fn", f"code_tests runs untrusted code, but {e}") from None
+    if not r.uses_model:
+        return None
+    return check_reward_model(cfg)
+
+
+def check_reward_model(cfg: Config) -> str:
+    from rlframe.core.registry import load_class
+    from rlframe.data.tiny_reward_model import is_tiny_reward_model, resolve_reward_model_path
+
+    rm = cfg.reward.model
+    assert rm.path is not None
+    try:
+        load_class(rm.worker_cls)
+    except Exception as e:
+        raise ConfigError("reward.model.worker_cls", describe_load_error(e)) from None
+    try:
+        path = resolve_reward_model_path(rm.path)
+    except ValueError as e:
+        raise ConfigError("reward.model.path", str(e)) from None
+    local = Path(path).expanduser()
+    if not local.exists() and not is_tiny_reward_model(rm.path) and not looks_like_model_id(path):
+        raise ConfigError("reward.model.path", f"no such folder {path}")
+    if local.exists() and not (local / "config.json").is_file():
+        raise ConfigError(
+            "reward.model.path", f"{path} holds no config.json: point it at a saved model folder"
+        )
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=rm.trust_remote_code)
+    except Exception as e:
+        reason = first_line(e)
+        raise ConfigError(
+            "reward.model.path",
+            f"{path!r} cannot be loaded as a model (offline, or a typo?): {reason}",
+        ) from None
+    if config.num_labels != 1:
+        raise ConfigError(
+            "reward.model.path",
+            f"{path} has {config.num_labels} labels; a reward model is a classifier with one "
+            "(num_labels=1)",
+        )
+    return path
+
+
+def check_plugins(cfg: Config) -> None:
+    """Every registered name exists and every ``module:function`` / ``file.py:function`` loads."""
+    from rlframe.algorithms.advantages import ADVANTAGES
+    from rlframe.algorithms.losses import POLICY_LOSSES
+    from rlframe.controller.dispatch import find_dispatch_methods
+    from rlframe.controller.roles import check_role
+    from rlframe.core.registry import Registry, load_class
+    from rlframe.rewards import REWARDS
+
+    entries: list[tuple[str, str, Registry[Any]]] = [
+        ("algorithm.advantage", cfg.algorithm.advantage, ADVANTAGES),
+        ("algorithm.policy_loss", cfg.algorithm.policy_loss, POLICY_LOSSES),
+    ]
+    if cfg.reward.fn != "auto":
+        entries.append(("reward.fn", cfg.reward.fn, REWARDS))
+    for key, name, registry in entries:
+        try:
+            registry.get(name)
+        except Exception as e:  # a user's file may raise anything while it is imported
+            raise ConfigError(key, describe_load_error(e)) from None
+    for key, path, role in list_worker_roles(cfg):
+        try:
+            worker_cls = load_class(path)
+        except Exception as e:
+            raise ConfigError(key, describe_load_error(e)) from None
+        try:
+            check_role(role, worker_cls, find_dispatch_methods(worker_cls))
+        except TypeError as e:
+            raise ConfigError(key, str(e)) from None
+
+
+def list_worker_roles(cfg: Config) -> list[tuple[str, str, type]]:
+    """(config key, worker class path, role Protocol) of every group the run starts."""
+    from rlframe.config.placement import resolve_actor_worker_cls
+    from rlframe.controller import roles
+
+    separate = cfg.rollout.placement is Placement.separate
+    found: list[tuple[str, str, type]] = [
+        (
+            "actor.worker_cls",
+            resolve_actor_worker_cls(cfg.rollout, cfg.actor),
+            roles.TrainGroup if separate else roles.HybridGroup,
+        )
+    ]
+    if separate:
+        found.append(("rollout.worker_cls", cfg.rollout.worker_cls, roles.RolloutGroup))
+    if cfg.critic.enable:
+        found.append(("critic.worker_cls", cfg.critic.worker_cls, roles.CriticGroup))
+    return found
+
+
+def check_local_pools(cfg: Config) -> None:
+    """When this run starts its own one-machine Ray: the worker pools fit the machine (its
+    CPUs, and its GPUs when the run will train on them)."""
+    from rlframe.config.placement import check_pools_fit, check_pools_gpus
+
+    if not will_start_local_ray(cfg.ray):
+        return
+    if cfg.ray.num_cpus:
+        check_pools_fit(cfg.rollout, cfg.trainer, cfg.ray.num_cpus, "ray.num_cpus")
+    else:
+        cpus, source = os.cpu_count() or 1, "this machine's CPUs; ray.num_cpus overrides"
+        check_pools_fit(cfg.rollout, cfg.trainer, cpus, source)
+    if cfg.trainer.device is Device.cpu:
+        return  # no GPU count: it imports torch, a second on the way to starting Ray
+    gpus = count_local_gpus()
+    if will_train_on_cuda(cfg, gpus):
+        check_pools_gpus(cfg.rollout, cfg.trainer, gpus, "the GPUs this process can see")
+
+
+def check_openai_entry(cfg: Config) -> None:
+    """``rollout.agent=openai`` needs ``agent.entry``, a function that loads."""
+    from rlframe.core.registry import load_function
+
+    if not cfg.agent.entry:
+        raise ConfigError("agent.entry", "rollout.agent=openai needs the agent's function")
+    check_server_port(cfg.agent.server_host, cfg.agent.server_port)
+    try:
+        load_function(cfg.agent.entry)
+    except Exception as e:
+        raise ConfigError("agent.entry", describe_load_error(e)) from None
+
+
+def check_server_port(host: str, port: int) -> None:
+    """A fixed ``agent.server_port`` is free on ``agent.server_host`` (0: the OS picks one)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio binds
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            raise ConfigError(
+                "agent.server_port", f"cannot listen on {host}:{port}: {e.strerror or e}"
+            ) from None
+
+
+def check_agent(cfg: Config, tokenizer: Any) -> None:
+    """``rollout.agent`` loads; for multi_turn, ``agent.env`` loads, one env builds from
+    ``agent.env_kwargs``, and the chat template can place an observation after a model turn."""
+    from rlframe.agent_server import pick_agent
+    from rlframe.envs import ENVS, ChatFormat, EnvError, get_tools
+
+    try:
+        pick_agent(cfg.rollout.agent)
+    except Exception as e:
+        raise ConfigError("rollout.agent", describe_load_error(e)) from None
+    if cfg.rollout.agent == "openai":
+        check_openai_entry(cfg)
+    if not cfg.agent.env:
+        return
+    try:
+        factory = ENVS.get(cfg.agent.env)
+    except Exception as e:
+        raise ConfigError("agent.env", describe_load_error(e)) from None
+    try:
+        env = factory(**cfg.agent.env_kwargs)
+    except Exception as e:
+        raise ConfigError(
+            "agent.env_kwargs",
+            f"{cfg.agent.env} cannot be built with {cfg.agent.env_kwargs}: {type(e).__name__}: {e}",
+        ) from None
+    for method in ("reset", "step"):
+        if not callable(getattr(env, method, None)):
+            raise ConfigError(
+                "agent.env",
+                f"{cfg.agent.env} builds a {type(env).__name__}, which has no {method}() method",
+            )
+    try:
+        ChatFormat(tokenizer, tools=get_tools(env)).observation_ids(
+            [{"role": "user", "content": "x"}], cfg.agent.max_obs_tokens
+        )
+    except EnvError as e:
+        raise ConfigError(
+            "agent.env", f"the model's chat template cannot carry observations: {e}"
+        ) from None
+    except Exception as e:  # a template may reject a role or the tools
+        raise ConfigError(
+            "agent.env",
+            f"the model's chat template fails on an observation message: {type(e).__name__}: {e}",
+        ) from None
+
+
+def describe_load_error(error: BaseException) -> str:
+    text = str(error).strip().strip('"')
+    if isinstance(error, KeyError | ValueError | FileNotFoundError | AttributeError | TypeError):
+        return text
+    return f"cannot be loaded: {type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def load_model_files(cfg: Config) -> tuple[str, Any]:
+    """The model directory (building ``tiny:N``, ``tiny-vl:N``) and its tokenizer."""
+    path = resolve_model_files(cfg)
+    return path, load_tokenizer(cfg, path)
+
+
+def resolve_model_files(cfg: Config) -> str:
+    """The model directory (building ``tiny:N``, ``tiny-vl:N``): a folder with a config.json
+    and loadable weights, or a model id."""
+    from rlframe.data.tiny_model import is_tiny_model
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+
+    try:
+        path = resolve_tiny_vl_path(cfg.model.path)
+    except ValueError as e:
+        raise ConfigError("model.path", str(e)) from None
+    local = Path(path).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ConfigError(
+                "model.path", f"{path} holds no config.json: point it at a saved model folder"
+            )
+        from rlframe.models.weights import check_model_weights
+
+        check_model_weights(local)
+    elif not is_tiny_model(cfg.model.path) and not looks_like_model_id(path):
+        raise ConfigError("model.path", f"no such folder {path}")
+    return path
+
+
+def load_tokenizer(cfg: Config, path: str) -> Any:
+    """The tokenizer of the model at ``path`` (a folder or a model id)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+    except Exception as e:
+        reason = first_line(e)
+        raise ConfigError(
+            "model.path",
+            f"{path!r} is not a local folder and its tokenizer cannot be loaded as a Hugging Face "
+            f"model id (offline, or a typo?): {reason}",
+        ) from None
+
+
+def looks_like_model_id(path: str) -> bool:
+    """``org/name`` or ``name``, as on the Hugging Face hub; anything else is meant as a folder."""
+    parts = path.split("/")
+    return len(parts) <= 2 and all(parts) and not path.startswith((".", "~"))
+
+
+def load_training_prompts(cfg: Config, tokenizer: Any) -> list[PromptRecord]:
+    """The training prompts; a bad file, too few prompts or prompts all too long is an error,
+    and prompts left out for length are counted on the console."""
+    from rlframe.data.prompts import read_prompt_rows, tokenize_prompts
+
+    key = "data.train_files" if cfg.data.train_files else "data.task"
+    try:
+        rows = read_prompt_rows(cfg.data.train_files, cfg.data.task, cfg.trainer.seed)
+        prompts = tokenize_prompts(rows, tokenizer, cfg.data.max_prompt_length)
+    except ValueError as e:
+        raise ConfigError(key, str(e)) from None
+    limit = cfg.data.max_prompt_length
+    if prompts.dropped:
+        print(
+            f"rlframe: data: {prompts.dropped} of {len(rows)} prompts dropped: longer than "
+            f"data.max_prompt_length={limit} tokens",
+            file=sys.stderr,
+        )
+    if len(prompts.records) < cfg.data.batch_size:
+        raise ConfigError(
+            "data.batch_size",
+            f"{cfg.data.batch_size} exceeds the {len(prompts.records)} prompts available "
+            f"({len(rows)} rows, {prompts.dropped} longer than data.max_prompt_length={limit})",
+        )
+    return prompts.records

@@ -1,0 +1,1 @@
+"""rlframe/state: TODO docstring."""

@@ -1,0 +1,1 @@
+"""workers/inference: TODO docstring."""

@@ -1,0 +1,1 @@
+"""workers/model_hooks: TODO docstring."""

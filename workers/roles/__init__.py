@@ -1,0 +1,1 @@
+"""workers/roles: TODO docstring."""

@@ -1,0 +1,365 @@
+"""The training role: the policy under FSDP2 with its optimizer, and the frozen reference.
+
+It computes log-probs, runs the PPO-style update, saves and loads its state, and is the
+source of the weights that a sink loads into a rollout engine. It owns the version of the
+weights it has published. A worker composes it with a rollout role in one process
+(:class:`workers.hybrid.HybridWorker`) or runs it alone (:class:`workers.train_worker.TrainWorker`).
+
+The module-level building blocks (micro-batch scoring, the loss tail, the step count) are
+shared with the critic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+
+import torch
+from torch import nn
+
+from rlframe.algorithms.losses import POLICY_LOSSES, LossScale
+from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
+from rlframe.algorithms.router import compute_load_balancing_loss, summarize_routing
+from rlframe.config import ActorConfig, Config
+from rlframe.config.lora import LoraConfig, LoraSync
+from rlframe.config.names import OffPolicyCorrection, RouterReplay
+from rlframe.core.protocol import Batch, UpdateResult
+from rlframe.core.sequence_layout import SequenceLayout, build_layout
+from workers.model_hooks.router_logits import find_router_spec, record_router_logits
+from workers.model_hooks.vision import ImageEncoder, build_image_encoder
+from workers.sync.sync_probe import (
+    SyncProbe,
+    build_probe_ids,
+    compute_trainer_probe,
+    list_vision_token_ids,
+)
+from workers.sync.weight_sync import WeightSource, iter_full_tensors
+from workers.training.checkpointing import load_engine, save_engine
+from workers.training.fsdp import (
+    FSDPEngine,
+    OptimizerSpec,
+    pick_dtype,
+    resolve_packing,
+    run_minibatch_updates,
+    split_micro_batches,
+)
+from workers.training.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
+
+
+def count_optimizer_steps(cfg: Config) -> int:
+    """Optimizer steps in the whole run (for the learning-rate schedule)."""
+    responses = cfg.data.batch_size * cfg.rollout.n
+    return cfg.trainer.total_steps * cfg.actor.epochs * (responses // cfg.actor.mini_batch_size)
+
+
+def check_single_pass(rows: int, cfg: ActorConfig, world_size: int) -> None:
+    """Log-probs taken during an update are the old ones only if no step came before them
+    (the driver's rule, :meth:`~rlframe.config.ActorConfig.updates_in_one_pass`, on all
+    ranks' rows; the config checks that the world size divides the mini-batch)."""
+    if not cfg.updates_in_one_pass(rows * world_size):
+        raise ValueError(
+            "an update without old_logprobs must be exactly on-policy (actor.epochs=1 and one "
+            f"mini-batch): got epochs={cfg.epochs}, {rows} rows for mini-batches of "
+            f"{cfg.mini_batch_size // world_size} per rank; compute old log-probs first "
+            "(compute_logprobs)"
+        )
+
+
+def build_optimizer_spec(cfg: ActorConfig, total_steps: int) -> OptimizerSpec:
+    return OptimizerSpec(
+        cfg.lr, cfg.weight_decay, cfg.grad_clip, cfg.warmup_steps, cfg.lr_schedule, total_steps
+    )
+
+
+@torch.no_grad()
+def score_micro_batches(
+    engine: FSDPEngine,
+    batch: Batch,
+    sizes: ActorConfig,
+    packed: bool,
+    score: Callable[[SequenceLayout], torch.Tensor],
+    images: ImageEncoder | None = None,
+) -> torch.Tensor:
+    """[B, R] per-token scores of the loss-mask tokens (0 elsewhere): ``score(layout)`` gives
+    the [N] values of one micro-batch's selected tokens (log-probs, values). A
+    sequence-parallel group scores its ranks' rows together; each rank returns its own.
+    ``images``: a vision-language model's encoder of the rows' images."""
+    engine.model.eval()
+    batch, own_rows = engine.gather_rows(batch, block=len(batch))
+    out = torch.zeros(batch.tensor("response_ids").shape)
+    batch = batch.with_tensors(row_index=torch.arange(len(batch)))
+    sp_size = engine.sequence_parallel_size
+    for micro in split_micro_batches(batch, sizes, engine.device, packed, sp_size):
+        layout = build_layout(micro, packed, None if images is None else images.encode(micro))
+        out[micro.tensor("row_index")] = layout.to_grid(score(layout).cpu())
+    return out[own_rows]
+
+
+def backward_summed_over_ranks(loss: torch.Tensor, world_size: int) -> None:
+    """Backward of a rank's share of the mini-batch loss.
+
+    FSDP averages gradients over ranks; the loss shares sum to the mini-batch loss over
+    ranks, so scale by the world size to turn that average into the sum.
+    """
+    (loss * world_size).backward()
+
+
+def pick_sync_tensors(
+    lora: LoraConfig, freeze_vision: bool = False
+) -> Callable[[nn.Module], Iterator[tuple[str, torch.Tensor]]]:
+    """What a weight sync streams: every tensor (but a frozen vision tower's), or under LoRA
+    the merged weights (``sync=merged``) or the adapters alone (``sync=adapter``)."""
+    if not lora.enabled:
+        return partial(iter_full_tensors, with_vision=not freeze_vision)
+    return iter_adapter_tensors if lora.sync is LoraSync.adapter else iter_merged_tensors
+
+
+class TrainRole:
+    """Args: the run's config, the model directory, ``cuda`` or ``cpu``, and the size of
+    the training group (the default process group, already joined)."""
+
+    def __init__(self, cfg: Config, model_path: str, device: str, world_size: int) -> None:
+        self.cfg, self.device, self.world_size = cfg, device, world_size
+        spec = build_optimizer_spec(cfg.actor, count_optimizer_steps(cfg))
+        self.lora = cfg.model.lora
+        sp_size = cfg.actor.sequence_parallel_size
+        self.actor = FSDPEngine(
+            model_path,
+            cfg.model,
+            spec,
+            device,
+            lora=self.lora,
+            sequence_parallel_size=sp_size,
+            router_replay=cfg.algorithm.router_replay is RouterReplay.rollout,
+        )
+        # Under LoRA the reference is the policy with its adapters off: no second copy.
+        self.ref = (
+            FSDPEngine(model_path, cfg.model, None, device, sequence_parallel_size=sp_size)
+            if cfg.algorithm.uses_reference and not self.lora.enabled
+            else None
+        )
+        self.policy_loss = POLICY_LOSSES.get(cfg.algorithm.policy_loss)
+        self.packed = resolve_packing(
+            cfg.actor.pack_sequences, device, pick_dtype(cfg.model.dtype, device)
+        )
+        self.weights_version = 0
+        """The version of the last published weights (0: the checkpoint's)."""
+        self.router = find_router_spec(self.actor.model)
+        """Where a mixture-of-experts policy's router logits come from; None for dense ones."""
+        self.images = build_image_encoder(model_path, self.actor.model.config)
+        """A vision-language model's image encoder (None for a text model)."""
+
+    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+        """[B, R] log-probs of the current policy (``old_logprobs``)."""
+        return self.score_logprobs(self.actor, batch)
+
+    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+        """[B, R] log-probs of the frozen reference policy."""
+        if self.lora.enabled:
+            with adapters_disabled(self.actor.model):
+                return self.score_logprobs(self.actor, batch)
+        if self.ref is None:
+            raise RuntimeError(
+                "compute_ref_logprobs needs a reference model: set algorithm.kl_coef or "
+                "algorithm.kl_reward_coef > 0"
+            )
+        return self.score_logprobs(self.ref, batch)
+
+    def score_logprobs(self, engine: FSDPEngine, batch: Batch) -> torch.Tensor:
+        a = self.cfg.actor
+
+        def score(layout: SequenceLayout) -> torch.Tensor:
+            temperature = self.cfg.rollout.temperature
+            return engine.compute_token_logprobs(
+                layout, temperature, a.logprob_chunk_size, False
+            ).logprobs
+
+        return score_micro_batches(engine, batch, a, self.packed, score, self.images)
+
+    def update(self, batch: Batch) -> UpdateResult:
+        """PPO-style updates (epochs x mini-batches x micro-batches) on this rank's share.
+
+        A batch without ``old_logprobs`` is an exactly on-policy step (one epoch, one
+        mini-batch): the old log-probs are the update's own, detached, and come back as
+        ``own_logprobs`` ([rows, R], this rank's rows in order) beside the metrics. With
+        ``algorithm.off_policy_correction=rollout`` the old log-probs are always the batch's
+        ``rollout_logprobs``.
+        """
+        own: torch.Tensor | None = None
+        from_rollout = self.cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout
+        needs_own = "old_logprobs" not in batch and not from_rollout
+        if needs_own:
+            check_single_pass(len(batch), self.cfg.actor, self.world_size)
+        # A sequence-parallel group updates on its ranks' rows together, mini-batch by
+        # mini-batch as the ranks would have.
+        batch, own_rows = self.actor.gather_rows(
+            batch, block=self.cfg.actor.mini_batch_size // self.world_size
+        )
+        if self.actor.replay is not None:
+            self.actor.replay.take_agreement()  # counted by the log-prob pass: not this update's
+        if needs_own:
+            batch = batch.with_tensors(row_index=torch.arange(len(batch)))
+            own = torch.zeros(batch.tensor("response_ids").shape)
+        metrics = run_minibatch_updates(
+            self.actor,
+            batch,
+            self.cfg.actor,
+            self.world_size,
+            forward_backward=partial(self.forward_backward, own_logprobs=own),
+            prefix="actor",
+            packed=self.packed,
+        )
+        return UpdateResult(dict(metrics), None if own is None else own[own_rows])
+
+    def forward_backward(
+        self, micro: Batch, scale: LossScale, own_logprobs: torch.Tensor | None = None
+    ) -> dict[str, float]:
+        """One micro-batch's forward, its loss (:func:`compose_policy_loss`) and backward.
+        ``own_logprobs`` ([rows, R] of the whole update) receives this micro-batch's detached
+        log-probs when the batch has no old ones. Under router replay also
+        ``actor/routing_agreement``: the share of (token, MoE layer) pairs whose router, left
+        alone, would have chosen the experts the rollout recorded."""
+        layout = build_layout(
+            micro, self.packed, None if self.images is None else self.images.encode(micro)
+        )
+        # Replayed routing covers the backward too: gradient checkpointing re-runs the routers.
+        with self.actor.replaying(layout):
+            metrics = self.run_forward_backward(micro, layout, scale, own_logprobs)
+        if self.actor.replay is not None:
+            agreement = self.actor.replay.take_agreement()
+            if agreement is not None:
+                metrics["actor/routing_agreement"] = agreement
+        return metrics
+
+    def run_forward_backward(
+        self,
+        micro: Batch,
+        layout: SequenceLayout,
+        scale: LossScale,
+        own_logprobs: torch.Tensor | None,
+    ) -> dict[str, float]:
+        cfg, a = self.cfg.algorithm, self.cfg.actor
+        with self.recording_routers() as router_logits:
+            token = self.actor.compute_token_logprobs(
+                layout,
+                self.cfg.rollout.temperature,
+                a.logprob_chunk_size,
+                with_entropy=True,
+                entropy_grad=cfg.entropy_coef > 0,
+            )
+
+        if token.entropy is None:  # asked for above: the loss's entropy term and metric
+            raise RuntimeError("compute_token_logprobs returned no entropy")
+
+        def read(key: str) -> torch.Tensor | None:
+            return micro.tensor(key).to(self.device) if key in micro else None
+
+        composed = compose_policy_loss(
+            PolicyTerms(
+                logprobs=layout.to_grid(token.logprobs),
+                entropy=layout.to_grid(token.entropy),
+                advantages=micro.tensor("advantages").to(self.device),
+                loss_mask=micro.tensor("loss_mask").to(self.device),
+                scale=scale,
+                old_logprobs=read("old_logprobs"),
+                rollout_logprobs=read("rollout_logprobs"),
+                ref_logprobs=read("ref_logprobs"),
+            ),
+            cfg,
+            self.policy_loss,
+        )
+        if own_logprobs is not None:
+            own_logprobs[micro.tensor("row_index")] = composed.old_logprobs.cpu()
+        loss, metrics = composed.loss, composed.metrics
+        if router_logits:
+            loss, metrics = self.add_router_terms(
+                loss, metrics, router_logits, layout, micro, scale
+            )
+        backward_summed_over_ranks(loss, self.world_size)
+        return metrics
+
+    @contextmanager
+    def recording_routers(self) -> Iterator[list[torch.Tensor]]:
+        """The router logits of the forward inside the block (none for a dense policy)."""
+        if self.router is None:
+            yield []
+            return
+        with record_router_logits(self.actor.model, self.router) as recorded:
+            yield recorded
+
+    def add_router_terms(
+        self,
+        loss: torch.Tensor,
+        metrics: dict[str, float],
+        router_logits: list[torch.Tensor],
+        layout: SequenceLayout,
+        micro: Batch,
+        scale: LossScale,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The micro-batch's loss plus ``algorithm.router_aux_loss_coef`` x the routers'
+        load-balancing loss (its share of the mini-batch: rows over the mini-batch's rows),
+        and the expert-load metrics, over every real token the routers saw (prompt and
+        response; padding left out)."""
+        assert self.router is not None
+        tokens = router_logits[0].shape[0]
+        mask = layout.attention_mask
+        if mask is None or mask.numel() != tokens:  # packed rows (no padding), or an SP shard
+            mask = torch.ones(tokens, device=router_logits[0].device)
+        mask = mask.reshape(-1)
+        top_k = self.router.top_k
+        aux = compute_load_balancing_loss(router_logits, top_k, mask)
+        coef = self.cfg.algorithm.router_aux_loss_coef
+        if coef > 0:
+            loss = loss + coef * aux * (len(micro) / scale.sequences)
+        routing = summarize_routing(router_logits, top_k, mask)
+        return loss, metrics | routing | {"actor/router_aux_loss": float(aux.detach())}
+
+    def weight_source(self) -> WeightSource:
+        """The policy's weights in sync buckets, cast to the rollout engine's dtype."""
+        bucket_bytes = self.cfg.rollout.weight_sync_bucket_mb * 2**20
+        return WeightSource(
+            self.actor.model,
+            bucket_bytes,
+            pick_dtype(self.cfg.model.dtype, self.device),
+            pick_sync_tensors(self.lora, self.cfg.model.freeze_vision),
+        )
+
+    def compute_sync_probe(self) -> SyncProbe:
+        """The trainer's log-probs of the fixed probe, for the receiver check of a sync."""
+        config = self.actor.model.config
+        ids = build_probe_ids(
+            int(config.get_text_config().vocab_size), list_vision_token_ids(config)
+        )
+        return SyncProbe(ids, compute_trainer_probe(self.actor.model, ids, self.device))
+
+    def publish_weights(self) -> int:
+        """A new weights version for the weights as they are now (after an update)."""
+        self.weights_version += 1
+        return self.weights_version
+
+    def offload(self) -> None:
+        """Free the device for the rollout engine (``actor.offload``; cuda only)."""
+        if self.cfg.actor.offload:
+            for engine in self.list_engines():
+                engine.offload()
+
+    def reload(self) -> None:
+        if self.cfg.actor.offload:
+            for engine in self.list_engines():
+                engine.reload()
+
+    def list_engines(self) -> list[FSDPEngine]:
+        """The policy and, when there is one, the reference: both leave the device."""
+        return [self.actor] + ([self.ref] if self.ref is not None else [])
+
+    def save(self, path: str) -> None:
+        """This rank's shards of the policy, its optimizer and LR schedule, and the weights
+        version. The reference is not saved: it is the initial model, rebuilt at start."""
+        save_engine(self.actor, path, {"weights_version": self.weights_version})
+
+    def load(self, path: str) -> int:
+        """Load what :meth:`save` wrote; returns the restored weights version."""
+        extra = load_engine(self.actor, path, {"weights_version": 0})
+        self.weights_version = int(extra["weights_version"])
+        return self.weights_version

@@ -1,0 +1,491 @@
+"""The training engine: an HF causal LM sharded with FSDP2, its optimizer and schedule.
+
+Parallelism is applied by plain functions in a fixed order (see :func:`build_train_model`).
+Every rank of the group holds one shard; gathering a full parameter is a collective, so
+every rank must walk the weights in the same order (:class:`workers.sync.weight_sync.WeightSource`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from rlframe.algorithms.losses import LossScale
+from rlframe.core.protocol import Batch
+from rlframe.core.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
+from rlframe.models.hf_config import VISION_TOWER_SEGMENT, has_vision_tower
+from workers.model_hooks.router_replay import RouterReplay, replay_layout
+from workers.training.dtensor_gather import full_tensor
+from workers.training.hf_model import HFModel
+from workers.training.layout_forward import (  # noqa: F401 (re-exported: the engine's API)
+    compute_layout_hidden,
+    compute_layout_logprobs,
+    compute_layout_values,
+    run_as_root_forward,
+)
+from workers.training.rank0_load import load_rank0_state
+from workers.training.token_logprobs import TokenLogprobs
+from workers.training.ulysses import (
+    SequenceParallel,
+    build_sequence_parallel,
+    gather_group_rows,
+    register_ulysses_attention,
+)
+
+if TYPE_CHECKING:  # the config package needs omegaconf, which bench/gpu_check.py goes without
+    from transformers import PreTrainedModel
+
+    from rlframe.config import ActorConfig, ModelConfig
+    from rlframe.config.lora import LoraConfig
+
+
+def choose_attention(device: str, dtype: torch.dtype, has_flash_attn: bool) -> str:
+    """flash_attention_2 on cuda where flash-attn is installed and the compute dtype is one
+    it runs (bf16/fp16; it rejects fp32), else PyTorch's sdpa."""
+    half = dtype in (torch.bfloat16, torch.float16)
+    return "flash_attention_2" if device == "cuda" and half and has_flash_attn else "sdpa"
+
+
+def pick_attention(device: str, dtype: torch.dtype) -> str:
+    """:func:`choose_attention` for this process (whether flash-attn imports)."""
+    if device != "cuda":
+        return "sdpa"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError:
+        return "sdpa"
+    return choose_attention(device, dtype, has_flash_attn=True)
+
+
+def resolve_packing(setting: bool | None, device: str, dtype: torch.dtype) -> bool:
+    """``actor.pack_sequences``: null packs exactly where flash-attention's varlen kernels run."""
+    if setting is not None:
+        return setting
+    return pick_attention(device, dtype) == "flash_attention_2"
+
+
+def pick_dtype(setting: str, device: str) -> torch.dtype:
+    """A model's ``dtype`` setting: ``auto`` is bf16 on cuda and fp32 on cpu."""
+    if setting == "auto":
+        return torch.bfloat16 if device == "cuda" else torch.float32
+    return getattr(torch, setting)
+
+
+def load_hf_model(
+    path: str,
+    cfg: ModelConfig,
+    device: str,
+    head: str,
+    attention: str | None = None,
+    weights: bool = True,
+    dtype: torch.dtype = torch.float32,
+) -> PreTrainedModel:
+    """The HF model in ``dtype``: fp32 master weights for a model that trains (FSDP casts to
+    the compute dtype), the compute dtype for a frozen one.
+
+    ``head="lm"``: the causal LM (a vision-language model's image-text-to-text model).
+    ``head="value"``: the same backbone with a freshly
+    initialised scalar head per token (a critic), as ``AutoModelForTokenClassification``.
+    ``attention``: a registered attention implementation (default :func:`pick_attention`).
+    ``weights=False``: the architecture alone on the meta device (no memory, nothing read
+    but the config), for ranks that receive rank 0's weights.
+    """
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForTokenClassification,
+    )
+
+    kwargs = {
+        "dtype": dtype,
+        "attn_implementation": attention or pick_attention(device, pick_dtype(cfg.dtype, device)),
+        "trust_remote_code": cfg.trust_remote_code,
+    }
+    auto: type[AutoModelForCausalLM | AutoModelForImageTextToText | AutoModelForTokenClassification]
+    auto = AutoModelForTokenClassification if head == "value" else AutoModelForCausalLM
+    config = AutoConfig.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    if has_vision_tower(config):
+        if head != "lm":
+            raise NotImplementedError(f"a {head} head on a vision-language model")
+        auto = AutoModelForImageTextToText
+    if head == "value":
+        config.num_labels = 1
+        # No dropout before the value head (HF defaults it to 0.1): values in the update must
+        # be those compute_values gave, which the clipped value loss compares them with.
+        config.classifier_dropout = 0.0
+    if not weights:
+        with torch.device("meta"):
+            return auto.from_config(config, **kwargs)
+    return auto.from_pretrained(path, config=config, **kwargs)
+
+
+# The attribute that holds the decoder blocks in HF models (Llama/Qwen: ``layers``, GPT-2: ``h``).
+LAYER_LIST_NAMES = ("layers", "h", "blocks")
+
+
+def find_decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder blocks, wherever a head or wrapper put the backbone: ``model.layers`` of a
+    causal LM, a sequence or token classifier alike, ``base_model.model.model.layers`` under
+    PEFT. The first (outermost) module list with a decoder-block name."""
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in LAYER_LIST_NAMES:
+            return module
+    raise ValueError(
+        f"{type(model).__name__} has no decoder-layer list named one of {LAYER_LIST_NAMES}"
+    )
+
+
+def find_block_lists(model: nn.Module) -> list[nn.ModuleList]:
+    """Every outermost block list: the decoder layers, and a vision-language model's vision
+    blocks beside them (Qwen2-VL's ``visual.blocks``)."""
+    found: list[tuple[str, nn.ModuleList]] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or name.rsplit(".", 1)[-1] not in LAYER_LIST_NAMES:
+            continue
+        if not any(name.startswith(f"{outer}.") for outer, _ in found):
+            found.append((name, module))
+    if not found:
+        find_decoder_layers(model)  # raises, naming what it looked for
+    return [module for _, module in found]
+
+
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
+    """Shard each decoder layer (and vision block), then the root (embeddings, final norm,
+    the head; a vision tower's patch embedding and merger).
+
+    Per-layer units keep only one layer's full parameters alive at a time. Gradients are
+    reduced in fp32 whatever the compute dtype, so small updates are not lost.
+    """
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for layer in (layer for blocks in find_block_lists(model) for layer in blocks):
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+
+
+def freeze_vision_tower(model: nn.Module) -> None:
+    """Stop the vision tower's parameters from training (``model.freeze_vision``)."""
+    towers = [
+        m for name, m in model.named_modules() if name.rsplit(".", 1)[-1] == VISION_TOWER_SEGMENT
+    ]
+    if not towers:
+        raise ValueError(f"model.freeze_vision: {type(model).__name__} has no vision tower")
+    for tower in towers:
+        tower.requires_grad_(False)
+
+
+def build_train_model(
+    path: str,
+    cfg: ModelConfig,
+    device: str,
+    head: str = "lm",
+    lora: LoraConfig | None = None,
+    sp: SequenceParallel | None = None,
+    frozen: bool = False,
+) -> HFModel:
+    """Load (with the Ulysses attention wrapper under sequence parallelism), then (1) LoRA
+    adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) the local shards on the
+    device.
+
+    Adapters come first so that checkpointing and sharding see the adapted layers (each
+    layer's shard holds its adapters); checkpointing wraps the layers before sharding so
+    that FSDP's hooks see the wrapped modules. With several ranks only rank 0 reads the
+    checkpoint into host memory; the others build the model on the meta device and receive
+    their shards from rank 0 (host memory: one full model, on rank 0, not one per rank).
+    Parameters are sharded over all ranks whatever the sequence-parallel size: the sequence
+    groups share activations, not weights.
+    """
+    spread = dist.get_world_size() > 1
+    rank0 = dist.get_rank() == 0
+    # A frozen model (the reference) needs no fp32 master copy: half the memory in bf16.
+    dtype = pick_dtype(cfg.dtype, device) if frozen else torch.float32
+    attention = register_ulysses_attention(sp.kernel) if sp is not None else None
+    base = load_hf_model(
+        path, cfg, device, head, attention, weights=rank0 or not spread, dtype=dtype
+    )
+    model: HFModel = base
+    if cfg.freeze_vision:
+        freeze_vision_tower(model)
+    if lora is not None and lora.enabled:
+        from workers.training.lora import apply_lora
+
+        model = apply_lora(base, lora, head)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # Taken before sharding: the full tensors stay referenced here until they are sent.
+    full_state = model.state_dict() if spread and rank0 else {}
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    apply_fsdp(model, mesh, pick_dtype(cfg.dtype, device))
+    if not spread:
+        return model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
+    return load_rank0_state(model, full_state, device)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """What an engine that trains needs to know about its optimizer and schedule."""
+
+    lr: float
+    weight_decay: float
+    grad_clip: float
+    """Max global gradient norm; <= 0 turns clipping off."""
+    warmup_steps: int
+    """Optimizer steps of linear learning-rate warm-up."""
+    lr_schedule: str
+    """constant, or cosine decay to 10% of the peak by ``total_steps``."""
+    total_steps: int
+    """Optimizer steps in the whole run."""
+
+
+def build_lr_lambda(spec: OptimizerSpec) -> Callable[[int], float]:
+    """Linear warm-up, then constant or cosine decay to 10% of the peak."""
+
+    def factor(step: int) -> float:
+        if step < spec.warmup_steps:
+            return (step + 1) / spec.warmup_steps
+        if spec.lr_schedule == "constant":
+            return 1.0
+        progress = min(
+            1.0, (step - spec.warmup_steps) / max(1, spec.total_steps - spec.warmup_steps)
+        )
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class FSDPEngine:
+    """A model under FSDP2 (policy, reference or critic), with an optimizer when it trains."""
+
+    def __init__(
+        self,
+        path: str,
+        model_cfg: ModelConfig,
+        optim: OptimizerSpec | None,
+        device: str,
+        head: str = "lm",
+        lora: LoraConfig | None = None,
+        sequence_parallel_size: int = 1,
+        router_replay: bool = False,
+    ):
+        self.device = device
+        compute_dtype = pick_dtype(model_cfg.dtype, device)
+        self.sp = build_sequence_parallel(
+            sequence_parallel_size, device, pick_attention(device, compute_dtype)
+        )
+        self.model = build_train_model(
+            path, model_cfg, device, head, lora, self.sp, frozen=optim is None
+        )
+        self.replay = RouterReplay(self.model) if router_replay else None
+        """Hooks that route each token to the experts a layout carries (R3); None: off."""
+        self.optimizer: torch.optim.Optimizer | None = None
+        # Under LoRA only the adapters require grad: the optimizer holds only them.
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if optim is not None:
+            self.optimizer = torch.optim.AdamW(
+                self.trainable,
+                lr=optim.lr,
+                weight_decay=optim.weight_decay,
+                betas=(0.9, 0.999),
+            )
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+                self.optimizer, build_lr_lambda(optim)
+            )
+            self.grad_clip = optim.grad_clip
+        else:
+            self.model.requires_grad_(False)
+
+    def compute_token_logprobs(
+        self,
+        layout: SequenceLayout,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+        entropy_grad: bool = False,
+    ) -> TokenLogprobs:
+        """Log-probs (and entropy) of the layout's selected tokens
+        (see :func:`compute_layout_logprobs`), routed as the layout says under router replay."""
+        with self.replaying(layout):
+            return compute_layout_logprobs(
+                self.model,
+                layout.to(self.device),
+                temperature,
+                chunk,
+                with_entropy,
+                entropy_grad,
+                self.sp,
+            )
+
+    def replaying(self, layout: SequenceLayout) -> AbstractContextManager[None]:
+        """See :func:`workers.model_hooks.router_replay.replay_layout`."""
+        return replay_layout(self.replay, layout)
+
+    def compute_token_values(self, layout: SequenceLayout) -> torch.Tensor:
+        """[N] value-head outputs at the positions that predict the selected tokens (critic)."""
+        return compute_layout_values(self.model, layout.to(self.device), self.sp)
+
+    @property
+    def sequence_parallel_size(self) -> int:
+        return 1 if self.sp is None else self.sp.size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Groups that take different rows: the ranks over the sequence-parallel size."""
+        return dist.get_world_size() // self.sequence_parallel_size
+
+    def gather_rows(self, rows: Batch, block: int) -> tuple[Batch, torch.Tensor]:
+        """(the rows this rank's sequence-parallel group works on, the indices of this rank's
+        own rows among them); without sequence parallelism, ``rows`` themselves. See
+        :func:`workers.training.ulysses.gather_group_rows`."""
+        if self.sp is None:
+            return rows, torch.arange(len(rows))
+        return gather_group_rows(rows, self.sp, block)
+
+    def optimizer_step(self) -> tuple[float, bool]:
+        """Clip, step and zero the gradients. A non-finite gradient norm skips the step."""
+        assert self.optimizer is not None, "a reference engine does not train"
+        max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)
+        norm_value = float(full_tensor(norm))
+        stepped = math.isfinite(norm_value)
+        if stepped:
+            self.optimizer.step()
+            # A skipped step leaves the schedule where it was, as it leaves the weights.
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm_value, stepped
+
+    @property
+    def lr(self) -> float:
+        assert self.optimizer is not None
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def offload(self) -> None:
+        """Move parameters and optimizer state to CPU RAM (cuda only) while vLLM runs."""
+        if self.device == "cuda":
+            self.move_to("cpu")
+            torch.cuda.empty_cache()
+
+    def reload(self) -> None:
+        """Bring parameters and optimizer state back to the GPU before training."""
+        if self.device == "cuda":
+            self.move_to("cuda")
+
+    def move_to(self, device: str) -> None:
+        self.model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
+        for state in self.optimizer.state.values() if self.optimizer else []:
+            for k, v in state.items():
+                # AdamW's step counts stay on the host: on the GPU, every step would read each
+                # parameter's count back (one host sync per parameter).
+                if isinstance(v, torch.Tensor) and k != "step":
+                    state[k] = v.to(device, non_blocking=True)
+
+
+def compute_global_loss_scale(mini: Batch, device: str, sp_size: int = 1) -> LossScale:
+    """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over
+    ranks (the ``sp_size`` ranks of a sequence-parallel group hold the same rows)."""
+    counts = torch.tensor(
+        [mini.tensor("loss_mask").sum().item(), float(len(mini))], dtype=torch.float64
+    )
+    if device == "cuda":
+        counts = counts.cuda()
+    dist.all_reduce(counts)
+    counts /= sp_size
+    return LossScale(tokens=float(counts[0]), sequences=float(counts[1]))
+
+
+def agree_on_max(value: int, device: str) -> int:
+    """The largest ``value`` over the ranks of the default group."""
+    tensor = torch.tensor([value], dtype=torch.long, device=device if device == "cuda" else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def split_micro_batches(
+    rows: Batch, sizes: ActorConfig, device: str, packed: bool, sp_size: int = 1
+) -> list[Batch]:
+    """This rank's micro-batches: ``actor.micro_batch_size`` rows each, or, with
+    ``actor.max_tokens_per_micro_batch``, rows filled up to that many tokens per rank (a
+    sequence-parallel group of ``sp_size`` ranks takes ``sp_size`` times as many).
+
+    Every rank of the group must run the same number of forwards (each is a chain of FSDP
+    collectives), so with a token budget the ranks agree on the largest count and split
+    their fullest micro-batches until they have that many. Callers give every rank the same
+    number of rows, so the count never exceeds a rank's rows.
+    """
+    if sizes.max_tokens_per_micro_batch <= 0:
+        return rows.split(sizes.micro_batch_size)
+    costs = count_row_tokens(rows, packed).tolist()
+    budget = sizes.max_tokens_per_micro_batch * sp_size
+    plan = plan_micro_batches(costs, budget)
+    count = agree_on_max(len(plan), device)
+    if count > len(plan):
+        plan = plan_micro_batches(costs, budget, min_count=count)
+    if len(plan) != count:
+        raise RuntimeError(
+            f"{len(rows)} rows cannot make the {count} micro-batches the other ranks run"
+        )
+    return [rows.rows(part) for part in plan]
+
+
+def accumulate_gradients(
+    mini: Batch,
+    sizes: ActorConfig,
+    device: str,
+    packed: bool,
+    forward_backward: Callable[[Batch, LossScale], dict[str, float]],
+    sp_size: int = 1,
+) -> dict[str, list[float]]:
+    """Forward and backward over one mini-batch's micro-batches (gradients add up in the
+    parameters); every micro-batch's loss is normalised by the whole mini-batch's counts,
+    so the sum is the same whatever the split. Returns each metric's per-micro-batch values."""
+    scale = compute_global_loss_scale(mini, device, sp_size)
+    metrics: dict[str, list[float]] = {}
+    for micro in split_micro_batches(mini, sizes, device, packed, sp_size):
+        for k, v in forward_backward(micro, scale).items():
+            metrics.setdefault(k, []).append(v)
+    return metrics
+
+
+def run_minibatch_updates(
+    engine: FSDPEngine,
+    batch: Batch,
+    sizes: ActorConfig,
+    world_size: int,
+    forward_backward: Callable[[Batch, LossScale], dict[str, float]],
+    prefix: str,
+    packed: bool,
+) -> dict[str, float]:
+    """Epochs x mini-batches x micro-batches of gradient accumulation, one optimizer step
+    per mini-batch, with the actor's batch sizes (the critic uses the same ones). Returns
+    metric means (and ``<prefix>/grad_norm``, ``<prefix>/lr``).
+
+    Every rank makes the same number of optimizer steps: the config guarantees that each
+    rank's share splits into whole mini-batches. Under sequence parallelism ``batch`` is the
+    group's rows (:meth:`FSDPEngine.gather_rows`), split by data-parallel group.
+    """
+    engine.model.train()
+    totals: dict[str, list[float]] = {}
+    skipped = 0
+    sp_size = engine.sequence_parallel_size
+    for _ in range(sizes.epochs):
+        for mini in batch.split(sizes.mini_batch_size * sp_size // world_size):
+            for k, v in accumulate_gradients(
+                mini, sizes, engine.device, packed, forward_backward, sp_size
+            ).items():
+                totals.setdefault(k, []).extend(v)
+            grad_norm, stepped = engine.optimizer_step()
+            totals.setdefault(f"{prefix}/grad_norm", []).append(grad_norm)
+            skipped += not stepped
+    metrics = {k: sum(v) / len(v) for k, v in totals.items()}
+    metrics[f"{prefix}/skipped_steps"] = float(skipped)
+    metrics[f"{prefix}/lr"] = engine.lr
+    return metrics
