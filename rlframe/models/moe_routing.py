@@ -30,7 +30,8 @@ NOT_RECORDED = -1
 REPLAYABLE_MODEL_TYPES = frozenset({"qwen3_moe", "qwen2_moe", "olmoe", "mixtral"})
 """transformers model types whose router takes the softmax over all experts, then the top-k
 (renormalised or not): the weights
-:func:`workers.model_hooks.router_replay.compute_replayed_weights` recomputes. ``qwen3_moe`` is the one tested
+:func:`workers.model_hooks.router_replay.compute_replayed_weights` recomputes.
+``qwen3_moe`` is the one tested
 (``tiny-moe:<seed>``)."""
 
 
