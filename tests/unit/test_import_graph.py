@@ -7,6 +7,7 @@ everything already."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,6 +111,45 @@ def test_the_walk_finds_a_circle_when_there_is_one() -> None:
         "rlframe.state.export"
     }
     assert ["rlframe.state.checkpoint_layout", "rlframe.state.export"] in find_circles(graph)
+
+
+def fold_into_folders(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph between folders: ``rlframe.run.launch`` is ``rlframe.run``; a top-level module
+    (``rlframe.main``) is a node of its own. Edges inside one folder are dropped."""
+
+    def folder(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    folded: dict[str, set[str]] = {folder(m): set() for m in graph}
+    for module, targets in graph.items():
+        folded[folder(module)] |= {folder(t) for t in targets} - {folder(module)}
+    return folded
+
+
+def test_no_import_loops_between_folders() -> None:
+    folders = fold_into_folders(build_graph())
+    assert {"rlframe.core", "rlframe.run", "workers.training"} <= folders.keys()
+    assert find_circles(folders) == []
+
+
+def test_the_folder_walk_finds_a_loop_when_there_is_one() -> None:
+    graph = build_graph()
+    graph["rlframe.core.protocol"] = graph["rlframe.core.protocol"] | {"rlframe.run.launch"}
+    assert any(
+        {"rlframe.core", "rlframe.run"} <= set(c) for c in find_circles(fold_into_folders(graph))
+    )
+
+
+def test_no_module_loads_a_product_module_by_path() -> None:
+    """A dotted path in a string hides an edge from this walk: plug-ins and worker classes
+    named in configs are the users' business, never the product's own imports."""
+    hidden = re.compile(r"load_(function|class)\(\s*[\"'](rlframe|workers)\.")
+    found = [
+        str(path.relative_to(REPO))
+        for path in list_modules().values()
+        if hidden.search(path.read_text())
+    ]
+    assert found == []
 
 
 def test_rlframe_never_imports_workers() -> None:
