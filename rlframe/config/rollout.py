@@ -84,8 +84,8 @@ class RolloutConfig:
     """Asynchronous training: a sample used in an update may have been generated, wholly or
     partly, with weights up to this many versions older than the ones the update starts from.
     0 (default): every sample comes from the current weights (lockstep, on-policy). >= 1: the
-    producer keeps generating ahead (rlframe.rollout.producer); see README "Asynchronous
-    training". An agent other than single_turn runs each episode whole."""
+    producer keeps generating ahead (rlframe.rollout.producer); see docs/async.md. An agent
+    other than single_turn runs each episode whole."""
     stale_groups: StaleGroups = StaleGroups.wait
     """max_staleness >= 1: a group whose oldest token would exceed the bound at its update.
     wait: the trainer waits for such groups to finish and trains on them first (no sample is
@@ -105,7 +105,7 @@ class RolloutConfig:
     ``max_staleness``), exceeds this many nats: the engine is not sampling from the trained
     weights, a weight sync is broken. null (default): by the model's dtype, 1e-3 in float32
     and 0.05 in bfloat16, plus ln(1/top_p) (vLLM's log-probs are renormalised over
-    the nucleus, the trainer's are not); see README "The sync check". 0: off."""
+    the nucleus, the trainer's are not); see docs/running.md, "The sync check". 0: off."""
 
     def __post_init__(self) -> None:
         # Dataclasses built in Python (tests, user code) may pass plain strings.

@@ -18,7 +18,7 @@ from tests.harness import deterministic, mean_reward_gain, read_metrics, run_rec
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
 RECOMMENDED = ("separate", "decoupled")
-"""The default tier's async learning proof: stale batches want ``decoupled`` (README)."""
+"""The default tier's async learning proof: stale batches want ``decoupled`` (docs/async.md)."""
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,8 @@
-"""README's "Ray job submission" commands, run as written against a loopback head node.
+"""The "Ray job submission" commands of docs/running.md, run as written against a loopback
+head node.
 
 ``ray start --head`` (token authentication on), then ``ray job submit --working-dir . --
-python -m rlframe.main ...`` completes with its run directory and logs where README says,
+python -m rlframe.main ...`` completes with its run directory and logs where that page says,
 and ``ray.address=auto`` joins the running cluster. The head is started with ``--block`` so
 that this test owns its process and stops it by pid (never ``ray stop``, which stops every
 Ray on the machine).
@@ -37,8 +38,8 @@ RAY = str(Path(sys.executable).parent / "ray")
 HOME: dict[str, str] = {}
 
 
-def readme_env() -> dict[str, str]:
-    """The shell README's commands run in: token auth on, nothing pointing at another cluster."""
+def documented_env() -> dict[str, str]:
+    """The shell the page's commands run in: token auth on, nothing pointing at another cluster."""
     env = {
         k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS")
     }
@@ -47,13 +48,13 @@ def readme_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A head node on loopback, started as README says from a HOME without a Ray token:
+    """A head node on loopback, started as the page says from a HOME without a Ray token:
     yields the dashboard address once the dashboard answers and the dashboard agent, which
     runs submitted jobs, listens."""
     HOME["HOME"] = str(tmp_path_factory.mktemp("home"))
     subprocess.run(
         [RAY, "get-auth-token", "--generate"],
-        env=readme_env(),
+        env=documented_env(),
         check=True,
         capture_output=True,
         timeout=60,
@@ -80,7 +81,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=readme_env(),
+        env=documented_env(),
         cwd=REPO,
     )
     address = f"http://127.0.0.1:{dashboard_port}"
@@ -133,7 +134,7 @@ def test_token_auth_is_on(head: str) -> None:
     assert error.value.code == 401
 
 
-def test_job_submit_runs_and_writes_where_readme_says(head: str, tmp_path: Path) -> None:
+def test_job_submit_runs_and_writes_where_the_docs_say(head: str, tmp_path: Path) -> None:
     run_dir = tmp_path / "outputs" / "job"
     start = time.monotonic()
     result = submit_job(
@@ -161,27 +162,27 @@ def test_job_submit_runs_and_writes_where_readme_says(head: str, tmp_path: Path)
 
 
 def submit_job(*entrypoint: str, head: str) -> subprocess.CompletedProcess[str]:
-    """``ray job submit`` as README has it."""
-    return run_as_readme(
+    """``ray job submit`` as the page has it."""
+    return run_as_documented(
         [RAY, "job", "submit", "--address", head, "--working-dir", ".", "--", *entrypoint]
     )
 
 
-def run_as_readme(command: list[str]) -> subprocess.CompletedProcess[str]:
-    """``command`` in README's shell (:func:`readme_env`), from the repository root."""
+def run_as_documented(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """``command`` in the page's shell (:func:`documented_env`), from the repository root."""
     return subprocess.run(
         command,
         capture_output=True,
         text=True,
         check=False,
         timeout=600,
-        env=readme_env(),
+        env=documented_env(),
         cwd=REPO,
     )
 
 
 def test_address_auto_joins_the_running_cluster(head: str, tmp_path: Path) -> None:
-    result = run_as_readme(
+    result = run_as_documented(
         [
             sys.executable,
             "-m",

@@ -1,4 +1,4 @@
-"""A user's own advantage estimator and policy loss, as the README shows them.
+"""A user's own advantage estimator and policy loss, as docs/algorithms.md shows them.
 
 Load them with ``algorithm.advantage=tests/plugins/my_algorithms.py:compute_sign_advantages``
 and ``algorithm.policy_loss=tests/plugins/my_algorithms.py:compute_reinforce_loss``.

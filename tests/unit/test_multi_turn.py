@@ -325,7 +325,7 @@ def test_gae_skips_observations_and_reaches_the_first_turn() -> None:
     torch.testing.assert_close(out1.returns, torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
 
 
-def test_readme_env_example_retries_until_right() -> None:
+def test_docs_env_example_retries_until_right() -> None:
     policy = ScriptedPolicy(["3+4="], [["6<eos>", "7<eos>", "7<eos>"]], width=9)
     cfg = make_config(
         "tests/plugins/retry_env.py:RetryEnv", 1, max_tokens=9, max_turns=3, max_obs_tokens=32

@@ -1,5 +1,5 @@
-"""README's Layout section matches the tree: every product module is named there, and every
-path named there exists.
+"""The Layout page (docs/layout.md) matches the tree: every product module is named there, and
+every path named there exists.
 
 The Layout block is a tree: an entry line (indent under 8) names a file or folder relative to
 the entry above it with a smaller indent; deeper-indented lines continue the entry's text. A
@@ -32,11 +32,12 @@ class Entry:
     text: str
 
 
+LAYOUT_PAGE = ROOT / "docs" / "layout.md"
+
+
 def read_layout_block() -> str:
-    """The fenced block under README's ``## Layout`` heading."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Layout\n", 1)[1]
-    return section.split("```", 2)[1]
+    """The first fenced block of the Layout page."""
+    return LAYOUT_PAGE.read_text().split("```", 2)[1]
 
 
 def parse_entries(block: str) -> list[Entry]:
