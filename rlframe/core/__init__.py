@@ -1,1 +1,2 @@
-"""rlframe/core: TODO docstring."""
+"""The core data types every other folder builds on (Batch, layouts, positions, registries);
+imports nothing else of rlframe."""

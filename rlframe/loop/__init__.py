@@ -1,1 +1,2 @@
-"""rlframe/loop: TODO docstring."""
+"""The training loop (``Trainer.step``) and what it does around each step: metrics, the sync
+check, validation."""

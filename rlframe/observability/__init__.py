@@ -1,1 +1,2 @@
-"""rlframe/observability: TODO docstring."""
+"""What a person sees of a run: log routing, the console's summary, metric sinks, the start-up
+clock."""

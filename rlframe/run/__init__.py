@@ -1,1 +1,2 @@
-"""rlframe/run: TODO docstring."""
+"""One launch on the driver: the checks before Ray, Ray, the pools and groups, the loop's
+parts, the teardown."""

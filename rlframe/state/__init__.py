@@ -1,1 +1,2 @@
-"""rlframe/state: TODO docstring."""
+"""What a run keeps on disk and reads back: checkpoints, the run directory, save failures, the
+export."""

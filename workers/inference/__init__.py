@@ -1,1 +1,2 @@
-"""workers/inference: TODO docstring."""
+"""Rollout engines behind one protocol (token ids in; tokens and log-probs out): vLLM and
+HF."""

@@ -1,1 +1,2 @@
-"""workers/model_hooks: TODO docstring."""
+"""Per-model-family hooks of the workers: weight names and layouts, router logits and replay,
+vision inputs."""

@@ -1,1 +1,2 @@
-"""workers/roles: TODO docstring."""
+"""The roles a worker process holds: training (the policy under FSDP2) and rollout (an
+engine)."""

@@ -1,1 +1,2 @@
-"""workers/sync: TODO docstring."""
+"""Weight transports from the training role to a rollout engine, and the receiver's probe
+check."""

@@ -1,1 +1,2 @@
-"""workers/training: TODO docstring."""
+"""The FSDP2 training engine: model build, forward over a layout, log-probs, sequence
+parallelism, LoRA, checkpoints."""
