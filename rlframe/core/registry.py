@@ -19,9 +19,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Registry(Generic[F]):
     """Functions of one kind (``advantage``, ``policy loss``...) by name."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, served_elsewhere: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.entries: dict[str, F] = {}
+        self.served_elsewhere = served_elsewhere
+        """Built-in names a caller picks before asking this registry (listed in its errors)."""
 
     def register(self, name: str) -> Callable[[F], F]:
         """Decorator adding a function under ``name``; a second use of a name is an error."""
@@ -43,7 +45,8 @@ class Registry(Generic[F]):
             return load_function(name)  # type: ignore[return-value]
         if name not in self.entries:
             raise KeyError(
-                f"unknown {self.kind} {name!r}; registered: {sorted(self.entries)}, or give "
+                f"unknown {self.kind} {name!r}; registered: "
+                f"{sorted([*self.entries, *self.served_elsewhere])}, or give "
                 "'pkg.module:function' / 'path/to/file.py:function'"
             )
         return self.entries[name]

@@ -50,7 +50,8 @@ class AgentContext:
 
 
 AgentFn = Callable[[Batch, AgentContext], Batch]
-AGENTS: Registry[AgentFn] = Registry("rollout agent")
+AGENTS: Registry[AgentFn] = Registry("rollout agent", served_elsewhere=("openai",))
+"""The built-in agents; ``openai`` is picked by :func:`rlframe.agent_server.pick_agent`."""
 
 
 @AGENTS.register("single_turn")
