@@ -117,3 +117,25 @@ def test_each_case_gets_a_cpu_limit_a_second_above_its_time_limit(
     tests = {"inputs": [""], "outputs": [str(cpu_s)]}
     sample = {"tests": tests} | ({} if time_limit_s is None else {"time_limit_s": time_limit_s})
     assert REWARDS.get("code_tests")(CPU_LIMIT, "", sample) == 1.0
+
+
+@pytest.mark.parametrize("flag", [["-O"], ["-OO"]])
+def test_an_optimising_interpreter_still_runs_the_asserts(flag: list[str]) -> None:
+    """``python -O`` (and PYTHONOPTIMIZE, which reward-pool workers inherit) strips assert
+    statements from what the interpreter compiles: the assert case must keep them, or every
+    program scores 1.0."""
+    import subprocess
+    import sys
+
+    code = (
+        "from rlframe.rewards import REWARDS\n"
+        "tests = ['assert add(1, 2) == 3', 'assert add(2, 2) == 4']\n"
+        "fn = REWARDS.get('code_tests')\n"
+        "print(fn('', '', {'tests': tests}), fn('+76', '', {'tests': tests}),"
+        " fn('def add(a, b):\\n    return a + b', '', {'tests': tests}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, *flag, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["0.0", "0.0", "1.0"]
