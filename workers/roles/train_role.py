@@ -40,12 +40,11 @@ from workers.training.checkpointing import load_engine, save_engine
 from workers.training.fsdp import (
     FSDPEngine,
     OptimizerSpec,
-    pick_dtype,
-    resolve_packing,
     run_minibatch_updates,
     split_micro_batches,
 )
 from workers.training.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
+from workers.training.model_build import pick_dtype, resolve_packing
 
 
 def count_optimizer_steps(cfg: Config) -> int:
