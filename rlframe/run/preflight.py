@@ -126,7 +126,8 @@ def check_reward_inputs(cfg: Config) -> str | None:
             f"pip install {package.replace('_', '-')}",
         )
     if r.uses_rule and r.fn == "code_tests":
-        from rlframe.rewards.sandbox import SandboxUnavailable, detect_isolation
+        from rlframe.rewards.sandbox import detect_isolation
+        from rlframe.rewards.sandbox_command import SandboxUnavailable
 
         try:
             print(detect_isolation().describe(), file=sys.stderr)
