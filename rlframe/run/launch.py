@@ -238,24 +238,10 @@ def build_loop(
     the experience producer, the validator, and the trainer that drives them."""
     tokenizer, val_records = inputs.tokenizer, inputs.val_records
     actor, critic = workers.actor, workers.critic
-    run.tracker = tracker = Tracker(
-        out,
-        cfg.trainer.loggers,
-        cfg.trainer.total_steps,
-        cfg,
-        cfg.trainer.project,
-        cfg.trainer.experiment,
-    )
-    loader = PromptLoader(inputs.records, cfg.data.batch_size, cfg.trainer.seed)
-    checkpointer = Checkpointer(
-        out,
-        cfg.trainer.keep_last,
-        {"actor": actor} | ({"critic": critic} if critic is not None else {}),
-        lambda dest: write_hf_config(
-            found.model_path, tokenizer, dest, cfg.model.trust_remote_code, cfg.model.lora
-        ),
-        cfg.trainer.export_hf,
-    )
+    t = cfg.trainer
+    run.tracker = tracker = Tracker(out, t.loggers, t.total_steps, cfg, t.project, t.experiment)
+    loader = PromptLoader(inputs.records, cfg.data.batch_size, t.seed)
+    checkpointer = build_checkpointer(cfg, out, found.model_path, tokenizer, workers)
     rewards = RewardStage(cfg, tokenizer, workers.reward_model)
     experience, sync_weights = build_producer(cfg, workers, tokenizer, loader, rewards)
     run.experience = experience
@@ -276,6 +262,23 @@ def build_loop(
         pick_max_logprob_diff(cfg, device),
     )
     return trainer, checkpointer
+
+
+def build_checkpointer(
+    cfg: Config, out: Path, model_path: str, tokenizer: Any, workers: Workers
+) -> Checkpointer:
+    """Saves the actor's (and the critic's) state into the run directory, with the model's
+    Hugging Face config beside it."""
+    critic = workers.critic
+    return Checkpointer(
+        out,
+        cfg.trainer.keep_last,
+        {"actor": workers.actor} | ({"critic": critic} if critic is not None else {}),
+        lambda dest: write_hf_config(
+            model_path, tokenizer, dest, cfg.model.trust_remote_code, cfg.model.lora
+        ),
+        cfg.trainer.export_hf,
+    )
 
 
 def resume_and_push_weights(
