@@ -12,13 +12,8 @@ import torch
 from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import build_layout
 from workers.training.dtensor_gather import full_tensor
-from workers.training.fsdp import (
-    FSDPEngine,
-    OptimizerSpec,
-    apply_fsdp,
-    compute_layout_logprobs,
-    load_hf_model,
-)
+from workers.training.fsdp import FSDPEngine, OptimizerSpec, compute_layout_logprobs
+from workers.training.model_build import apply_fsdp, load_hf_model
 from workers.training.token_logprobs import compute_token_logprobs
 
 if TYPE_CHECKING:

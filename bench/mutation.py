@@ -88,7 +88,7 @@ MODULES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "sandbox": (
-        ["rlframe/rewards/sandbox.py"],
+        ["rlframe/rewards/sandbox.py", "rlframe/rewards/sandbox_command.py"],
         [
             "tests/unit/test_sandbox.py",
             "tests/unit/test_sandbox_limits.py",
@@ -128,23 +128,23 @@ EQUIVALENT: dict[str, str] = {
     "among other output changes",
     "rlframe/state/checkpoint.py:230:drop call statement": "fsync of the checkpoints folder after "
     "the rename: only a power loss tells it apart",
-    "rlframe/rewards/sandbox.py:90:True -> False": "SandboxLimits frozen: nothing assigns to "
-    "a limits object, so a mutable one behaves the same",
-    "rlframe/rewards/sandbox.py:110:True -> False": "Isolation frozen: nothing assigns to it",
-    "rlframe/rewards/sandbox.py:434:30 -> 31": "time limit of the isolation probe, which "
+    "rlframe/rewards/sandbox_command.py:56:True -> False": "SandboxLimits frozen: nothing "
+    "assigns to a limits object, so a mutable one behaves the same",
+    "rlframe/rewards/sandbox.py:68:True -> False": "Isolation frozen: nothing assigns to it",
+    "rlframe/rewards/sandbox.py:294:30 -> 31": "time limit of the isolation probe, which "
     "answers in milliseconds",
-    "rlframe/rewards/sandbox.py:53:30.0 -> 60.0": "limit on building a sandbox (about 50 ms "
+    "rlframe/rewards/sandbox.py:62:30.0 -> 60.0": "limit on building a sandbox (about 50 ms "
     "here): a test would need a build that hangs for 30 s",
-    "rlframe/rewards/sandbox.py:340:drop call statement": "the ready byte is read only to be "
+    "rlframe/rewards/sandbox.py:196:drop call statement": "the ready byte is read only to be "
     "dropped: the pipe is closed right after, read or not",
-    "rlframe/rewards/sandbox.py:344:- -> +": "the time given to a sandbox that took "
+    "rlframe/rewards/sandbox.py:200:- -> +": "the time given to a sandbox that took "
     "STARTUP_LIMIT_S (30 s) to build: a test would need a build that hangs that long",
-    "rlframe/rewards/sandbox.py:357:False -> True": "the OOM flag of a sandbox without a "
+    "rlframe/rewards/sandbox.py:213:False -> True": "the OOM flag of a sandbox without a "
     "memory cgroup: this machine always has one, which overwrites the flag",
-    "rlframe/rewards/sandbox.py:190:negate condition": "chmod 0711 of the folders above the "
-    "interpreter's prefix: bubblewrap 0.8 here already leaves them unlistable and passable "
+    "rlframe/rewards/sandbox_command.py:108:negate condition": "chmod 0711 of the folders above "
+    "the interpreter's prefix: bubblewrap 0.8 here already leaves them unlistable and passable "
     "for nobody (tests/unit/test_sandbox_hygiene.py checks that they are)",
-    "rlframe/rewards/sandbox.py:190:!= -> ==": "as above: the chmod loop does not run",
+    "rlframe/rewards/sandbox_command.py:108:!= -> ==": "as above: the chmod loop does not run",
     "rlframe/rewards/pool.py:29:120.0 -> 240.0": "limit on a worker's start-up: a test would "
     "wait 120 s for a worker that never starts",
     "rlframe/rewards/pool.py:41:0 -> 1": "bufsize of the worker's pipes: frames are read and "

@@ -23,13 +23,8 @@ from workers.roles.train_role import (
     score_micro_batches,
 )
 from workers.training.checkpointing import load_engine, save_engine
-from workers.training.fsdp import (
-    FSDPEngine,
-    OptimizerSpec,
-    pick_dtype,
-    resolve_packing,
-    run_minibatch_updates,
-)
+from workers.training.fsdp import FSDPEngine, OptimizerSpec, run_minibatch_updates
+from workers.training.model_build import pick_dtype, resolve_packing
 
 
 def compute_value_loss(

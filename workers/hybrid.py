@@ -3,43 +3,34 @@
 Each rank holds the policy under FSDP2 (and, when a KL term is on, the frozen reference) and
 a rollout engine for the same model (vLLM by default). It switches between rollout mode
 (engine awake, FSDP state optionally offloaded) and train mode (engine asleep) around each
-stage, so the device never holds both working sets at once; weights move in-process.
+stage, so the device never holds both working sets at once; weights move in-process. The
+training endpoints are :class:`workers.train_endpoints.TrainEndpoints`'; each enters train
+mode first.
 """
 
 from __future__ import annotations
 
-import torch
-
 from rlframe.config import Config
 from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
-from rlframe.controller.worker import Worker
-from rlframe.core.protocol import Batch, UpdateResult
+from rlframe.core.protocol import Batch
 from workers.roles.rollout_role import RolloutRole
-from workers.roles.train_role import TrainRole
 from workers.sync.weight_sync import InProcessSink
+from workers.train_endpoints import TrainEndpoints
 
 
-class HybridWorker(Worker):
+class HybridWorker(TrainEndpoints):
     """Args: the run's config, the resolved model directory, and ``cuda`` or ``cpu``."""
 
     def __init__(self, cfg: Config, model_path: str, device: str) -> None:
-        super().__init__()
-        # Before the engines: vLLM adopts this process group as its world.
-        self.init_process_group(device)
-        self.startup.mark("process_group")
-        torch.manual_seed(cfg.trainer.seed)
-        self.train_role = TrainRole(cfg, model_path, device, self.world_size)
-        self.startup.mark("train_engine")
+        super().__init__(cfg, model_path, device)
         self.rollout_role = RolloutRole(cfg, model_path, device, self.rank)
         self.startup.mark("rollout_engine")
         self.sink = InProcessSink(self.rollout_role)
-        # LoRA syncs are where engines silently keep old weights: check each one arrived.
-        lora = cfg.model.lora
-        self.verifies_sync = lora.enabled and lora.verify_sync
-        if self.verifies_sync:
-            # Same weights on both sides now: the probe gap measured here is pure noise.
-            self.rollout_role.calibrate_probe(self.train_role.compute_sync_probe())
+        # Same weights on both sides now: the probe gap measured here is pure noise.
+        probe = self.sync_probe()
+        if probe is not None:
+            self.rollout_role.calibrate_probe(probe)
         # The engine starts awake with the checkpoint's weights: the first stage is rollout.
         self.train_role.offload()
 
@@ -67,6 +58,10 @@ class HybridWorker(Worker):
             return
         self.rollout_role.sleep()
         self.train_role.reload()
+
+    def weights_loaded(self, version: int) -> None:
+        """A loaded checkpoint goes into the rollout engine under its saved weights version."""
+        self.push_weights(version)
 
     def push_weights(self, version: int) -> None:
         """Stream the actor's weights into the sleeping engine and wake it fully.
@@ -96,46 +91,13 @@ class HybridWorker(Worker):
             self.enter_train_mode()
         return out
 
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_FORWARD)
-    def compute_logprobs(self, batch: Batch) -> Batch:
-        """The current policy's log-probs of the response tokens (``old_logprobs``)."""
-        self.enter_train_mode()
-        return Batch({"old_logprobs": self.train_role.compute_logprobs(batch)})
-
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
-    def compute_ref_logprobs(self, batch: Batch) -> Batch:
-        """The frozen reference policy's log-probs of the response tokens."""
-        self.enter_train_mode()
-        return Batch({"ref_logprobs": self.train_role.compute_ref_logprobs(batch)})
-
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
-    def update(self, batch: Batch) -> UpdateResult:
-        """See :meth:`TrainRole.update`."""
-        self.enter_train_mode()
-        return self.train_role.update(batch)
-
     @dispatch(Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> int:
         """Stream the trained weights into the rollout engine; returns the new version."""
         self.enter_train_mode()
         version = self.train_role.publish_weights()
-        probe = self.train_role.compute_sync_probe() if self.verifies_sync else None
+        probe = self.sync_probe()
         self.push_weights(version)
         if probe is not None:
             self.rollout_role.verify_weights(probe)
-        return version
-
-    @dispatch(Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        """Write this rank's shards of the policy, its optimizer and LR schedule into ``path``."""
-        self.enter_train_mode()
-        self.train_role.save(path)
-
-    @dispatch(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> int:
-        """Load the policy's state from ``path`` and push it into the rollout engine under the
-        saved weights version; returns that version."""
-        self.enter_train_mode()
-        version = self.train_role.load(path)
-        self.push_weights(version)
         return version

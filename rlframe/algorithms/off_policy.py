@@ -12,10 +12,15 @@
   Tokens with w above ``algorithm.behav_weight_cap`` are dropped (weight 0), as AReaL does:
   a token that stale carries more variance than signal. The loss is still normalised by all
   loss tokens. The weight is a constant (no gradient).
+
+:func:`pick_old_logprobs` is the one rule of which log-probs are old (:class:`OldLogprobs`):
+the driver asks it through :func:`plan_old_logprobs` before a step's update, the training
+role and the policy objective ask it of the batch they were given.
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,19 +39,51 @@ def is_exactly_on_policy(cfg: Config, rows: int) -> bool:
     return cfg.rollout.max_staleness == 0 and cfg.actor.updates_in_one_pass(rows)
 
 
-def needs_old_logprob_pass(cfg: Config, rows: int, kl_in_reward: bool, actor_updates: bool) -> bool:
-    """The trainer's old-log-prob forward pass runs unless the rollout's log-probs are the old
-    policy, or the update is exactly on-policy and takes its own. The in-reward KL reads the
-    old log-probs before the update, and a step without an actor update (the actor waits for
-    the critic) has no update to take them from."""
-    if cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout:
-        return False
-    return (
+class OldLogprobs(Enum):
+    """Where an update's old log-probs (the old policy of its ratio) come from."""
+
+    rollout = "rollout"
+    """The rollout engine's own (``off_policy_correction=rollout``); no forward pass."""
+    recomputed = "recomputed"
+    """The trainer's old-log-prob pass with the weights before the update (``recompute``, and
+    ``decoupled``'s proximal policy)."""
+    update = "update"
+    """The update's own log-probs, detached: an exactly on-policy update skips the pass (the
+    same numbers)."""
+
+
+def pick_old_logprobs(correction: OffPolicyCorrection, recomputed: bool) -> OldLogprobs:
+    """Which log-probs are old: the rollout's under the ``rollout`` correction, else the
+    trainer's old-log-prob pass where it runs (``recomputed``: on the driver, whether the pass
+    must run; on a worker, whether its batch carries the pass's ``old_logprobs``), else the
+    update's own."""
+    if correction is OffPolicyCorrection.rollout:
+        return OldLogprobs.rollout
+    return OldLogprobs.recomputed if recomputed else OldLogprobs.update
+
+
+def plan_old_logprobs(
+    cfg: Config, rows: int, kl_in_reward: bool, actor_updates: bool
+) -> OldLogprobs:
+    """The driver's :func:`pick_old_logprobs` for a step of ``rows`` responses. The pass runs
+    when ``algorithm.recompute_old_logprobs`` asks for it or the update is not exactly
+    on-policy; also when the in-reward KL reads the old log-probs before the update, and when
+    a step without an actor update (the actor waits for the critic) has no update to take
+    them from."""
+    recomputed = (
         cfg.algorithm.recompute_old_logprobs
         or not is_exactly_on_policy(cfg, rows)
         or kl_in_reward
         or not actor_updates
     )
+    return pick_old_logprobs(cfg.algorithm.off_policy_correction, recomputed)
+
+
+def needs_old_logprob_pass(cfg: Config, rows: int, kl_in_reward: bool, actor_updates: bool) -> bool:
+    """The trainer's old-log-prob forward pass runs (:func:`plan_old_logprobs`): not when the
+    rollout's log-probs are the old policy, nor when the update is exactly on-policy and takes
+    its own."""
+    return plan_old_logprobs(cfg, rows, kl_in_reward, actor_updates) is OldLogprobs.recomputed
 
 
 def compute_behaviour_weights(

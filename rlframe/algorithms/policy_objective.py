@@ -26,7 +26,7 @@ from rlframe.algorithms.losses import (
     masked_mean,
 )
 from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
-from rlframe.algorithms.off_policy import compute_behaviour_weights
+from rlframe.algorithms.off_policy import OldLogprobs, compute_behaviour_weights, pick_old_logprobs
 from rlframe.config.names import OffPolicyCorrection
 
 if TYPE_CHECKING:
@@ -70,13 +70,15 @@ class ComposedLoss:
 
 
 def select_old_logprobs(terms: PolicyTerms, correction: OffPolicyCorrection) -> torch.Tensor:
-    """The old policy of the ratio: the rollout's log-probs (``rollout``), else the trainer's
-    recomputed ones, else (an exactly on-policy update) the policy's own, detached."""
-    if correction is OffPolicyCorrection.rollout:
+    """The old policy of the ratio (:func:`~rlframe.algorithms.off_policy.pick_old_logprobs`):
+    the rollout's log-probs, else the trainer's recomputed ones, else (an exactly on-policy
+    update) the policy's own, detached."""
+    source = pick_old_logprobs(correction, recomputed=terms.old_logprobs is not None)
+    if source is OldLogprobs.rollout:
         return require_term(terms.rollout_logprobs, "rollout_logprobs", correction.value)
-    if terms.old_logprobs is not None:
-        return terms.old_logprobs
-    return terms.logprobs.detach()
+    if source is OldLogprobs.update:
+        return terms.logprobs.detach()
+    return require_term(terms.old_logprobs, "old_logprobs", correction.value)
 
 
 def compute_correction_weights(

@@ -8,15 +8,17 @@ allowed, so a bad run stops before Ray starts. Workers receive these dataclasses
 DictConfig.
 
 The schema is split by topic: :mod:`~rlframe.config.model`, :mod:`~rlframe.config.rollout`,
-:mod:`~rlframe.config.sections` (data, actor, critic, reward, trainer, val, ray),
-:mod:`~rlframe.config.algorithm`, :mod:`~rlframe.config.agent` (multi-turn episodes), and
-:mod:`~rlframe.config.schema` (the root ``Config`` and ``build_config``). Import from here.
+:mod:`~rlframe.config.sections` (data, actor, critic, trainer, val, ray),
+:mod:`~rlframe.config.reward`, :mod:`~rlframe.config.algorithm`, :mod:`~rlframe.config.agent`
+(multi-turn episodes), and :mod:`~rlframe.config.schema` (the root ``Config`` and
+``build_config``). Import from here.
 """
 
 from rlframe.config.agent import AgentConfig
 from rlframe.config.algorithm import AlgorithmConfig
 from rlframe.config.checks import ConfigError, first_line, require, require_choice, require_positive
 from rlframe.config.model import ModelConfig
+from rlframe.config.reward import RewardConfig, RewardModelConfig
 from rlframe.config.rollout import Placement, RolloutConfig, RolloutEngineName, StaleGroups
 from rlframe.config.schema import Config, build_config, check_batch_sizes
 from rlframe.config.sections import (
@@ -25,8 +27,6 @@ from rlframe.config.sections import (
     DataConfig,
     Device,
     RayConfig,
-    RewardConfig,
-    RewardModelConfig,
     TrainerConfig,
     ValConfig,
 )

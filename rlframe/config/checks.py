@@ -52,3 +52,14 @@ def first_line(error: BaseException) -> str:
     blocks), or its type's name when it has no message."""
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def describe_load_error(error: BaseException) -> str:
+    """A plug-in (registered name, ``module:function``, worker class) that failed to load, in
+    one line for its ConfigError: the message alone for the errors a lookup raises (KeyError,
+    ValueError, FileNotFoundError, AttributeError, TypeError), else the exception's type and
+    its first line."""
+    text = str(error).strip().strip('"')
+    if isinstance(error, KeyError | ValueError | FileNotFoundError | AttributeError | TypeError):
+        return text
+    return f"cannot be loaded: {type(error).__name__}: {text.splitlines()[0] if text else ''}"

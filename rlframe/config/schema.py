@@ -20,13 +20,13 @@ from rlframe.config.lora import check_adapter_sync, check_lora
 from rlframe.config.model import ModelConfig
 from rlframe.config.names import GROUP_RELATIVE, NEEDS_CRITIC
 from rlframe.config.placement import check_placement
+from rlframe.config.reward import RewardConfig
 from rlframe.config.rollout import RolloutConfig, check_async, check_sync_gap
 from rlframe.config.sections import (
     ActorConfig,
     CriticConfig,
     DataConfig,
     RayConfig,
-    RewardConfig,
     TrainerConfig,
     ValConfig,
 )

@@ -18,9 +18,13 @@ import torch
 from rlframe.algorithms.advantages import ADVANTAGES, AdvantageInputs, place_on_last_token
 from rlframe.algorithms.losses import KLController, apply_kl_penalty
 from rlframe.algorithms.mismatch import compute_mismatch_metrics
-from rlframe.algorithms.off_policy import compute_off_policy_metrics, needs_old_logprob_pass
+from rlframe.algorithms.off_policy import (
+    OldLogprobs,
+    compute_off_policy_metrics,
+    pick_old_logprobs,
+    plan_old_logprobs,
+)
 from rlframe.config import Config
-from rlframe.config.names import OffPolicyCorrection
 from rlframe.controller.roles import ActorGroup, CriticGroup
 from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import balance_rows
@@ -159,7 +163,9 @@ class Trainer:
         """The batch's old log-probs are the trainer's; with the rollout's as the old policy
         there is nothing to compare the rollout with (no ``rollout/logprob_diff``, no
         ``mismatch/*``)."""
-        return self.cfg.algorithm.off_policy_correction is not OffPolicyCorrection.rollout
+        # The trainer's whether its pass ran or the update gave them.
+        correction = self.cfg.algorithm.off_policy_correction
+        return pick_old_logprobs(correction, recomputed=True) is not OldLogprobs.rollout
 
     def collect_correction_metrics(self, batch: Batch) -> dict[str, float]:
         """``mismatch/*`` (trainer vs rollout) and ``off_policy/behav_weight_*`` (decoupled)."""
@@ -175,23 +181,28 @@ class Trainer:
         )
 
     def attach_old_logprobs(self, batch: Batch, timer: StageTimer) -> Batch:
-        """The old policy's log-probs (``algorithm.off_policy_correction``): the rollout's own,
-        the trainer's forward pass (timed as ``old_logprob``), or none yet when the update is
+        """The old policy's log-probs (:meth:`plan_old_logprobs`): the rollout's own, the
+        trainer's forward pass (timed as ``old_logprob``), or none yet when the update is
         exactly on-policy and returns its own."""
-        if self.cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout:
+        source = self.plan_old_logprobs(len(batch))
+        if source is OldLogprobs.rollout:
             return batch.with_tensors(old_logprobs=batch.tensor("rollout_logprobs"))
-        if not self.needs_old_logprob_pass(len(batch)):
+        if source is OldLogprobs.update:
             return batch
         with timer("old_logprob"):
             return batch.union(self.actor.compute_logprobs(batch))
 
-    def needs_old_logprob_pass(self, rows: int) -> bool:
-        """See :func:`rlframe.algorithms.off_policy.needs_old_logprob_pass`."""
+    def plan_old_logprobs(self, rows: int) -> OldLogprobs:
+        """See :func:`rlframe.algorithms.off_policy.plan_old_logprobs`."""
         # rows: the batch's own, which an agent that forks rows (rollout.agent=openai) makes
         # more than data.batch_size * rollout.n.
-        return needs_old_logprob_pass(
+        return plan_old_logprobs(
             self.cfg, rows, kl_in_reward=self.kl_ctrl.value > 0, actor_updates=self.actor_updates()
         )
+
+    def needs_old_logprob_pass(self, rows: int) -> bool:
+        """The step runs the trainer's old-log-prob pass (:meth:`plan_old_logprobs`)."""
+        return self.plan_old_logprobs(rows) is OldLogprobs.recomputed
 
     def update_critic(self, critic: CriticGroup, batch: Batch) -> dict[str, float]:
         """One value update on rank-balanced rows; its metrics averaged over the ranks."""

@@ -27,7 +27,7 @@ from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.models.hf_config import is_vision_tower_name, pick_policy_model_class
 
 BLOCK_NAMES = ("layers", "h", "blocks")
-"""The decoder's layer lists (workers/training/fsdp.py, LAYER_LIST_NAMES)."""
+"""The decoder's layer lists (workers/training/model_build.py, LAYER_LIST_NAMES)."""
 FEED_FORWARD_NAMES = ("mlp", "feed_forward", "block_sparse_moe", "moe", "ffn")
 """A decoder block's feed-forward part: on an MoE model, its experts, router, shared experts."""
 

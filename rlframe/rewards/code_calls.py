@@ -33,7 +33,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-from rlframe.rewards.sandbox import WORK, Sandbox, SandboxLimits
+from rlframe.rewards.sandbox import Sandbox
+from rlframe.rewards.sandbox_command import WORK, SandboxLimits
 
 SERVER = Path(__file__).with_name("call_server.py")
 MAX_ANSWER_BYTES = 1 << 20

@@ -28,7 +28,8 @@ from typing import Any
 
 from rlframe.rewards.code_calls import run_assert_case
 from rlframe.rewards.registry import REWARDS
-from rlframe.rewards.sandbox import SandboxLimits, detect_isolation, run_python
+from rlframe.rewards.sandbox import detect_isolation, run_python
+from rlframe.rewards.sandbox_command import SandboxLimits
 
 FENCED = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
 DEFAULT_TIME_LIMIT_S = 5.0

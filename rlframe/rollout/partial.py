@@ -109,3 +109,21 @@ def merge_call(rows: list[TokenRow], out: Batch, max_tokens: int) -> None:
     for r in rows:
         if r.finish_reason != "stop":
             r.finish_reason = "length" if len(r.response_ids) >= max_tokens else None
+
+
+def list_unfinished(groups: list[Group]) -> list[TokenRow]:
+    """The responses of ``groups`` still in flight, in call order."""
+    return [row for g in groups for row in g.rows if row.finish_reason is None]
+
+
+def stamp_versions(out: Batch, version: int) -> Batch:
+    """An agent's rows with ``token_version``/``weights_version``: the agent's own, or for an
+    agent that reports none, the version the call began with (weights only move forward, so
+    no token is older)."""
+    if "token_version" in out:
+        return out
+    width = out.tensor("response_ids").shape[1]
+    return out.with_tensors(
+        token_version=torch.full((len(out), width), version, dtype=torch.long),
+        weights_version=torch.full((len(out),), version, dtype=torch.long),
+    )

@@ -43,9 +43,16 @@ from rlframe.rollout.agents import (
     collect_agent_metrics,
     fill_mini_batches,
 )
-from rlframe.rollout.partial import Group, build_continuation, join_batch, merge_call
+from rlframe.rollout.partial import (
+    Group,
+    build_continuation,
+    join_batch,
+    list_unfinished,
+    merge_call,
+    stamp_versions,
+)
 from rlframe.rollout.rows import TokenRow, attach, collate, image_extras
-from rlframe.rollout.sampling import concat_groups, has_uniform_rewards
+from rlframe.rollout.sampling import collect_sampling_metrics, concat_groups, has_uniform_rewards
 from rlframe.rollout.staleness import (
     GroupView,
     compute_off_policy_metrics,
@@ -166,11 +173,7 @@ class ExperienceProducer:
             self.launch_call()
         metrics = {f"timing_s/{k}": v for k, v in self.timings.items()}
         if self.dynamic:
-            c = self.counts
-            metrics["rollout/uniform_dropped"] = float(c["replaced"])
-            if c["informative"] + c["uniform"]:  # groups scored since the last batch
-                scored = c["informative"] + c["uniform"]
-                metrics["rollout/kept_group_frac"] = c["informative"] / scored
+            metrics |= collect_sampling_metrics(self.counts)
         metrics |= collect_agent_metrics(batch)
         if self.k > 0:
             now = time.perf_counter()
@@ -402,21 +405,3 @@ class ExperienceProducer:
         for resource in self.context.resources.values():
             if hasattr(resource, "stop"):
                 resource.stop()
-
-
-def list_unfinished(groups: list[Group]) -> list[TokenRow]:
-    """The responses of ``groups`` still in flight, in call order."""
-    return [row for g in groups for row in g.rows if row.finish_reason is None]
-
-
-def stamp_versions(out: Batch, version: int) -> Batch:
-    """An agent's rows with ``token_version``/``weights_version``: the agent's own, or for an
-    agent that reports none, the version the call began with (weights only move forward, so
-    no token is older)."""
-    if "token_version" in out:
-        return out
-    width = out.tensor("response_ids").shape[1]
-    return out.with_tensors(
-        token_version=torch.full((len(out), width), version, dtype=torch.long),
-        weights_version=torch.full((len(out),), version, dtype=torch.long),
-    )

@@ -19,6 +19,17 @@ def has_uniform_rewards(group: Batch) -> bool:
     return not bool((group.tensor("reward") != group.tensor("reward")[0]).any())
 
 
+def collect_sampling_metrics(counts: dict[str, int]) -> dict[str, float]:
+    """DAPO's step metrics from the producer's counts since the last batch (``informative``,
+    ``uniform``, ``replaced`` groups): ``rollout/uniform_dropped``, and
+    ``rollout/kept_group_frac`` once a group was scored."""
+    metrics = {"rollout/uniform_dropped": float(counts["replaced"])}
+    if counts["informative"] + counts["uniform"]:  # groups scored since the last batch
+        scored = counts["informative"] + counts["uniform"]
+        metrics["rollout/kept_group_frac"] = counts["informative"] / scored
+    return metrics
+
+
 def concat_groups(groups: list[Batch]) -> Batch:
     """Rows of all groups in order. Groups pad their prompts to different widths: left-pad
     the prompt tensors to the widest first (responses share one width already)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,12 @@ from rlframe.loop.sync_check import pick_max_logprob_diff
 from rlframe.loop.trainer import Trainer
 from rlframe.loop.validation import Validator
 from rlframe.observability import startup
-from rlframe.observability.logs import describe_run, format_startup_summary, route_driver_logs
+from rlframe.observability.logs import (
+    DriverLogs,
+    describe_run,
+    format_startup_summary,
+    route_driver_logs,
+)
 from rlframe.observability.tracking import Tracker
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer, Producer
@@ -38,8 +43,8 @@ from rlframe.state.run_dir import lock_run_dir
 
 if TYPE_CHECKING:
     from rlframe.controller.cluster import RayStart
-    from rlframe.run.pools import Workers
-    from rlframe.run.preflight import RunInputs
+    from rlframe.run.pools import Launch, Workers
+    from rlframe.run.preflight import RunInputs, WorkerInputs
 
 
 def prepare_output_dir(cfg: Config, resume_step: int | None) -> Path:
@@ -95,6 +100,30 @@ def describe_finished_run(history: list[dict[str, float]], out: Path) -> str:
     return text + f"; outputs in {out.resolve()}"
 
 
+@dataclass
+class Started:
+    """What the run has started so far, each part recorded as soon as it exists, so that a
+    failure half-way still stops it. :meth:`close` is the run's teardown, in its order: the
+    experience producer, the tracker, the worker groups and pools, Ray, the log files."""
+
+    logs: DriverLogs
+    ray: RayStart | None = None
+    launch: Launch | None = None
+    tracker: Tracker | None = None
+    experience: Producer | None = None
+
+    def close(self) -> None:
+        if self.experience is not None:
+            self.experience.close()
+        if self.tracker is not None:
+            self.tracker.close()
+        if self.launch is not None:
+            self.launch.shutdown()
+        if self.ray is not None:
+            self.ray.stop()
+        self.logs.close()
+
+
 def run_training(cfg: Config) -> list[dict[str, float]]:
     """Check the run's inputs, start or join Ray, place the workers, train, and tear
     everything down. Returns the metrics of every step (also written to ``metrics.jsonl``).
@@ -105,114 +134,161 @@ def run_training(cfg: Config) -> list[dict[str, float]]:
     workers construct. A check that fails stops whatever had started, and the run ends with
     its one config-error line.
     """
-    from rlframe.controller.cluster import RayStart
-    from rlframe.run.preflight import check_before_ray, check_driver_inputs, check_worker_inputs
+    from rlframe.run.preflight import check_before_ray
 
     lock_run_dir(cfg.trainer.output_dir)  # held already when started from rlframe.main
     resume_from = check_before_ray(cfg)
     # Before Ray starts: its start-up lines go to driver.log (logs/ is not a run file).
     logs = route_driver_logs(Path(cfg.trainer.output_dir), cfg.trainer.log_level)
     startup.DRIVER.mark("preflight")
-    ray_start: RayStart | None = None
-    tracker, experience, launch = None, None, None
+    run = Started(logs)
     try:
-        ray_start = RayStart(cfg.ray)
-        startup.DRIVER.mark("ray")
-        found = check_worker_inputs(cfg, resume_from)
-        startup.DRIVER.mark("preflight")
-        started = ray_start.wait()
-        startup.DRIVER.mark("ray")
-        startup.DRIVER.attach("ray", {"ray start": ray_start.seconds})
-        install_interrupt_handlers()  # again: Ray may have replaced ours for SIGTERM
-        from rlframe.run.pools import Launch, start_workers
-
-        model_path = found.model_path
-        out = prepare_output_dir(
-            cfg, None if resume_from is None else read_driver_state(resume_from)["step"]
-        )
-        device = resolve_device(cfg.trainer.device)
-        print(
-            format_startup_summary(
-                describe_run(cfg, model_path, device, out, logs, describe_cluster(started))
-            ),
-            flush=True,
-        )
-        launch = Launch(
-            cfg,
-            device,
-            model_path,
-            found.reward_model_path,
-            lambda cpus: worker_env(cfg, device, cpus) | logs.worker_env(),
-            [],
-            [],
-        )
-        checked: list[tuple[RunInputs, float]] = []
-
-        def check_while_workers_start() -> None:
-            began = time.time()
-            checked.append((check_driver_inputs(cfg, found), time.time() - began))
-
-        workers = start_workers(launch, check_while_workers_start)
-        startup.DRIVER.mark("workers")
-        inputs, seconds = checked[0]
-        startup.DRIVER.attach("workers", {"driver checks": seconds})
-        tokenizer, records, val_records = inputs.tokenizer, inputs.records, inputs.val_records
-        actor, critic = workers.actor, workers.critic
-        tracker = Tracker(
-            out,
-            cfg.trainer.loggers,
-            cfg.trainer.total_steps,
-            cfg,
-            cfg.trainer.project,
-            cfg.trainer.experiment,
-        )
-        loader = PromptLoader(records, cfg.data.batch_size, cfg.trainer.seed)
-        checkpointer = Checkpointer(
-            out,
-            cfg.trainer.keep_last,
-            {"actor": actor} | ({"critic": critic} if critic is not None else {}),
-            lambda dest: write_hf_config(
-                model_path, tokenizer, dest, cfg.model.trust_remote_code, cfg.model.lora
-            ),
-            cfg.trainer.export_hf,
-        )
-        rewards = RewardStage(cfg, tokenizer, workers.reward_model)
-        experience, sync_weights = build_producer(cfg, workers, tokenizer, loader, rewards)
-        validator = (
-            Validator(val_records, cfg, tokenizer, experience.generate, rewards)
-            if val_records
-            else None
-        )
-        trainer = Trainer(
-            cfg,
-            actor,
-            critic,
-            experience,
-            sync_weights,
-            tracker,
-            checkpointer,
-            validator,
-            pick_max_logprob_diff(cfg, device),
-        )
-        if resume_from is not None:
-            trainer.load_state_dict(checkpointer.load(resume_from))
-            print(f"rlframe: resumed from {resume_from} at step {trainer.step_count}", flush=True)
-        if workers.push_current is not None:
-            # A separate rollout pool loaded the model itself; from now on it holds exactly
-            # the trainer's weights (the resumed ones, under their version).
-            workers.push_current()
-            startup.DRIVER.mark("first_sync")
+        found, started_here = start_ray(cfg, resume_from, run)
+        out, device = open_run_dir(cfg, resume_from, found, started_here, logs)
+        workers, inputs = start_pools(cfg, device, found, logs, run)
+        trainer, checkpointer = build_loop(cfg, out, device, found, workers, inputs, run)
+        resume_and_push_weights(trainer, checkpointer, resume_from, workers)
         startup.report_first_step(trainer.step_count + 1)
         history = trainer.fit()
         print(describe_finished_run(history, out), flush=True)
         return history
     finally:
-        if experience is not None:
-            experience.close()
-        if tracker is not None:
-            tracker.close()
-        if launch is not None:
-            launch.shutdown()
-        if ray_start is not None:
-            ray_start.stop()
-        logs.close()
+        run.close()
+
+
+def start_ray(cfg: Config, resume_from: Path | None, run: Started) -> tuple[WorkerInputs, bool]:
+    """Start or join Ray on a thread of its own and, meanwhile, check what the workers are
+    built from (plug-ins, worker classes, the model folder). Returns those inputs, and
+    whether this run started a local Ray."""
+    from rlframe.controller.cluster import RayStart
+    from rlframe.run.preflight import check_worker_inputs
+
+    run.ray = ray_start = RayStart(cfg.ray)
+    startup.DRIVER.mark("ray")
+    found = check_worker_inputs(cfg, resume_from)
+    startup.DRIVER.mark("preflight")
+    started_here = ray_start.wait()
+    startup.DRIVER.mark("ray")
+    startup.DRIVER.attach("ray", {"ray start": ray_start.seconds})
+    install_interrupt_handlers()  # again: Ray may have replaced ours for SIGTERM
+    return found, started_here
+
+
+def open_run_dir(
+    cfg: Config,
+    resume_from: Path | None,
+    found: WorkerInputs,
+    started_here: bool,
+    logs: DriverLogs,
+) -> tuple[Path, str]:
+    """The run directory (with its resolved config) and the device; prints the start-up
+    summary."""
+    out = prepare_output_dir(
+        cfg, None if resume_from is None else read_driver_state(resume_from)["step"]
+    )
+    device = resolve_device(cfg.trainer.device)
+    cluster = describe_cluster(started_here)
+    print(
+        format_startup_summary(describe_run(cfg, found.model_path, device, out, logs, cluster)),
+        flush=True,
+    )
+    return out, device
+
+
+def start_pools(
+    cfg: Config, device: str, found: WorkerInputs, logs: DriverLogs, run: Started
+) -> tuple[Workers, RunInputs]:
+    """Place the pools and start the worker groups; the driver's own checks (tokenizer,
+    prompts) run while the workers construct. Returns the groups and the checked inputs."""
+    from rlframe.run.pools import Launch, start_workers
+    from rlframe.run.preflight import check_driver_inputs
+
+    run.launch = launch = Launch(
+        cfg,
+        device,
+        found.model_path,
+        found.reward_model_path,
+        lambda cpus: worker_env(cfg, device, cpus) | logs.worker_env(),
+        [],
+        [],
+    )
+    checked: list[tuple[RunInputs, float]] = []
+
+    def check_while_workers_start() -> None:
+        began = time.time()
+        checked.append((check_driver_inputs(cfg, found), time.time() - began))
+
+    workers = start_workers(launch, check_while_workers_start)
+    startup.DRIVER.mark("workers")
+    inputs, seconds = checked[0]
+    startup.DRIVER.attach("workers", {"driver checks": seconds})
+    return workers, inputs
+
+
+def build_loop(
+    cfg: Config,
+    out: Path,
+    device: str,
+    found: WorkerInputs,
+    workers: Workers,
+    inputs: RunInputs,
+    run: Started,
+) -> tuple[Trainer, Checkpointer]:
+    """The loop's parts: the tracker, the prompt loader, the checkpointer, the reward stage,
+    the experience producer, the validator, and the trainer that drives them."""
+    tokenizer, val_records = inputs.tokenizer, inputs.val_records
+    actor, critic = workers.actor, workers.critic
+    t = cfg.trainer
+    run.tracker = tracker = Tracker(out, t.loggers, t.total_steps, cfg, t.project, t.experiment)
+    loader = PromptLoader(inputs.records, cfg.data.batch_size, t.seed)
+    checkpointer = build_checkpointer(cfg, out, found.model_path, tokenizer, workers)
+    rewards = RewardStage(cfg, tokenizer, workers.reward_model)
+    experience, sync_weights = build_producer(cfg, workers, tokenizer, loader, rewards)
+    run.experience = experience
+    validator = (
+        Validator(val_records, cfg, tokenizer, experience.generate, rewards)
+        if val_records
+        else None
+    )
+    trainer = Trainer(
+        cfg,
+        actor,
+        critic,
+        experience,
+        sync_weights,
+        tracker,
+        checkpointer,
+        validator,
+        pick_max_logprob_diff(cfg, device),
+    )
+    return trainer, checkpointer
+
+
+def build_checkpointer(
+    cfg: Config, out: Path, model_path: str, tokenizer: Any, workers: Workers
+) -> Checkpointer:
+    """Saves the actor's (and the critic's) state into the run directory, with the model's
+    Hugging Face config beside it."""
+    critic = workers.critic
+    return Checkpointer(
+        out,
+        cfg.trainer.keep_last,
+        {"actor": workers.actor} | ({"critic": critic} if critic is not None else {}),
+        lambda dest: write_hf_config(
+            model_path, tokenizer, dest, cfg.model.trust_remote_code, cfg.model.lora
+        ),
+        cfg.trainer.export_hf,
+    )
+
+
+def resume_and_push_weights(
+    trainer: Trainer, checkpointer: Checkpointer, resume_from: Path | None, workers: Workers
+) -> None:
+    """Load a resumed run's checkpoint; then a separate rollout pool, which loaded the model
+    itself, gets exactly the trainer's weights (the resumed ones, under their version)."""
+    if resume_from is not None:
+        trainer.load_state_dict(checkpointer.load(resume_from))
+        print(f"rlframe: resumed from {resume_from} at step {trainer.step_count}", flush=True)
+    if workers.push_current is not None:
+        workers.push_current()
+        startup.DRIVER.mark("first_sync")

@@ -5,22 +5,23 @@ what those values *point at*: registered names and users' plug-in files, worker 
 the model folder and tokenizer, and the prompt data. Each failure is a :class:`ConfigError`
 naming the key, so the command exits with one clear line within seconds instead of a
 traceback from a worker. The checks against the model's own config are
-:mod:`rlframe.models.checks`.
+:mod:`rlframe.models.checks`, the agent's :mod:`rlframe.run.agent_preflight`.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rlframe.config import Config, ConfigError, Device, Placement, first_line
+from rlframe.config.checks import describe_load_error
 from rlframe.config.device import count_local_gpus, will_start_local_ray, will_train_on_cuda
 from rlframe.data.prompts import PromptRecord
 from rlframe.models.checks import run_model_checks
+from rlframe.run.agent_preflight import check_agent
 from rlframe.state.run_dir import check_resume_processor
 
 
@@ -126,7 +127,8 @@ def check_reward_inputs(cfg: Config) -> str | None:
             f"pip install {package.replace('_', '-')}",
         )
     if r.uses_rule and r.fn == "code_tests":
-        from rlframe.rewards.sandbox import SandboxUnavailable, detect_isolation
+        from rlframe.rewards.sandbox import detect_isolation
+        from rlframe.rewards.sandbox_command import SandboxUnavailable
 
         try:
             print(detect_isolation().describe(), file=sys.stderr)
@@ -245,87 +247,6 @@ def check_local_pools(cfg: Config) -> None:
     gpus = count_local_gpus()
     if will_train_on_cuda(cfg, gpus):
         check_pools_gpus(cfg.rollout, cfg.trainer, gpus, "the GPUs this process can see")
-
-
-def check_openai_entry(cfg: Config) -> None:
-    """``rollout.agent=openai`` needs ``agent.entry``, a function that loads."""
-    from rlframe.core.registry import load_function
-
-    if not cfg.agent.entry:
-        raise ConfigError("agent.entry", "rollout.agent=openai needs the agent's function")
-    check_server_port(cfg.agent.server_host, cfg.agent.server_port)
-    try:
-        load_function(cfg.agent.entry)
-    except Exception as e:
-        raise ConfigError("agent.entry", describe_load_error(e)) from None
-
-
-def check_server_port(host: str, port: int) -> None:
-    """A fixed ``agent.server_port`` is free on ``agent.server_host`` (0: the OS picks one)."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as asyncio binds
-        try:
-            probe.bind((host, port))
-        except OSError as e:
-            raise ConfigError(
-                "agent.server_port", f"cannot listen on {host}:{port}: {e.strerror or e}"
-            ) from None
-
-
-def check_agent(cfg: Config, tokenizer: Any) -> None:
-    """``rollout.agent`` loads; for multi_turn, ``agent.env`` loads, one env builds from
-    ``agent.env_kwargs``, and the chat template can place an observation after a model turn."""
-    from rlframe.agent_server import pick_agent
-    from rlframe.envs import ENVS, ChatFormat, EnvError, get_tools
-
-    try:
-        pick_agent(cfg.rollout.agent)
-    except Exception as e:
-        raise ConfigError("rollout.agent", describe_load_error(e)) from None
-    if cfg.rollout.agent == "openai":
-        check_openai_entry(cfg)
-    if not cfg.agent.env:
-        return
-    try:
-        factory = ENVS.get(cfg.agent.env)
-    except Exception as e:
-        raise ConfigError("agent.env", describe_load_error(e)) from None
-    try:
-        env = factory(**cfg.agent.env_kwargs)
-    except Exception as e:
-        raise ConfigError(
-            "agent.env_kwargs",
-            f"{cfg.agent.env} cannot be built with {cfg.agent.env_kwargs}: {type(e).__name__}: {e}",
-        ) from None
-    for method in ("reset", "step"):
-        if not callable(getattr(env, method, None)):
-            raise ConfigError(
-                "agent.env",
-                f"{cfg.agent.env} builds a {type(env).__name__}, which has no {method}() method",
-            )
-    try:
-        ChatFormat(tokenizer, tools=get_tools(env)).observation_ids(
-            [{"role": "user", "content": "x"}], cfg.agent.max_obs_tokens
-        )
-    except EnvError as e:
-        raise ConfigError(
-            "agent.env", f"the model's chat template cannot carry observations: {e}"
-        ) from None
-    except Exception as e:  # a template may reject a role or the tools
-        raise ConfigError(
-            "agent.env",
-            f"the model's chat template fails on an observation message: {type(e).__name__}: {e}",
-        ) from None
-
-
-def describe_load_error(error: BaseException) -> str:
-    text = str(error).strip().strip('"')
-    if isinstance(error, KeyError | ValueError | FileNotFoundError | AttributeError | TypeError):
-        return text
-    return f"cannot be loaded: {type(error).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 def load_model_files(cfg: Config) -> tuple[str, Any]:

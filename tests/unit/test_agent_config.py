@@ -92,7 +92,7 @@ def test_loopback_hosts_need_nothing_more(host: str) -> None:
 def test_a_taken_server_port_fails_before_ray() -> None:
     import socket
 
-    from rlframe.run.preflight import check_server_port
+    from rlframe.run.agent_preflight import check_server_port
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

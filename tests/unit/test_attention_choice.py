@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workers.training.fsdp import choose_attention, pick_dtype
+from workers.training.model_build import choose_attention, pick_dtype
 
 
 @pytest.mark.parametrize(

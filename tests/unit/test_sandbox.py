@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlframe.rewards.sandbox import SandboxLimits, detect_isolation, run_python
+from rlframe.rewards.sandbox import detect_isolation, run_python
+from rlframe.rewards.sandbox_command import SandboxLimits
 from tests.unit.sandbox_cgroups import owned_cgroups
 
 ISOLATION = detect_isolation()
@@ -311,12 +312,13 @@ def test_without_bubblewrap_code_tests_stop_before_ray_saying_why(
 ) -> None:
     from rlframe.config import Config, ConfigError, ModelConfig, RewardConfig
     from rlframe.rewards import sandbox
+    from rlframe.rewards.sandbox_command import SandboxUnavailable
     from rlframe.run.preflight import check_reward_inputs
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on it
     sandbox.detect_isolation.cache_clear()
     try:
-        with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install bubblewrap"):
+        with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
             run_python("print(1)")
         cfg = Config(model=ModelConfig(path="tiny:0"), reward=RewardConfig(fn="code_tests"))
         with pytest.raises(ConfigError, match="reward.fn: code_tests runs untrusted code, but"):

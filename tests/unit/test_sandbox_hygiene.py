@@ -23,15 +23,13 @@ from rlframe.rewards import sandbox
 from rlframe.rewards.sandbox import (
     Isolation,
     Sandbox,
-    SandboxLimits,
-    SandboxUnavailable,
     detect_isolation,
-    interpreter,
     pick_nproc,
     probe_sandbox,
     run_python,
 )
 from rlframe.rewards.sandbox_cgroups import PREFIX
+from rlframe.rewards.sandbox_command import SandboxLimits, SandboxUnavailable, interpreter
 from tests.unit.sandbox_cgroups import owned_cgroups
 
 

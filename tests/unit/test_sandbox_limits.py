@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlframe.rewards.sandbox import SandboxLimits, run_python
+from rlframe.rewards.sandbox import run_python
+from rlframe.rewards.sandbox_command import SandboxLimits
 
 CPU_CLOCK = (
     "import time\n"

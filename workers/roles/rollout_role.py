@@ -27,7 +27,7 @@ from workers.sync.sync_probe import (
     derive_probe_tolerance,
     pick_probe_tolerance,
 )
-from workers.training.fsdp import pick_dtype
+from workers.training.model_build import pick_dtype
 
 
 def build_rollout_engine(cfg: Config, model_path: str, device: str, rank: int) -> RolloutEngine:

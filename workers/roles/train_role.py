@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from rlframe.algorithms.losses import POLICY_LOSSES, LossScale
+from rlframe.algorithms.off_policy import OldLogprobs, pick_old_logprobs
 from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
 from rlframe.algorithms.router import compute_load_balancing_loss, summarize_routing
 from rlframe.config import ActorConfig, Config
 from rlframe.config.lora import LoraConfig, LoraSync
-from rlframe.config.names import OffPolicyCorrection, RouterReplay
+from rlframe.config.names import RouterReplay
 from rlframe.core.protocol import Batch, UpdateResult
 from rlframe.core.sequence_layout import SequenceLayout, build_layout
 from workers.model_hooks.router_logits import find_router_spec, record_router_logits
@@ -39,12 +40,11 @@ from workers.training.checkpointing import load_engine, save_engine
 from workers.training.fsdp import (
     FSDPEngine,
     OptimizerSpec,
-    pick_dtype,
-    resolve_packing,
     run_minibatch_updates,
     split_micro_batches,
 )
 from workers.training.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
+from workers.training.model_build import pick_dtype, resolve_packing
 
 
 def count_optimizer_steps(cfg: Config) -> int:
@@ -187,8 +187,8 @@ class TrainRole:
         ``rollout_logprobs``.
         """
         own: torch.Tensor | None = None
-        from_rollout = self.cfg.algorithm.off_policy_correction is OffPolicyCorrection.rollout
-        needs_own = "old_logprobs" not in batch and not from_rollout
+        correction = self.cfg.algorithm.off_policy_correction
+        needs_own = pick_old_logprobs(correction, "old_logprobs" in batch) is OldLogprobs.update
         if needs_own:
             check_single_pass(len(batch), self.cfg.actor, self.world_size)
         # A sequence-parallel group updates on its ranks' rows together, mini-batch by

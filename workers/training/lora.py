@@ -31,7 +31,7 @@ def apply_lora(model: PreTrainedModel, cfg: LoraConfig, head: str = "lm") -> Pef
     """The model with adapters on its target layers; only the adapters require grad.
 
     A step of building the training model, before gradient checkpointing and FSDP2 sharding
-    (see :func:`workers.training.fsdp.build_train_model`): the adapters must exist when the
+    (see :func:`workers.training.model_build.build_train_model`): the adapters must exist when the
     layers are sharded, so that each layer's shard holds its adapters too.
     """
     from peft import get_peft_model
