@@ -79,7 +79,7 @@ class ConsoleFilter(logging.Filter):
 
 
 def level_number(name: str) -> int:
-    return getattr(logging, name.upper())
+    return int(getattr(logging, name.upper()))
 
 
 @dataclass

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlframe.agent_server import pick_agent
 from rlframe.config import Config, Placement
@@ -38,6 +38,7 @@ from rlframe.state.run_dir import lock_run_dir
 
 if TYPE_CHECKING:
     from rlframe.controller.cluster import RayStart
+    from rlframe.core.tokenizer import Tokenizer
     from rlframe.run.pools import Workers
     from rlframe.run.preflight import RunInputs
 
@@ -70,7 +71,7 @@ def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> di
 
 
 def build_producer(
-    cfg: Config, workers: Workers, tokenizer: Any, loader: PromptLoader, rewards: RewardStage
+    cfg: Config, workers: Workers, tokenizer: Tokenizer, loader: PromptLoader, rewards: RewardStage
 ) -> tuple[Producer, Callable[[], int]]:
     """The experience producer and the ``sync_weights`` the trainer calls (the producer learns
     each new weights version from it). A separate rollout pool generates ahead while the

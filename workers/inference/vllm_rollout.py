@@ -14,7 +14,7 @@ import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,9 @@ from rlframe.models.hf_config import has_vision_tower
 from workers.inference.base import RolloutSample, SamplingSpec
 from workers.inference.vllm_lora import AdapterSlot, build_lora_engine_args
 from workers.inference.vllm_moe import forget_moe_kernels
+
+if TYPE_CHECKING:
+    from vllm.inputs import TokensPrompt
 
 CPU_MAX_NUM_SEQS = 256
 
@@ -143,7 +146,7 @@ class VLLMRollout:
         given = out.prompt_logprobs
         return [read_token_logprob(given[i], t) for i, t in enumerate(ids) if i > 0]
 
-    def lora_kwargs(self) -> dict:
+    def lora_kwargs(self) -> dict[str, Any]:
         """The adapter version requests sample from (none: the loaded weights alone)."""
         if self.adapter is None or self.adapter.request is None:
             return {}
@@ -202,7 +205,7 @@ def collapse_image_pads(ids: list[int], image_token_id: int) -> list[int]:
 
 def build_token_prompts(
     prompts: list[list[int]], images: list[list[bytes]] | None, image_token_id: int | None
-) -> list:
+) -> list[TokensPrompt]:
     """vLLM's token prompts; a prompt with images carries them as multi-modal data, its
     image pads collapsed for vLLM to expand."""
     from vllm.inputs import TokensPrompt
