@@ -23,7 +23,8 @@ from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.core.protocol import Batch
 from rlframe.core.tokenizer import Tokenizer, as_tokenizer
-from workers.training.fsdp import apply_fsdp, pick_attention, pick_dtype, run_as_root_forward
+from workers.training.fsdp import apply_fsdp, pick_attention, pick_dtype
+from workers.training.layout_forward import run_as_root_forward
 from workers.training.rank0_load import load_rank0_state
 
 

@@ -27,6 +27,7 @@ from workers.inference.vllm_moe import forget_moe_kernels
 
 if TYPE_CHECKING:
     from vllm.inputs import TokensPrompt
+    from vllm.outputs import CompletionOutput
 
 CPU_MAX_NUM_SEQS = 256
 
@@ -116,7 +117,7 @@ class VLLMRollout:
         return samples
 
     def read_routed_experts(
-        self, completion: Any, prompt_len: int, response_len: int
+        self, completion: CompletionOutput, prompt_len: int, response_len: int
     ) -> torch.Tensor | None:
         """``CompletionOutput.routed_experts`` [prompt + response - 1, layers, k] as int16;
         None when the engine does not record routing."""

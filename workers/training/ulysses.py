@@ -34,6 +34,8 @@ from rlframe.core.sequence_layout import SequenceLayout
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
 
+    from rlframe.core.protocol import Batch
+
 ULYSSES_PREFIX = "ulysses_"
 
 
@@ -122,7 +124,7 @@ class ModuleView:
     """The attention module as the wrapped kernel sees it after the exchange: its own
     number of query heads per key/value head, and the kernel's name in its config."""
 
-    def __init__(self, module: AttentionLayer, groups: int, config: Any) -> None:
+    def __init__(self, module: AttentionLayer, groups: int, config: ConfigView) -> None:
         self.__dict__.update(module=module, num_key_value_groups=groups, config=config)
 
     def __getattr__(self, name: str) -> Any:
@@ -132,7 +134,7 @@ class ModuleView:
 class ConfigView:
     """A model config that names ``kernel`` as its attention implementation."""
 
-    def __init__(self, config: Any, kernel: str) -> None:
+    def __init__(self, config: PreTrainedConfig, kernel: str) -> None:
         self.__dict__.update(config=config, _attn_implementation=kernel)
 
     def __getattr__(self, name: str) -> Any:
@@ -332,7 +334,7 @@ def shard_layout(layout: SequenceLayout, sp: SequenceParallel) -> ShardedLayout:
     )
 
 
-def gather_group_rows(batch: Any, sp: SequenceParallel, block: int) -> tuple[Any, torch.Tensor]:
+def gather_group_rows(batch: Batch, sp: SequenceParallel, block: int) -> tuple[Batch, torch.Tensor]:
     """The rows of the whole group (each rank's share, from DP_SPLIT), every ``block`` rows
     of each rank's share followed by the same block of the next rank's; and the indices of
     this rank's own rows in that order.
