@@ -22,13 +22,14 @@ from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.core.protocol import Batch
+from rlframe.core.tokenizer import Tokenizer, as_tokenizer
 from workers.training.layout_forward import run_as_root_forward
 from workers.training.model_build import apply_fsdp, pick_attention, pick_dtype
 from workers.training.rank0_load import load_rank0_state
 
 
 def render_conversation(
-    tokenizer: Any, messages: list[dict[str, Any]], response: str, max_length: int
+    tokenizer: Tokenizer, messages: list[dict[str, Any]], response: str, max_length: int
 ) -> list[int]:
     """Token ids of prompt turns + the response as the reward model reads them, keeping the end."""
     conversation = [*messages, {"role": "assistant", "content": response}]
@@ -50,8 +51,8 @@ class RewardModelWorker(Worker):
         self.cfg, self.device = cfg, device
         self.init_process_group(device)
         rm = cfg.reward.model
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            model_path, trust_remote_code=rm.trust_remote_code
+        self.tokenizer = as_tokenizer(
+            AutoTokenizer.from_pretrained(model_path, trust_remote_code=rm.trust_remote_code)
         )
         dtype = pick_dtype(rm.dtype, device)
         kwargs = {
@@ -109,7 +110,8 @@ class RewardModelWorker(Worker):
         ids, mask = ids.to(self.device), mask.to(self.device)
         head = getattr(self.model, "score", None)
         if not isinstance(head, nn.Module):  # HF's own pick: the last token that is not pad
-            return self.model(input_ids=ids, attention_mask=mask).logits[:, 0].float().cpu()
+            logits: torch.Tensor = self.model(input_ids=ids, attention_mask=mask).logits
+            return logits[:, 0].float().cpu()
         last = mask.sum(1) - 1
 
         def forward() -> torch.Tensor:
@@ -117,7 +119,8 @@ class RewardModelWorker(Worker):
             # FSDP root's forward, so the root's gathered parameters are in place.
             backbone = getattr(self.model, self.model.base_model_prefix)
             hidden = backbone(input_ids=ids, attention_mask=mask, use_cache=False)[0]
-            return head(hidden[torch.arange(len(rows), device=self.device), last])[:, 0]
+            values: torch.Tensor = head(hidden[torch.arange(len(rows), device=self.device), last])
+            return values[:, 0]
 
         return run_as_root_forward(self.model, forward).float().cpu()
 

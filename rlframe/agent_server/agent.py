@@ -28,7 +28,7 @@ import inspect
 import math
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from rlframe.agent_server.app import AgentServer
 from rlframe.agent_server.sessions import Session
@@ -52,7 +52,7 @@ def get_server(ctx: AgentContext) -> AgentServer:
         server.start()
         ctx.resources[SERVER] = server
         print(f"rlframe: {server.describe()}", file=sys.stderr, flush=True)
-    return ctx.resources[SERVER]
+    return cast(AgentServer, ctx.resources[SERVER])  # stored by this function only
 
 
 def as_reward(value: Any) -> float | None:

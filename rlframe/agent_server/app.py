@@ -40,6 +40,7 @@ from rlframe.agent_server.trajectory import Episode, normalize_message
 from rlframe.config import Config
 from rlframe.config.agent import compute_response_width, is_loopback
 from rlframe.core.protocol import Batch
+from rlframe.core.tokenizer import Tokenizer
 from rlframe.rollout.multi_turn import mix_seed
 
 ACCEPTED = {
@@ -98,7 +99,7 @@ class AgentServer:
     """Args: the run's config, the engine's generate, the tokenizer, the model's name."""
 
     def __init__(
-        self, cfg: Config, generate: Callable[[Batch], Batch], tokenizer: Any, model_name: str
+        self, cfg: Config, generate: Callable[[Batch], Batch], tokenizer: Tokenizer, model_name: str
     ) -> None:
         self.cfg, self.tokenizer, self.model_name = cfg, tokenizer, model_name
         self.agent = cfg.agent

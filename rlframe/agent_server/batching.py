@@ -33,7 +33,7 @@ class Request:
     context: list[int]
     max_tokens: int
     seed: int
-    future: asyncio.Future = field(repr=False)
+    future: asyncio.Future[Turn] = field(repr=False)
 
 
 class GenerateBatcher:
@@ -50,7 +50,7 @@ class GenerateBatcher:
         self.meta: dict[str, Any] = {}
         self.queue: list[Request] = []
         self.arrived: asyncio.Event | None = None
-        self.worker: asyncio.Task | None = None
+        self.worker: asyncio.Task[None] | None = None
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="agent-server-generate")
         self.calls = 0
         self.rows = 0

@@ -86,15 +86,15 @@ class ConnectionGuard:
 
     def __init__(self, server: web.Server, cap: int) -> None:
         self.server, self.cap = server, cap
-        self.busy: set[Any] = set()
-        self.served: set[Any] = set()
+        self.busy: set[web.RequestHandler] = set()
+        self.served: set[web.RequestHandler] = set()
         self.evicted = 0
         self.refused = 0
 
-    def request_started(self, protocol: Any) -> None:
+    def request_started(self, protocol: web.RequestHandler) -> None:
         self.busy.add(protocol)
 
-    def request_done(self, protocol: Any) -> None:
+    def request_done(self, protocol: web.RequestHandler) -> None:
         self.busy.discard(protocol)
         self.served.add(protocol)
 
@@ -108,7 +108,7 @@ class ConnectionGuard:
                 return Refused()
         return self.server()
 
-    def evict(self, alive: list[Any]) -> bool:
+    def evict(self, alive: list[web.RequestHandler]) -> bool:
         """Close the oldest idle connection, one that never finished headers first."""
         idle = [c for c in alive if c not in self.busy]
         never_served = [c for c in idle if c not in self.served]

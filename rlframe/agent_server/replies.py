@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from rlframe.agent_server.batching import Turn
+from rlframe.core.tokenizer import Tokenizer, read_eos_id
 from rlframe.envs.tool_parsers import TOOL_PARSERS
 
 TOOL_CALL_TEXT = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
@@ -25,10 +26,10 @@ KeptTurn = tuple[list[int], list[float], str, int]
 
 
 class ReplyBuilder:
-    def __init__(self, tokenizer: Any, tool_parser: str) -> None:
+    def __init__(self, tokenizer: Tokenizer, tool_parser: str) -> None:
         self.tokenizer = tokenizer
         self.parse = TOOL_PARSERS.get(tool_parser)
-        self.stop_ids = {int(tokenizer.eos_token_id)}
+        self.stop_ids = {read_eos_id(tokenizer)}
 
     def decode(self, ids: list[int]) -> str:
         if ids and ids[-1] in self.stop_ids:

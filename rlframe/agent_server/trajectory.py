@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from rlframe.core.tokenizer import Tokenizer
 from rlframe.envs.chat import ChatFormat
 from rlframe.rollout.rows import TokenRow
 
@@ -100,7 +101,7 @@ class Plan:
 class Episode:
     """The rows of one episode (one session) and the chat formats of its tool sets."""
 
-    def __init__(self, tokenizer: Any, stop_ids: set[int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop_ids: set[int]) -> None:
         self.tokenizer = tokenizer
         self.stop_ids = stop_ids
         self.rows: list[TokenRow] = []

@@ -144,7 +144,7 @@ def import_ray_modules() -> None:
     get_dashboard_dependency_error()
 
 
-def start_reaper() -> subprocess.Popen:
+def start_reaper() -> subprocess.Popen[bytes]:
     """Start :mod:`rlframe.controller.reaper` for the local cluster this process started.
 
     Ray's GCS and raylet follow their driver down, but its dashboard and runtime-env agents
@@ -198,4 +198,4 @@ def resolve_device(requested: Device) -> str:
 
     if requested is Device.auto:
         return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
-    return requested.value
+    return str(requested.value)

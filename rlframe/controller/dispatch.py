@@ -74,8 +74,8 @@ def find_dispatch_methods(worker_cls: type) -> dict[str, MethodSpec]:
 
 
 def select_reads(
-    method: str, reads: tuple[str, ...] | None, args: tuple, kwargs: dict
-) -> tuple[tuple, dict]:
+    method: str, reads: tuple[str, ...] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Every Batch argument cut down to the keys in ``reads`` that it has (meta kept)."""
     if reads is None:
         return args, kwargs
@@ -115,7 +115,7 @@ class FanOut:
 
 
 def split_call(
-    mode: Dispatch, world_size: int, args: tuple, kwargs: dict, tp_size: int = 1
+    mode: Dispatch, world_size: int, args: tuple[Any, ...], kwargs: dict[str, Any], tp_size: int = 1
 ) -> FanOut:
     """Turn one driver call into per-rank calls according to ``mode``; ``tp_size`` is the
     rollout tensor-parallel size that ``ROLLOUT_DP_SPLIT`` groups ranks by."""
@@ -137,7 +137,7 @@ def split_call(
     return FanOut(calls, fan_out.padding, fan_out.chunk_rows, group)
 
 
-def split_batches(parts: int, args: tuple, kwargs: dict) -> FanOut:
+def split_batches(parts: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FanOut:
     """Pad every Batch argument to a multiple of ``parts`` and chunk it: one call per part,
     other arguments repeated as they are."""
     batches = [a for a in (*args, *kwargs.values()) if isinstance(a, Batch)]

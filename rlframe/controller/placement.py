@@ -19,7 +19,7 @@ import math
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import ray
 from ray.util.placement_group import (
@@ -105,11 +105,16 @@ class ResourcePool:
     def reserve_node(self, index: int, node_id: str | None) -> PlacementGroup:
         """One node's bundles in one STRICT_PACK group, pinned to ``node_id`` when given."""
         selector = [{NODE_ID_LABEL_KEY: node_id}] * self.procs_per_node if node_id else None
-        return placement_group(
-            [self.bundle()] * self.procs_per_node,
-            strategy="STRICT_PACK",
-            name=f"{self.name}_{index}",
-            bundle_label_selector=selector,
+        # placement_group() is declared to return a PlacementGroup; ray's unannotated
+        # client_mode_wrap decorator hides that from mypy.
+        return cast(
+            PlacementGroup,
+            placement_group(
+                [self.bundle()] * self.procs_per_node,
+                strategy="STRICT_PACK",
+                name=f"{self.name}_{index}",
+                bundle_label_selector=selector,
+            ),
         )
 
     def pick_distinct_nodes(self, timeout_s: float, report_every_s: float) -> list[str]:

@@ -22,7 +22,7 @@ GRACE_S = 3.0
 
 def is_alive(process: psutil.Process) -> bool:
     try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        return bool(process.is_running() and process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
 

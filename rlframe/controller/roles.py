@@ -19,7 +19,7 @@ from rlframe.core.protocol import Batch, UpdateResult
 
 if TYPE_CHECKING:
     from rlframe.controller.weight_group import WeightGroupSpec
-    from rlframe.controller.worker_group import CallHandle
+    from rlframe.controller.worker_group import CallHandle, WorkerGroup
 
 
 class Group(Protocol):
@@ -125,7 +125,7 @@ def check_role(role: type[Group], worker_cls: type, dispatch_methods: dict[str, 
             )
 
 
-def bind_role(group: Any, role: Callable[..., R], worker_cls: type) -> R:
+def bind_role(group: WorkerGroup, role: Callable[..., R], worker_cls: type) -> R:
     """``group`` typed as ``role`` (a role Protocol class) after :func:`check_role` on the
     class it runs."""
     # ``role`` is spelled Callable, not type[R]: mypy refuses a Protocol class where type[R]

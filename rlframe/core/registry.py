@@ -93,7 +93,7 @@ def load_function(spec: str) -> Callable[..., Any]:
         module_spec.loader.exec_module(module)
     else:
         module = importlib.import_module(target)
-    fn = getattr(module, attr, None)
+    fn: object = getattr(module, attr, None)
     if fn is None:
         raise AttributeError(f"{spec!r}: {target} has no function {attr!r}")
     if not callable(fn):

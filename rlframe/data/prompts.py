@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from rlframe.core.tokenizer import Tokenizer
 from rlframe.data.tasks import VISUAL_TASKS, generate_examples
 from rlframe.models.images import expand_prompt, load_processor, place_images, read_image_bytes
 
@@ -62,7 +63,8 @@ def parse_rows(path: Path) -> list[Any]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+        # pyarrow ships no annotations; Table.to_pylist() returns the rows, a list of dicts.
+        return cast(list[Any], pq.read_table(path).to_pylist())
     if path.suffix == ".jsonl":
         rows = []
         with path.open() as f:
@@ -83,7 +85,8 @@ def read_messages(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """A row's chat turns: its ``messages``, a ``prompt`` list, or a ``prompt`` text as one
     user turn."""
     if "messages" in row:
-        return row["messages"]
+        messages: list[dict[str, Any]] = row["messages"]
+        return messages
     if "prompt" in row:
         return (
             row["prompt"]
@@ -93,7 +96,7 @@ def read_messages(row: dict[str, Any], where: str) -> list[dict[str, Any]]:
     raise ValueError(f"{where}: a row needs a 'prompt' or 'messages' column; it has {sorted(row)}")
 
 
-def render_prompt(row: dict[str, Any], tokenizer: Any, where: str, images: int = 0) -> str:
+def render_prompt(row: dict[str, Any], tokenizer: Tokenizer, where: str, images: int = 0) -> str:
     """The prompt text of a row, through the chat template when the tokenizer has one (which
     must then place the row's ``images``)."""
     messages = read_messages(row, where)
@@ -157,7 +160,7 @@ NOT_EXTRA = ("prompt", "messages", "ground_truth", "images")
 
 
 def tokenize_prompts(
-    rows: list[tuple[dict[str, Any], str]], tokenizer: Any, max_prompt_length: int
+    rows: list[tuple[dict[str, Any], str]], tokenizer: Tokenizer, max_prompt_length: int
 ) -> PromptSet:
     """Render and tokenise every row; rows longer than ``max_prompt_length`` tokens (image
     tokens included) are counted and left out. A row with images is tokenised by the model's
@@ -182,7 +185,7 @@ def tokenize_prompts(
 def load_prompt_records(
     files: list[str],
     task: str,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     max_prompt_length: int,
     seed: int,
     synthetic_size: int = 4096,

@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+    from transformers import (
+        PreTrainedModel,
+        PreTrainedTokenizerBase,
+        PreTrainedTokenizerFast,
+        ProcessorMixin,
+        Qwen2Config,
+    )
 
 TINY_PREFIX = "tiny:"
 TINY_LORA_PREFIX = "tiny-lora:"
@@ -130,7 +136,9 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_config(spec: TinyModelSpec, tokenizer: Any, **extra: Any) -> Any:
+def build_tiny_config(
+    spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase, **extra: Any
+) -> Qwen2Config:
     """The Qwen2 config of a tiny model of ``spec`` over ``tokenizer``; ``extra`` adds the
     head-specific keys (tied embeddings, number of labels)."""
     from transformers import Qwen2Config
@@ -229,7 +237,9 @@ def build_tiny_moe_model(spec: TinyModelSpec, target: Path) -> None:
     save_model_atomically(model, tokenizer, target)
 
 
-def save_model_atomically(model: Any, tokenizer: Any, target: Path) -> None:
+def save_model_atomically(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | ProcessorMixin, target: Path
+) -> None:
     """Write model and tokenizer (or processor) to a staging folder, then rename it to
     ``target``: several processes (test workers, Ray actors) may build the same cached model
     at once."""

@@ -10,7 +10,7 @@ Qwen2-VL's vision tokens (each one token); the image processor resizes every ima
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from rlframe.data.tiny_model import (
     CHARACTERS,
@@ -21,6 +21,14 @@ from rlframe.data.tiny_model import (
     resolve_tiny_build,
     save_model_atomically,
 )
+
+if TYPE_CHECKING:
+    from transformers import (
+        PreTrainedTokenizerBase,
+        PreTrainedTokenizerFast,
+        Qwen2VLConfig,
+        Qwen2VLProcessor,
+    )
 
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
@@ -58,7 +66,7 @@ tasks are plain continuations, as for ``tiny:<seed>``; a model turn ends with th
 (the stop token), so multi-turn episodes can place an observation after it."""
 
 
-def build_tiny_vl_tokenizer() -> Any:
+def build_tiny_vl_tokenizer() -> PreTrainedTokenizerFast:
     """The tiny character-level tokenizer with the vision tokens and the chat template."""
     tokenizer = build_tiny_tokenizer()
     tokenizer.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
@@ -66,7 +74,7 @@ def build_tiny_vl_tokenizer() -> Any:
     return tokenizer
 
 
-def build_tiny_vl_processor(tokenizer: Any) -> Any:
+def build_tiny_vl_processor(tokenizer: PreTrainedTokenizerBase) -> Qwen2VLProcessor:
     """Qwen2-VL's processor over ``tokenizer``, with small images (MIN_PIXELS..MAX_PIXELS)."""
     from transformers import Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
 
@@ -80,11 +88,13 @@ def build_tiny_vl_processor(tokenizer: Any) -> Any:
     )
 
 
-def build_tiny_vl_config(spec: TinyModelSpec, tokenizer: Any) -> Any:
+def build_tiny_vl_config(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerBase) -> Qwen2VLConfig:
     """The Qwen2-VL config: ``spec``'s language model, a 2-block vision tower."""
     from transformers import Qwen2VLConfig
 
-    ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))))
+    # A list of tokens in, a list of ids out (the annotation covers one token too).
+    vision_ids = cast(list[int], tokenizer.convert_tokens_to_ids(list(VISION_TOKENS)))
+    ids = dict(zip(VISION_TOKENS, vision_ids))
     special = {
         "eos_token_id": tokenizer.eos_token_id,
         "bos_token_id": tokenizer.eos_token_id,

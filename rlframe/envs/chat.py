@@ -35,6 +35,7 @@ import hashlib
 import json
 from typing import Any
 
+from rlframe.core.tokenizer import Tokenizer
 from rlframe.envs.base import EnvError, Message
 from rlframe.models.images import collect_images, expand_prompt, load_processor
 
@@ -63,7 +64,7 @@ class ChatFormat:
 
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         tools: list[dict[str, Any]] | None = None,
         end_of_turn: str | None = None,
     ) -> None:
@@ -71,7 +72,10 @@ class ChatFormat:
         template = getattr(tokenizer, "chat_template", None)
         self.template = template if template else PLAIN_TEMPLATE
         self.tools = tools
-        self.end_of_turn = end_of_turn or tokenizer.eos_token
+        end = end_of_turn or tokenizer.eos_token
+        if not end:
+            raise EnvError("the tokenizer has no EOS token to close a model turn with")
+        self.end_of_turn = end
         self.cache: dict[str, tuple[list[int], bool]] = {}
 
     def render(self, messages: list[Message], add_generation_prompt: bool) -> str:

@@ -38,7 +38,7 @@ class CallOutcome:
     """``TypeName: message`` when the call raised or timed out; None when it returned."""
 
 
-def settle(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
+def settle(future: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:
     if future.done():  # timed out and cancelled meanwhile
         return
     if error is not None:
@@ -49,7 +49,7 @@ def settle(future: asyncio.Future, value: Any, error: BaseException | None) -> N
 
 def run_on_thread(
     loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], args: tuple[Any, ...]
-) -> tuple[asyncio.Future, threading.Thread]:
+) -> tuple[asyncio.Future[Any], threading.Thread]:
     future = loop.create_future()
 
     def target() -> None:

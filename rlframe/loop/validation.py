@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from math import comb
-from typing import Any
 
 import torch
 
 from rlframe.config import Config
 from rlframe.core.protocol import Batch
+from rlframe.core.tokenizer import Tokenizer, read_eos_id, read_pad_id
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import PromptRecord
 from rlframe.rewards.stage import RewardStage
@@ -84,7 +84,7 @@ def summarise(
 
 
 def split_validation_records(
-    records: list[PromptRecord], cfg: Config, tokenizer: Any
+    records: list[PromptRecord], cfg: Config, tokenizer: Tokenizer
 ) -> tuple[list[PromptRecord], list[PromptRecord] | None]:
     """(training prompts, validation prompts or None when validation is off).
 
@@ -123,17 +123,17 @@ class Validator:
         self,
         records: list[PromptRecord],
         cfg: Config,
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         generate: Callable[[Batch], Batch],
         rewards: RewardStage,
     ) -> None:
         self.cfg, self.generate, self.rewards = cfg, generate, rewards
         self.prompts = build_prompt_batch(
-            records, cfg.val.n, 0, tokenizer.pad_token_id, cfg.trainer.seed + VAL_SEED_OFFSET
+            records, cfg.val.n, 0, read_pad_id(tokenizer), cfg.trainer.seed + VAL_SEED_OFFSET
         )
         self.prompts.meta |= {
-            "stop_token_ids": [tokenizer.eos_token_id],
-            "pad_token_id": tokenizer.pad_token_id,
+            "stop_token_ids": [read_eos_id(tokenizer)],
+            "pad_token_id": read_pad_id(tokenizer),
             "temperature": cfg.val.temperature,
         }
         extras = list(self.prompts.column("extra"))

@@ -10,28 +10,37 @@ id) once keeps start-up from doing it five times.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, PreTrainedConfig
 
 
 @lru_cache(maxsize=8)
-def read_model_config(model_path: str, trust_remote_code: bool) -> Any | None:
+def read_model_config(model_path: str, trust_remote_code: bool) -> PreTrainedConfig | None:
     """The transformers config of ``model_path``; None when it cannot be read here (a model
     id whose config is not reachable: the workers will say why). The checks only read it."""
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+        # AutoConfig.from_pretrained is unannotated; it returns the model's config class.
+        return cast(
+            "PreTrainedConfig",
+            AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code),
+        )
     except Exception:
         return None
 
 
-def has_vision_tower(config: Any) -> bool:
+def has_vision_tower(config: PreTrainedConfig | None) -> bool:
     """Whether a transformers config is a vision-language model's (it holds a vision
-    tower's config)."""
+    tower's config); False for None (no config)."""
     return getattr(config, "vision_config", None) is not None
 
 
-def pick_policy_model_class(config: Any) -> Any:
+def pick_policy_model_class(
+    config: PreTrainedConfig,
+) -> type[AutoModelForImageTextToText] | type[AutoModelForCausalLM]:
     """The transformers auto class a policy of ``config`` loads as: the image-text-to-text
     model of a vision-language model (the one that trains, tower included), else the causal
     LM."""

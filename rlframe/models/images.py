@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import functools
 import io
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
+
+from rlframe.core.tokenizer import Tokenizer
 
 IMAGE_MARKER = "<image>"
 """Where a turn's text places the row's next image (veRL's convention)."""
@@ -131,9 +135,38 @@ class VisionInputs:
     """[images, 3] each image's (time, height, width) patch grid."""
 
 
+class VisionProcessor(Protocol):
+    """What rlframe reads of a vision-language model's processor (Qwen2-VL's and the like)."""
+
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def image_token(self) -> str:
+        """The image pad token, which the processor repeats to each image's token count."""
+        ...
+
+    @property
+    def image_processor(self) -> Callable[..., Mapping[str, torch.Tensor]]:
+        """Images -> ``pixel_values`` and ``image_grid_thw`` (``return_tensors="pt"``)."""
+        ...
+
+    def _get_num_multimodal_tokens(
+        self, *, image_sizes: list[tuple[int, int]]
+    ) -> Mapping[str, list[int]]:
+        """``num_image_tokens``: the token count of each (height, width)."""
+        ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    def save_pretrained(self, save_directory: str | os.PathLike[str], /) -> object: ...
+
+
 @functools.lru_cache(maxsize=4)
 def load_processor(path: str) -> Any:
-    """The model's processor (tokenizer + image processor), loaded once per process."""
+    """The model's processor (tokenizer + image processor), loaded once per process; a
+    text model's is its tokenizer (a :class:`VisionProcessor` only for a vision-language
+    model)."""
     from transformers import AutoProcessor
 
     return AutoProcessor.from_pretrained(path)
@@ -147,7 +180,7 @@ def read_image_size(data: bytes) -> tuple[int, int]:
         return image.height, image.width
 
 
-def expand_prompt(processor: Any, text: str, images: list[bytes]) -> list[int]:
+def expand_prompt(processor: VisionProcessor, text: str, images: list[bytes]) -> list[int]:
     """The prompt's token ids with each image pad repeated to its image's token count, as
     the processor (and so vLLM, which runs the same one) expands it. The counts come from the
     image sizes alone: no pixels are processed on the driver."""
@@ -167,7 +200,9 @@ def expand_prompt(processor: Any, text: str, images: list[bytes]) -> list[int]:
     return expanded
 
 
-def encode_images(processor: Any, rows_images: list[list[bytes]]) -> VisionInputs | None:
+def encode_images(
+    processor: VisionProcessor, rows_images: list[list[bytes]]
+) -> VisionInputs | None:
     """The vision inputs of rows' images in row order; None when no row has one."""
     images = [decode_image(b) for row in rows_images for b in row]
     if not images:

@@ -19,12 +19,15 @@ segment, so the language model's layers are handed to it by their full names.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from rlframe.config import Config, ConfigError, first_line
 from rlframe.config.device import will_train_on_cuda
 from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.models.hf_config import is_vision_tower_name, pick_policy_model_class
+
+if TYPE_CHECKING:
+    from torch import nn
 
 BLOCK_NAMES = ("layers", "h", "blocks")
 """The decoder's layer lists (workers/training/model_build.py, LAYER_LIST_NAMES)."""
@@ -50,7 +53,7 @@ class DecoderLinears:
     model, where a last segment alone could also match a layer of the tower."""
 
 
-def read_decoder_linears(model: Any) -> DecoderLinears:  # model: torch.nn.Module
+def read_decoder_linears(model: nn.Module) -> DecoderLinears:
     """The decoder linears of ``model`` (a real one, a peft-free one, or on the meta device);
     a vision tower's linears apart."""
     from torch import nn
@@ -74,7 +77,7 @@ def read_decoder_linears(model: Any) -> DecoderLinears:  # model: torch.nn.Modul
     return DecoderLinears(sorted(names), sorted(attention), experts, sorted(tower), paths)
 
 
-def list_peft_targets(model: Any, lora: LoraConfig) -> list[str] | None:
+def list_peft_targets(model: nn.Module, lora: LoraConfig) -> list[str] | None:
     """The ``target_modules`` to hand peft for ``model``: None keeps ``lora``'s own (its list,
     or ``all-linear`` when empty); an MoE model's empty list is its attention layers, because
     peft's ``all-linear`` would adapt its fused experts and router too. On a vision-language

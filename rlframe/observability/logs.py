@@ -25,7 +25,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rlframe.config import Config
 
 LOG_DIR_ENV = "RLFRAME_LOG_DIR"
 """Set on worker processes: the folder their stdout/stderr files go into."""
@@ -79,7 +82,7 @@ class ConsoleFilter(logging.Filter):
 
 
 def level_number(name: str) -> int:
-    return getattr(logging, name.upper())
+    return int(getattr(logging, name.upper()))
 
 
 @dataclass
@@ -230,7 +233,7 @@ def format_startup_summary(lines: dict[str, str]) -> str:
 
 
 def describe_run(
-    cfg: Any, model_path: str, device: str, run_dir: Path, logs: DriverLogs, cluster: str
+    cfg: Config, model_path: str, device: str, run_dir: Path, logs: DriverLogs, cluster: str
 ) -> dict[str, str]:
     """The start-up summary: model, world, devices, Ray (``cluster``, as
     :func:`rlframe.controller.cluster.describe_cluster` words it), and where the run writes."""
@@ -248,7 +251,7 @@ def describe_run(
     }
 
 
-def describe_pools(cfg: Any, device: str) -> dict[str, str]:
+def describe_pools(cfg: Config, device: str) -> dict[str, str]:
     """``world`` (ranks, and what they hold) and ``devices`` (their bundles) for the trainer
     pool, and ``rollout world`` / ``rollout devices`` for a separate rollout pool."""
     from rlframe.config.placement import list_pools
@@ -276,7 +279,7 @@ def describe_pools(cfg: Any, device: str) -> dict[str, str]:
     return lines
 
 
-def describe_mesh(cfg: Any, world_size: int) -> str:
+def describe_mesh(cfg: Config, world_size: int) -> str:
     """The training ranks as data x sequence groups (``actor.sequence_parallel_size``)."""
     sp = cfg.actor.sequence_parallel_size
     text = f"{world_size // sp} data x {sp} sequence (training)"

@@ -8,7 +8,7 @@ expression), as sympy expressions: ``0.5``, ``\\frac12`` and ``1/2`` are the sam
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 from rlframe.rewards.registry import REWARDS
 
@@ -20,7 +20,8 @@ def parse_gold(ground_truth: str, timeout: int | None) -> list[Any]:
     text = ground_truth.split("####")[-1].strip()
     configs = [LatexExtractionConfig(), ExprExtractionConfig()]
     gold = parse(f"\\boxed{{{text}}}", configs, parsing_timeout=timeout)
-    return gold or parse(text, configs, parsing_timeout=timeout)
+    # math-verify ships no annotations; parse() returns a list of the parsed forms.
+    return cast(list[Any], gold or parse(text, configs, parsing_timeout=timeout))
 
 
 @REWARDS.register("math_verify")

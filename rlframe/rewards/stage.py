@@ -23,7 +23,6 @@ Metrics: ``reward/rule_mean`` and ``reward/model_mean`` are the means of the raw
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 import torch
 
@@ -31,6 +30,7 @@ from rlframe.config import Config, RewardConfig
 from rlframe.config.agent import AgentConfig
 from rlframe.controller.roles import RewardModelGroup
 from rlframe.core.protocol import Batch
+from rlframe.core.tokenizer import Tokenizer
 from rlframe.rewards.scoring import RuleScorer
 
 
@@ -44,7 +44,7 @@ class RewardStage:
     """
 
     def __init__(
-        self, cfg: Config, tokenizer: Any, reward_model: RewardModelGroup | None = None
+        self, cfg: Config, tokenizer: Tokenizer, reward_model: RewardModelGroup | None = None
     ) -> None:
         self.cfg, self.tokenizer, self.reward_model = cfg, tokenizer, reward_model
         self.rule_scorer = (
@@ -114,7 +114,7 @@ class RewardStage:
             self.reward_model_thread.shutdown(wait=False, cancel_futures=True)
 
 
-def decode(tokenizer: Any, ids: torch.Tensor, mask: torch.Tensor) -> str:
+def decode(tokenizer: Tokenizer, ids: torch.Tensor, mask: torch.Tensor) -> str:
     """The response text without its closing EOS. Other special tokens stay visible, so
     a policy cannot hide junk from the reward behind tokens that decode to nothing."""
     tokens = ids[mask.bool()].tolist()

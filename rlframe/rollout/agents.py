@@ -31,6 +31,7 @@ import torch
 from rlframe.config import Config
 from rlframe.core.protocol import Batch
 from rlframe.core.registry import Registry
+from rlframe.core.tokenizer import Tokenizer
 from rlframe.envs.runner import count_stuck_calls
 from rlframe.rollout.rows import generate_batch
 
@@ -41,7 +42,7 @@ class AgentContext:
     """The actor group's generate: one turn for each row of a request
     (:func:`rlframe.rollout.rows.build_request`; meta ``stop_token_ids``) -> its response
     (:func:`rlframe.rollout.rows.build_response`)."""
-    tokenizer: Any
+    tokenizer: Tokenizer
     """The model's tokenizer (driver side)."""
     config: Config
     resources: dict[str, Any] = field(default_factory=dict)

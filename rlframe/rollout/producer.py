@@ -33,6 +33,7 @@ import torch
 from rlframe.config import Config, StaleGroups
 from rlframe.config.names import NEEDS_GREEDY_BASELINE
 from rlframe.core.protocol import Batch
+from rlframe.core.tokenizer import Tokenizer, read_eos_id, read_pad_id
 from rlframe.data.loader import PromptLoader, build_prompt_batch
 from rlframe.data.prompts import PromptRecord
 from rlframe.rewards.stage import RewardStage
@@ -105,7 +106,7 @@ class ExperienceProducer:
         self,
         cfg: Config,
         generate: Callable[[Batch], Batch],
-        tokenizer: Any,
+        tokenizer: Tokenizer,
         loader: PromptLoader,
         rewards: RewardStage,
         overlap: bool = False,
@@ -126,8 +127,8 @@ class ExperienceProducer:
         self.replaceable = (a.max_sampling_rounds - 1) * self.wanted
         """DAPO: groups of equal rewards a step may drop and replace; later ones top it up."""
         self.meta = {
-            "stop_token_ids": [tokenizer.eos_token_id],
-            "pad_token_id": tokenizer.pad_token_id,
+            "stop_token_ids": [read_eos_id(tokenizer)],
+            "pad_token_id": read_pad_id(tokenizer),
         }
         self.thread = (
             ThreadPoolExecutor(1, thread_name_prefix="rlframe-producer") if overlap else None
@@ -279,7 +280,7 @@ class ExperienceProducer:
         if self.continues:
             r = self.cfg.rollout
             merge_call(list_unfinished(todo), out, r.max_tokens)
-            width, pad = r.max_tokens, self.tokenizer.pad_token_id
+            width, pad = r.max_tokens, read_pad_id(self.tokenizer)
             for g in todo:
                 if all(row.finish_reason is not None for row in g.rows):
                     g.output = attach(g.prompts, collate(g.rows, width, pad))
@@ -334,7 +335,7 @@ class ExperienceProducer:
     def build_group(self, record: PromptRecord, group_id: int, version: int) -> Group:
         # The seeds lockstep gives this group: same prompt index, same samples at k=0.
         prompts = build_prompt_batch(
-            [record], self.n, group_id, self.tokenizer.pad_token_id, self.cfg.trainer.seed
+            [record], self.n, group_id, read_pad_id(self.tokenizer), self.cfg.trainer.seed
         )
         prompts.meta |= self.meta
         rows = [

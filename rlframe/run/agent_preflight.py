@@ -7,13 +7,13 @@ model's chat template. Each failure is a :class:`~rlframe.config.ConfigError` na
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 from rlframe.config import Config, ConfigError
 from rlframe.config.checks import describe_load_error
+from rlframe.core.tokenizer import Tokenizer
 
 
-def check_agent(cfg: Config, tokenizer: Any) -> None:
+def check_agent(cfg: Config, tokenizer: Tokenizer) -> None:
     """``rollout.agent`` loads (with ``openai``, :func:`check_openai_entry`); for multi_turn,
     :func:`check_env`."""
     from rlframe.agent_server import pick_agent
@@ -28,7 +28,7 @@ def check_agent(cfg: Config, tokenizer: Any) -> None:
         check_env(cfg, tokenizer)
 
 
-def check_env(cfg: Config, tokenizer: Any) -> None:
+def check_env(cfg: Config, tokenizer: Tokenizer) -> None:
     """``agent.env`` loads, one env builds from ``agent.env_kwargs``, and the chat template can
     place an observation after a model turn."""
     from rlframe.envs import ENVS, ChatFormat, EnvError, get_tools

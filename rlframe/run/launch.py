@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rlframe.agent_server import pick_agent
 from rlframe.config import Config, Placement
@@ -43,6 +43,7 @@ from rlframe.state.run_dir import lock_run_dir
 
 if TYPE_CHECKING:
     from rlframe.controller.cluster import RayStart
+    from rlframe.core.tokenizer import Tokenizer
     from rlframe.run.pools import Launch, Workers
     from rlframe.run.preflight import RunInputs, WorkerInputs
 
@@ -75,7 +76,7 @@ def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> di
 
 
 def build_producer(
-    cfg: Config, workers: Workers, tokenizer: Any, loader: PromptLoader, rewards: RewardStage
+    cfg: Config, workers: Workers, tokenizer: Tokenizer, loader: PromptLoader, rewards: RewardStage
 ) -> tuple[Producer, Callable[[], int]]:
     """The experience producer and the ``sync_weights`` the trainer calls (the producer learns
     each new weights version from it). A separate rollout pool generates ahead while the
@@ -265,7 +266,7 @@ def build_loop(
 
 
 def build_checkpointer(
-    cfg: Config, out: Path, model_path: str, tokenizer: Any, workers: Workers
+    cfg: Config, out: Path, model_path: str, tokenizer: Tokenizer, workers: Workers
 ) -> Checkpointer:
     """Saves the actor's (and the critic's) state into the run directory, with the model's
     Hugging Face config beside it."""

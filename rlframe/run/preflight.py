@@ -19,6 +19,7 @@ from typing import Any
 from rlframe.config import Config, ConfigError, Device, Placement, first_line
 from rlframe.config.checks import describe_load_error
 from rlframe.config.device import count_local_gpus, will_start_local_ray, will_train_on_cuda
+from rlframe.core.tokenizer import Tokenizer, as_tokenizer
 from rlframe.data.prompts import PromptRecord
 from rlframe.models.checks import run_model_checks
 from rlframe.run.agent_preflight import check_agent
@@ -43,7 +44,7 @@ class RunInputs:
 
     model_path: str
     """A loadable model directory (``tiny:N`` built) or a model id."""
-    tokenizer: Any
+    tokenizer: Tokenizer
     records: list[PromptRecord]
     """The training prompts, tokenised."""
     val_records: list[PromptRecord] | None
@@ -249,7 +250,7 @@ def check_local_pools(cfg: Config) -> None:
         check_pools_gpus(cfg.rollout, cfg.trainer, gpus, "the GPUs this process can see")
 
 
-def load_model_files(cfg: Config) -> tuple[str, Any]:
+def load_model_files(cfg: Config) -> tuple[str, Tokenizer]:
     """The model directory (building ``tiny:N``, ``tiny-vl:N``) and its tokenizer."""
     path = resolve_model_files(cfg)
     return path, load_tokenizer(cfg, path)
@@ -279,12 +280,12 @@ def resolve_model_files(cfg: Config) -> str:
     return path
 
 
-def load_tokenizer(cfg: Config, path: str) -> Any:
+def load_tokenizer(cfg: Config, path: str) -> Tokenizer:
     """The tokenizer of the model at ``path`` (a folder or a model id)."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
+        loaded = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.model.trust_remote_code)
     except Exception as e:
         reason = first_line(e)
         raise ConfigError(
@@ -292,6 +293,7 @@ def load_tokenizer(cfg: Config, path: str) -> Any:
             f"{path!r} is not a local folder and its tokenizer cannot be loaded as a Hugging Face "
             f"model id (offline, or a typo?): {reason}",
         ) from None
+    return as_tokenizer(loaded)
 
 
 def looks_like_model_id(path: str) -> bool:
@@ -300,7 +302,7 @@ def looks_like_model_id(path: str) -> bool:
     return len(parts) <= 2 and all(parts) and not path.startswith((".", "~"))
 
 
-def load_training_prompts(cfg: Config, tokenizer: Any) -> list[PromptRecord]:
+def load_training_prompts(cfg: Config, tokenizer: Tokenizer) -> list[PromptRecord]:
     """The training prompts; a bad file, too few prompts or prompts all too long is an error,
     and prompts left out for length are counted on the console."""
     from rlframe.data.prompts import read_prompt_rows, tokenize_prompts

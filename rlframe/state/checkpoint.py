@@ -20,6 +20,7 @@ from typing import Any
 
 from rlframe.config import Config, ConfigError
 from rlframe.config.lora import LoraConfig
+from rlframe.core.tokenizer import Tokenizer
 from rlframe.state.checkpoint_layout import (
     CHECKPOINTS,
     DRIVER_STATE,
@@ -88,7 +89,8 @@ def check_seed(checkpoint: Path, seed: int) -> Path:
 
 
 def read_driver_state(path: Path) -> dict[str, Any]:
-    return json.loads((path / DRIVER_STATE).read_text())
+    state: dict[str, Any] = json.loads((path / DRIVER_STATE).read_text())
+    return state
 
 
 def truncate_run_logs(output_dir: Path, step: int) -> None:
@@ -139,7 +141,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 def write_hf_config(
     model_path: str,
-    tokenizer: Any,
+    tokenizer: Tokenizer,
     dest: Path,
     trust_remote_code: bool,
     lora: LoraConfig | None = None,

@@ -98,7 +98,7 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def family(advantage: Any) -> str:
+def family(advantage: str | None) -> str:
     return "critic-based" if advantage in NEEDS_CRITIC else "critic-free"
 
 

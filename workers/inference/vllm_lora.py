@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,7 +31,7 @@ def pick_max_lora_rank(rank: int) -> int:
     return min(r for r in VLLM_LORA_RANKS if r >= rank)
 
 
-def build_lora_engine_args(lora: LoraConfig) -> dict:
+def build_lora_engine_args(lora: LoraConfig) -> dict[str, Any]:
     """``LLM(...)`` arguments that turn LoRA serving on for one adapter at a time."""
     return {"enable_lora": True, "max_lora_rank": pick_max_lora_rank(lora.rank), "max_loras": 1}
 

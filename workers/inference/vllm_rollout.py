@@ -14,7 +14,7 @@ import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -24,6 +24,10 @@ from rlframe.models.hf_config import has_vision_tower
 from workers.inference.base import RolloutSample, SamplingSpec
 from workers.inference.vllm_lora import AdapterSlot, build_lora_engine_args
 from workers.inference.vllm_moe import forget_moe_kernels
+
+if TYPE_CHECKING:
+    from vllm.inputs import TokensPrompt
+    from vllm.outputs import CompletionOutput
 
 CPU_MAX_NUM_SEQS = 256
 
@@ -113,7 +117,7 @@ class VLLMRollout:
         return samples
 
     def read_routed_experts(
-        self, completion: Any, prompt_len: int, response_len: int
+        self, completion: CompletionOutput, prompt_len: int, response_len: int
     ) -> torch.Tensor | None:
         """``CompletionOutput.routed_experts`` [prompt + response - 1, layers, k] as int16;
         None when the engine does not record routing."""
@@ -143,7 +147,7 @@ class VLLMRollout:
         given = out.prompt_logprobs
         return [read_token_logprob(given[i], t) for i, t in enumerate(ids) if i > 0]
 
-    def lora_kwargs(self) -> dict:
+    def lora_kwargs(self) -> dict[str, Any]:
         """The adapter version requests sample from (none: the loaded weights alone)."""
         if self.adapter is None or self.adapter.request is None:
             return {}
@@ -202,7 +206,7 @@ def collapse_image_pads(ids: list[int], image_token_id: int) -> list[int]:
 
 def build_token_prompts(
     prompts: list[list[int]], images: list[list[bytes]] | None, image_token_id: int | None
-) -> list:
+) -> list[TokensPrompt]:
     """vLLM's token prompts; a prompt with images carries them as multi-modal data, its
     image pads collapsed for vLLM to expand."""
     from vllm.inputs import TokensPrompt

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,7 +48,9 @@ def record_router_logits(model: nn.Module, spec: RouterSpec) -> Iterator[list[to
     block before the backward: activation checkpointing re-runs the routers there."""
     recorded: list[torch.Tensor] = []
 
-    def keep(_module: nn.Module, _args: tuple, output: tuple | torch.Tensor) -> None:
+    def keep(
+        _module: nn.Module, _args: tuple[Any, ...], output: tuple[Any, ...] | torch.Tensor
+    ) -> None:
         logits = output[spec.output_index] if isinstance(output, tuple) else output
         recorded.append(logits.reshape(-1, logits.shape[-1]))
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,8 +67,10 @@ class RoutingRecorder:
             router.register_forward_hook(self.make_hook(i)) for i, router in enumerate(self.routers)
         ]
 
-    def make_hook(self, layer: int) -> Callable[[nn.Module, tuple, tuple], None]:
-        def keep(module: nn.Module, args: tuple, output: tuple) -> None:
+    def make_hook(
+        self, layer: int
+    ) -> Callable[[nn.Module, tuple[Any, ...], tuple[Any, ...]], None]:
+        def keep(module: nn.Module, args: tuple[Any, ...], output: tuple[Any, ...]) -> None:
             self.calls[layer].append(output[2].detach().to("cpu", torch.int16))
 
         return keep
@@ -126,8 +129,12 @@ class RouterReplay:
         finally:
             self.target = outer
 
-    def make_hook(self, layer: int) -> Callable[[nn.Module, tuple, tuple], tuple | None]:
-        def replay(module: nn.Module, args: tuple, output: tuple) -> tuple | None:
+    def make_hook(
+        self, layer: int
+    ) -> Callable[[nn.Module, tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...] | None]:
+        def replay(
+            module: nn.Module, args: tuple[Any, ...], output: tuple[Any, ...]
+        ) -> tuple[Any, ...] | None:
             if self.target is None:
                 return None
             logits, _, native = output

@@ -7,17 +7,20 @@ so both sides see the same pixels and the same image-token counts.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from rlframe.core.mrope import ImageTokens
 from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import RowImages
-from rlframe.models.images import encode_images, load_processor
+from rlframe.models.images import VisionProcessor, encode_images, load_processor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
 
 
-def read_image_tokens(config: Any) -> ImageTokens | None:
+def read_image_tokens(config: PreTrainedConfig) -> ImageTokens | None:
     """How a vision-language model lays out images (None for a text model)."""
     vision = getattr(config, "vision_config", None)
     if vision is None or getattr(config, "image_token_id", None) is None:
@@ -35,7 +38,7 @@ class ImageEncoder:
     CACHED_IMAGES = 4096
 
     def __init__(self, model_path: str, tokens: ImageTokens) -> None:
-        self.processor = load_processor(model_path)
+        self.processor: VisionProcessor = load_processor(model_path)
         self.tokens = tokens
         self.cache: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
         """Encoded image -> (its patches [p, D], its grid [3])."""
@@ -69,7 +72,7 @@ class ImageEncoder:
             self.cache[image] = (part, grid)
 
 
-def build_image_encoder(model_path: str, config: Any) -> ImageEncoder | None:
+def build_image_encoder(model_path: str, config: PreTrainedConfig) -> ImageEncoder | None:
     """The encoder of a vision-language model's rows; None for a text model."""
     tokens = read_image_tokens(config)
     return None if tokens is None else ImageEncoder(model_path, tokens)

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -137,7 +137,8 @@ class WeightGroup:
     def timeout(self) -> timedelta:
         """How long a collective of this group may wait for its peers before it fails."""
         # torch's stubs lack ProcessGroup.options, which NCCL and gloo groups have.
-        return self.group.options._timeout  # type: ignore[attr-defined]
+        timeout: timedelta = self.group.options._timeout  # type: ignore[attr-defined]
+        return timeout
 
     def broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's ``tensor`` into every other rank's ``tensor`` (same shape and dtype);
@@ -169,7 +170,9 @@ def build_backend_group(
         options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         options._devices = [dist.ProcessGroupGloo.create_default_device()]
     options._timeout = timeout
-    return backend(store, rank, size, options)
+    # The NCCL/gloo backend object has a ProcessGroup's collectives (broadcast), which
+    # torch's stubs give ProcessGroup and leave off Backend.
+    return cast(dist.ProcessGroup, backend(store, rank, size, options))
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ class BucketHeader:
     names: list[str]
     dtypes: list[str]
     shapes: list[list[int]]
-    probe: list | None = None
+    probe: list[Any] | None = None
     """On the end marker, when the sync is verified: ``[ids, trainer log-probs]`` of the probe
     (JSON floats hold fp32 values exactly)."""
 

@@ -71,4 +71,5 @@ def load_engine(
         options=pick_state_options(engine, strict=True),
     )
     engine.scheduler.load_state_dict(state["scheduler"])
-    return state["extra"]
+    loaded: dict[str, Any] = state["extra"]
+    return loaded

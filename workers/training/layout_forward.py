@@ -32,7 +32,8 @@ def run_as_root_forward(model: nn.Module, fn: Callable[[], T]) -> T:
     # indexes the result, which fails (IndexError) on a call without any (CUDA only).
     model.forward = lambda **_: fn()
     try:
-        return model(root_call=True)
+        # Module.__call__ is typed Any; the forward it runs here is fn.
+        return cast(T, model(root_call=True))
     finally:
         del model.forward
 
@@ -52,7 +53,7 @@ def compute_layout_hidden(model: HFModel, layout: SequenceLayout) -> torch.Tenso
     """[N, H] final hidden states at the positions that predict the selected tokens. A
     vision-language model runs its vision tower on the layout's images first."""
     backbone = find_vision_language_backbone(model)
-    inputs: dict = {"input_ids": layout.input_ids}
+    inputs: dict[str, Any] = {"input_ids": layout.input_ids}
     if backbone is not None and layout.placeholder_ids is not None:
         # Every token embedded as itself, then the images' features put where the
         # placeholder ids (sampled image tokens masked out) say.
@@ -69,7 +70,7 @@ def compute_layout_hidden(model: HFModel, layout: SequenceLayout) -> torch.Tenso
         use_cache=False,
         **compute_varlen_kwargs(model, layout),
     )
-    hidden = out.last_hidden_state
+    hidden: torch.Tensor = out.last_hidden_state
     return hidden.reshape(-1, hidden.shape[-1]).index_select(0, layout.predict_index)
 
 
@@ -152,7 +153,7 @@ def compute_layout_values(
     predict the selected tokens."""
     if sp is not None:
         shard = shard_layout(layout, sp)
-        logits = run_sharded_forward(model, shard).logits
+        logits: torch.Tensor = run_sharded_forward(model, shard).logits
         own = logits.reshape(-1, logits.shape[-1]).index_select(0, shard.predict_index)
         return shard.gather(own[:, 0].float())
     # use_cache=False: with a cache, transformers does not look for packed sequences.

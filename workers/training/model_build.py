@@ -6,7 +6,7 @@ sequence packing). :class:`workers.training.fsdp.FSDPEngine` is built on it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -55,7 +55,7 @@ def pick_dtype(setting: str, device: str) -> torch.dtype:
     """A model's ``dtype`` setting: ``auto`` is bf16 on cuda and fp32 on cpu."""
     if setting == "auto":
         return torch.bfloat16 if device == "cuda" else torch.float32
-    return getattr(torch, setting)
+    return cast(torch.dtype, getattr(torch, setting))  # the config allows dtype names only
 
 
 def load_hf_model(
@@ -103,7 +103,8 @@ def load_hf_model(
         config.classifier_dropout = 0.0
     if not weights:
         with torch.device("meta"):
-            return auto.from_config(config, **kwargs)
+            # The auto classes' from_config is unannotated; it builds a PreTrainedModel.
+            return cast("PreTrainedModel", auto.from_config(config, **kwargs))
     return auto.from_pretrained(path, config=config, **kwargs)
 
 

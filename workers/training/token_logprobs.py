@@ -14,7 +14,7 @@ the temperature; gradients come back in the compute dtype, the head's accumulate
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -66,7 +66,8 @@ def project_chunk(
 
 def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """sum(a * b, -1) without an [n, V] temporary."""
-    return torch.linalg.vecdot(a, b)
+    # torch.linalg binds its functions through _add_docstr, which the stubs leave as Any.
+    return cast(torch.Tensor, torch.linalg.vecdot(a, b))
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,8 @@ from rlframe.core.sequence_layout import SequenceLayout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
+
+    from rlframe.core.protocol import Batch
 
 ULYSSES_PREFIX = "ulysses_"
 
@@ -122,7 +124,7 @@ class ModuleView:
     """The attention module as the wrapped kernel sees it after the exchange: its own
     number of query heads per key/value head, and the kernel's name in its config."""
 
-    def __init__(self, module: AttentionLayer, groups: int, config: Any) -> None:
+    def __init__(self, module: AttentionLayer, groups: int, config: ConfigView) -> None:
         self.__dict__.update(module=module, num_key_value_groups=groups, config=config)
 
     def __getattr__(self, name: str) -> Any:
@@ -132,7 +134,7 @@ class ModuleView:
 class ConfigView:
     """A model config that names ``kernel`` as its attention implementation."""
 
-    def __init__(self, config: Any, kernel: str) -> None:
+    def __init__(self, config: PreTrainedConfig, kernel: str) -> None:
         self.__dict__.update(config=config, _attn_implementation=kernel)
 
     def __getattr__(self, name: str) -> Any:
@@ -154,7 +156,7 @@ def ulysses_attention_forward(
     attention_mask: torch.Tensor | None,
     sequence_shard: SequenceShard | None = None,
     **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention over the whole sequence for this rank's heads. q, k, v arrive [b, heads,
     L / size, d] (this rank's slice, rotary already applied at global positions); the output
     leaves [b, L / size, heads, d], as a plain kernel's would for the slice."""
@@ -167,7 +169,11 @@ def ulysses_attention_forward(
         view = ModuleView(
             module, module.num_key_value_groups, ConfigView(module.config, kernel_name)
         )
-        return kernel(view, query, key, value, attention_mask, **kwargs)
+        # An attention function returns (output, attention weights or None).
+        return cast(
+            "tuple[torch.Tensor, torch.Tensor | None]",
+            kernel(view, query, key, value, attention_mask, **kwargs),
+        )
     sp = sequence_shard.sp
     key, value = repeat_kv_heads(key, sp.size), repeat_kv_heads(value, sp.size)
     # Sequence slice -> head slice: [b, h, L/size, d] -> [b, h/size, L, d].
@@ -180,7 +186,8 @@ def ulysses_attention_forward(
         attention_mask = kwargs.pop("attention_mask", None)
     out, _ = kernel(view, query, key, value, attention_mask, **kwargs)
     # Head slice -> sequence slice: [b, L, h/size, d] -> [b, L/size, h, d].
-    return Exchange.apply(out, 1, 2, sp.group), None
+    # Function.apply is unannotated in torch; Exchange.forward returns a Tensor.
+    return cast(torch.Tensor, Exchange.apply(out, 1, 2, sp.group)), None
 
 
 @cache
@@ -245,7 +252,8 @@ class ShardedLayout:
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
         """[n_r] this rank's values -> [N] the group's (differentiable)."""
-        return GatherTokens.apply(values, self.owned, self.shard.sp)
+        # Function.apply is unannotated in torch; GatherTokens.forward returns a Tensor.
+        return cast(torch.Tensor, GatherTokens.apply(values, self.owned, self.shard.sp))
 
 
 def label_segments(layout: SequenceLayout) -> torch.Tensor:
@@ -326,7 +334,7 @@ def shard_layout(layout: SequenceLayout, sp: SequenceParallel) -> ShardedLayout:
     )
 
 
-def gather_group_rows(batch: Any, sp: SequenceParallel, block: int) -> tuple[Any, torch.Tensor]:
+def gather_group_rows(batch: Batch, sp: SequenceParallel, block: int) -> tuple[Batch, torch.Tensor]:
     """The rows of the whole group (each rank's share, from DP_SPLIT), every ``block`` rows
     of each rank's share followed by the same block of the next rank's; and the indices of
     this rank's own rows in that order.
