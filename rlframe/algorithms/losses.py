@@ -257,7 +257,8 @@ class LossScale:
     tokens: float
     """Response tokens in the mini-batch, over all ranks."""
     sequences: float
-    """Responses in the mini-batch, over all ranks."""
+    """Responses in the mini-batch with at least one loss token, over all ranks (a masked
+    sample, whose loss mask is all 0, is not one)."""
 
 
 def aggregate_loss(

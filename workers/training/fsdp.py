@@ -197,10 +197,13 @@ class FSDPEngine:
 
 
 def compute_global_loss_scale(mini: Batch, device: str, sp_size: int = 1) -> LossScale:
-    """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over
-    ranks (the ``sp_size`` ranks of a sequence-parallel group hold the same rows)."""
+    """Loss tokens (sampled by the policy) and responses with at least one of them in the
+    whole mini-batch, summed over ranks (the ``sp_size`` ranks of a sequence-parallel group
+    hold the same rows). A row with none (a masked sample, a filler row, an empty response)
+    is in neither count: it adds nothing to the loss, so it must not dilute it."""
+    loss_mask = mini.tensor("loss_mask")
     counts = torch.tensor(
-        [mini.tensor("loss_mask").sum().item(), float(len(mini))], dtype=torch.float64
+        [loss_mask.sum().item(), float((loss_mask.sum(-1) > 0).sum())], dtype=torch.float64
     )
     if device == "cuda":
         counts = counts.cuda()
