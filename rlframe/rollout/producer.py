@@ -331,7 +331,7 @@ class ExperienceProducer:
         ends = torch.tensor(sizes).cumsum(0).tolist()
         for g, end, size in zip(groups, ends, sizes):
             g.scored = scored.rows(slice(end - size, end))
-        self.settle_masked(groups)
+        whole = self.settle_masked(groups)
         live = [g for g in groups if not g.dropped]
         uniform = [g for g in live if self.dynamic and has_uniform_rewards(g.require_scored())]
         self.counts["uniform"] += len(uniform)
@@ -344,20 +344,22 @@ class ExperienceProducer:
             started = time.perf_counter()
             self.add_greedy_baselines(kept)
             self.timings["baseline"] += time.perf_counter() - started
-            self.settle_masked(kept)  # a group whose greedy reward failed is masked whole
+            whole += self.settle_masked(kept)  # a group whose greedy reward failed
+        # DAPO may have replaced a group masked whole (its rewards are uniform: none count).
+        self.counts["masked_kept"] += sum(not g.dropped for g in whole)
 
-    def settle_masked(self, groups: list[Group]) -> None:
+    def settle_masked(self, groups: list[Group]) -> list[Group]:
         """Groups that masking left short of samples
         (:func:`~rlframe.rollout.sampling.is_short_of_samples`): dropped and replaced by
         another prompt, up to ``data.batch_size`` of them a step; past that, kept with every
-        row masked."""
+        row masked. Returns those."""
         short = [g for g in groups if not g.dropped and is_short_of_samples(g.require_scored())]
         replaced = short[: max(0, self.wanted - self.counts["masked_replaced"])]
         self.counts["masked_replaced"] += len(replaced)
-        self.counts["masked_kept"] += len(short) - len(replaced)
         self.drop(replaced)
         for g in short[len(replaced) :]:
             g.scored = mask_group(g.require_scored())
+        return short[len(replaced) :]
 
     def add_greedy_baselines(self, groups: list[Group]) -> None:
         """ReMax: the reward of one greedy episode per prompt, shared by its group."""
