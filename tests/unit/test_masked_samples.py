@@ -39,6 +39,7 @@ from rlframe.rewards import RewardError, RuleScorer
 from rlframe.rewards.stage import RewardStage, mask_failed_samples
 from rlframe.rollout import ExperienceProducer
 from rlframe.rollout.rows import build_response
+from rlframe.rollout.sampling import has_uniform_rewards
 from tests.unit.cli_errors import check_config_error
 from tests.unit.config_trees import build
 from tests.unit.scripted_episodes import ScriptedPolicy, make_config, make_prompts, run
@@ -132,18 +133,32 @@ def test_passk_counts_only_the_samples_that_count() -> None:
 
 
 def test_reinforce_pp_baseline_subtracts_the_mean_of_the_samples_that_count() -> None:
-    """Group-mean baseline 1/3 (not 1/2), then whitened over the batch's loss tokens: the
-    three samples that count have raw returns 2/3, -1/3, -1/3 on every token."""
+    """Group-mean baselines 1/3 for [1, x, 0, 0] with x masked (not 1/4) and 1/4 for
+    [0, 0, 0, 1], then whitened over the batch's loss tokens (every row has 3)."""
     batch, cfg = scored_batch(
-        [1, 1, 0, 0], [False, True, False, False], [0] * 4, advantage="reinforce_pp_baseline"
+        [1, 1, 0, 0, 0, 0, 0, 1],
+        [False, True] + [False] * 6,
+        [0] * 4 + [1] * 4,
+        advantage="reinforce_pp_baseline",
     )
     trainer = Trainer(cfg, None, None, None, lambda: 0, None)  # type: ignore[arg-type]
     out, _ = trainer.compute_advantages(batch)
-    raw = torch.tensor([2 / 3, -1 / 3, -1 / 3])
+    raw = torch.tensor([2 / 3, -1 / 3, -1 / 3, -0.25, -0.25, -0.25, 0.75])
     whitened = (raw - raw.mean()) / raw.std(unbiased=False)
     advantages = out.tensor("advantages")
     assert advantages[1].abs().sum() == 0
-    assert advantages[[0, 2, 3]][:, 0] == pytest.approx(whitened.tolist(), rel=1e-4)
+    assert advantages[[0, 2, 3, 4, 5, 6, 7]][:, 0] == pytest.approx(whitened.tolist(), rel=1e-4)
+
+
+def test_dapo_reads_only_the_samples_that_count() -> None:
+    """[x, 1, 1, 1] with x masked: the rewards that count are equal, so the group teaches
+    nothing and DAPO drops it (the masked 0 must not make it look informative)."""
+    group = Batch(
+        {"reward": torch.tensor([0.0, 1, 1, 1]), SAMPLE_MASK: torch.tensor([0.0, 1, 1, 1])}
+    )
+    assert has_uniform_rewards(group)
+    assert not has_uniform_rewards(group.with_tensors(**{SAMPLE_MASK: torch.ones(4)}))
+    assert has_uniform_rewards(group.with_tensors(**{SAMPLE_MASK: torch.zeros(4)}))
 
 
 # -- the loss ------------------------------------------------------------------------------
