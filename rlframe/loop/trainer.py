@@ -257,6 +257,7 @@ class Trainer:
 
     def log_rollouts(self, batch: Batch) -> None:
         keep = min(self.cfg.trainer.rollouts_to_log, len(batch))
+        counted = read_sample_mask(batch)
         rows = [
             {
                 "prompt": batch.column("prompt")[i],
@@ -264,6 +265,8 @@ class Trainer:
                 "ground_truth": batch.column("ground_truth")[i],
                 "reward": float(batch.tensor("reward")[i]),
                 "finish_reason": batch.column("finish_reason")[i],
+                # Its reward or env failed under on_error=mask: the reward 0 is no score.
+                "masked": not bool(counted[i]),
             }
             for i in range(keep)
         ]

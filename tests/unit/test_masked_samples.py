@@ -36,7 +36,7 @@ from rlframe.loop.trainer import Trainer
 from rlframe.loop.validation import compute_validation_metrics
 from rlframe.observability.tracking import StageTimer
 from rlframe.rewards import RewardError, RuleScorer
-from rlframe.rewards.stage import RewardStage, mask_failed_samples
+from rlframe.rewards.stage import RewardStage, find_rule_failures, mask_failed_samples
 from rlframe.rollout import ExperienceProducer
 from rlframe.rollout.rows import build_response
 from rlframe.rollout.sampling import has_uniform_rewards
@@ -515,6 +515,62 @@ def test_the_producer_reports_agent_masked() -> None:
     assert metrics["agent/masked"] == 0.25 and metrics["agent/env_failures"] == 2
     assert metrics["rollout/masked_groups_dropped"] == 0
     assert "reward/masked" not in metrics
+
+
+def test_a_rule_failure_masks_only_rows_whose_reward_it_enters() -> None:
+    """In an env's batch the rule score enters only with agent.rule_reward_weight > 0; an
+    openai episode takes its last row's rule score, and only when the agent gave none."""
+    failed = torch.tensor([0.0, 1.0, 1.0])
+    openai = Batch(
+        {
+            "reward_errors": failed,
+            "reward_timeouts": torch.zeros(3),
+            "env_reward": torch.zeros(3),
+            "agent_episode": torch.tensor([0, 0, 1]),
+            "agent_reward_given": torch.tensor([0.0, 0.0, 1.0]),
+        }
+    )
+    # Episode 0's reward is its last row's rule score, which failed: both rows; episode 1's
+    # agent gave its reward, so its failed rule score is not in it.
+    assert find_rule_failures(openai, AgentConfig()).tolist() == [True, True, False]
+    multi_turn = Batch(
+        {k: openai.tensor(k) for k in ("reward_errors", "reward_timeouts", "env_reward")}
+    )
+    assert find_rule_failures(multi_turn, AgentConfig()).tolist() == [False, True, True]
+    alone = AgentConfig(rule_reward_weight=0.0)
+    assert find_rule_failures(multi_turn, alone).tolist() == [False, False, False]
+
+
+class Rollouts:
+    """Keeps what the trainer logs to rollouts.jsonl."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def log_rollouts(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self.rows += rows
+
+
+def test_rollouts_log_says_which_samples_were_masked() -> None:
+    batch, cfg = scored_batch([1, 1, 0, 0], [False, True, False, False], [0] * 4)
+    batch = Batch(
+        batch.tensors,
+        {
+            "prompt": ["p"] * 4,
+            "response": ["1", "1", "0", "0"],
+            "ground_truth": ["1"] * 4,
+            "finish_reason": ["stop"] * 4,
+        },
+    )
+    log = Rollouts()
+    trainer = Trainer(cfg, None, None, None, lambda: 0, log)  # type: ignore[arg-type]
+    trainer.log_rollouts(batch)
+    assert [(r["masked"], r["reward"]) for r in log.rows] == [
+        (False, 1.0),
+        (True, 0.0),
+        (False, 0.0),
+        (False, 0.0),
+    ]
 
 
 # -- validation ------------------------------------------------------------------------------
