@@ -235,12 +235,15 @@ def answer(prompts: Batch) -> Batch:
 
 
 def make_producer(
-    reward: Callable[..., float], policy: Callable[[Batch], Batch] = answer, **algorithm: Any
+    reward: Callable[..., float],
+    policy: Callable[[Batch], Batch] = answer,
+    staleness: int = 0,
+    **algorithm: Any,
 ) -> ExperienceProducer:
     cfg = Config(
         model=ModelConfig(path="tiny:0"),
         data=DataConfig(batch_size=2, max_prompt_length=8),
-        rollout=RolloutConfig(n=4, max_tokens=2),
+        rollout=RolloutConfig(n=4, max_tokens=2, max_staleness=staleness),
         actor=ActorConfig(mini_batch_size=8, micro_batch_size=8),
         algorithm=AlgorithmConfig(**algorithm),
         reward=RewardConfig(
@@ -297,6 +300,25 @@ def test_a_group_left_with_one_sample_is_replaced_and_the_rate_reported(dynamic:
     assert dropped == 2 and kept == (0 if dynamic else 1)
     # Every prompt drawn was trained on, replaced, or is still in flight.
     assert producer.groups_served == 8 + dropped + uniform + len(producer.groups)
+
+
+def test_short_groups_are_replaced_when_generation_runs_ahead() -> None:
+    """At max_staleness=1 groups are admitted a step ahead: a short group is still replaced
+    by another prompt (or, past the budget, masked whole), and none reaches the trainer with
+    fewer than 2 samples that count."""
+    producer = make_producer(fail_on_nine, staleness=1)
+    dropped = kept = whole = 0.0
+    for _ in range(4):
+        batch, metrics = producer.next_batch()
+        assert len(batch) == 8
+        for rows in batch.split(4):
+            counted = int(rows.tensor(SAMPLE_MASK).sum())
+            assert counted >= 2 or counted == 0
+            whole += counted == 0
+        dropped += metrics["rollout/masked_groups_dropped"]
+        kept += metrics["rollout/masked_groups_kept"]
+    assert dropped >= 2 and whole <= kept
+    assert producer.groups_served == 8 + dropped + len(producer.groups)
 
 
 def test_past_its_budget_a_short_group_is_kept_with_every_row_masked() -> None:
