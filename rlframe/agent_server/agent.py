@@ -5,7 +5,8 @@ Per prompt row, one episode: a session (its own API key) is opened on the run's 
 function ``agent.entry`` is called as ``entry(base_url, api_key, sample)`` (sync: on a
 thread; async: a task), at most ``agent.max_concurrent_envs`` at once, each within
 ``agent.step_timeout_s`` (for this agent: the whole episode), with ``agent.on_env_error``
-deciding what a raise or a timeout does. ``sample`` is the prompt row as ``env.reset`` of
+deciding what a raise or a timeout does (``mask``: the episode's rows leave training;
+``fail_episode``: they score 0). ``sample`` is the prompt row as ``env.reset`` of
 the multi-turn agent gets it (``prompt``, ``messages``, ``ground_truth`` and the row's
 columns). The function returns the episode's reward, or None for ``reward.fn`` to score
 the episode's text.
@@ -130,7 +131,7 @@ def episode_result(outcome: CallOutcome, row: int, ctx: AgentContext) -> tuple[f
         if ctx.config.agent.on_env_error == "raise":
             raise EnvError(
                 f"agent {ctx.config.agent.entry} failed on sample {row}: {error}. Set "
-                "agent.on_env_error=fail_episode to score such episodes 0 and go on."
+                "agent.on_env_error=mask to leave such episodes out of training and go on."
             )
         return 0.0, True, True
     return (reward or 0.0), reward is not None, False

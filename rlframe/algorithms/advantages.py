@@ -3,6 +3,12 @@
 Each estimator takes :class:`AdvantageInputs` and returns :class:`AdvantageOutputs`; it never
 sees workers or process groups. Register new ones with ``@ADVANTAGES.register("name")`` or
 point ``algorithm.advantage`` at ``pkg.module:function``.
+
+Masked samples (``AdvantageInputs.sample_mask`` 0: a reward or env that failed under
+``reward.on_error=mask`` / ``agent.on_env_error=mask``) carry reward 0 and an all-zero
+``loss_mask``. Every statistic over samples leaves them out: group means and stds
+(:func:`compute_group_stats` with the mask), leave-one-out baselines, batch whitening (over
+``loss_mask``, which they are not in); their advantages are 0.
 """
 
 from __future__ import annotations
@@ -39,6 +45,16 @@ class AdvantageInputs:
     """[B, T] critic values of the states before each response token (GAE)."""
     baseline: torch.Tensor | None = None
     """[B] reward of the greedy response to the same prompt (ReMax)."""
+    sample_mask: torch.Tensor | None = None
+    """[B] 1 for a sample that counts, 0 for a masked one (its reward or env failed under
+    ``on_error=mask``): its reward is 0 and not a score, its ``loss_mask`` is all 0, and it
+    must stay out of every statistic over samples. None: every sample counts."""
+
+    def valid(self) -> torch.Tensor:
+        """[B] bool: the samples that count (:attr:`sample_mask`, or all)."""
+        if self.sample_mask is None:
+            return torch.ones(len(self.rewards), dtype=torch.bool)
+        return self.sample_mask.bool()
 
     def per_token_rewards(self) -> torch.Tensor:
         if self.token_rewards is not None:
@@ -103,23 +119,38 @@ def broadcast_scores(scores: torch.Tensor, mask: torch.Tensor) -> AdvantageOutpu
 
 
 def compute_group_stats(
-    values: torch.Tensor, group_index: torch.Tensor
+    values: torch.Tensor, group_index: torch.Tensor, sample_mask: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-response mean, unbiased std and size of its group.
+    """Per-response mean, unbiased std and size of its group, over the group's samples that
+    count (``sample_mask``; all when None): a masked sample is in no group's statistics, and
+    gets those of its group's other samples.
 
-    A group of one has std 0 (there is no spread to measure), never NaN.
+    A group of one has std 0 (there is no spread to measure), never NaN; a group with no
+    sample that counts has mean 0, std 0 and size 0.
     """
     _, inverse = torch.unique(group_index, return_inverse=True)
     groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    values = values.double()
-    count = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, torch.ones_like(values))
+    weight = (
+        torch.ones(len(values), dtype=torch.float64)
+        if sample_mask is None
+        else sample_mask.bool().double()
+    )
+    values = values.double() * weight
+    count = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, weight)
     total = torch.zeros(groups, dtype=torch.float64).index_add_(0, inverse, values)
-    mean = total / count
+    mean = total / count.clamp(min=1)
     squares = torch.zeros(groups, dtype=torch.float64).index_add_(
-        0, inverse, (values - mean[inverse]) ** 2
+        0, inverse, weight * (values - mean[inverse]) ** 2
     )
     std = torch.sqrt(squares / (count - 1).clamp(min=1))
     return mean[inverse], std[inverse], count[inverse]
+
+
+def broadcast_valid_scores(scores: torch.Tensor, inputs: AdvantageInputs) -> AdvantageOutputs:
+    """Per-response scores on their loss tokens; 0 for a masked sample (whose ``loss_mask``
+    is 0 anyway: this holds when a caller passes a mask that still has its tokens)."""
+    valid = inputs.valid()
+    return broadcast_scores(torch.where(valid, scores, torch.zeros_like(scores)), inputs.loss_mask)
 
 
 @ADVANTAGES.register("grpo")
@@ -130,11 +161,13 @@ def compute_grpo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     groups whose rewards barely differ. A group whose rewards are all equal (or a group of
     one) gets advantage 0: it carries no signal about which response is better.
     """
-    mean, std, _ = compute_group_stats(inputs.rewards, inputs.group_index)
+    valid = inputs.valid()
+    mean, std, _ = compute_group_stats(inputs.rewards, inputs.group_index, valid)
     centred = inputs.rewards.double() - mean
     scores = centred / (std + EPS) if inputs.config.norm_by_std else centred
-    out = broadcast_scores(scores, inputs.loss_mask)
-    out.metrics["zero_std_frac"] = float((std == 0).float().mean())
+    out = broadcast_valid_scores(scores, inputs)
+    if valid.any():
+        out.metrics["zero_std_frac"] = float((std[valid] == 0).float().mean())
     return out
 
 
@@ -173,41 +206,46 @@ def compute_grpo_passk_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     pass@k advantage of Chen et al., 2025, which scores every response of the group."""
     k = inputs.config.pass_k
     right = inputs.rewards > 0.5
+    valid = inputs.valid()
     scores = torch.zeros(len(inputs.rewards), dtype=torch.float64)
     for group in torch.unique(inputs.group_index):
         rows = inputs.group_index == group
-        n = int(rows.sum())
-        if n < k:
+        if int(rows.sum()) < k:
             raise ValueError(
-                f"grpo_passk: a group of {n} responses is smaller than algorithm.pass_k={k}"
+                f"grpo_passk: a group of {int(rows.sum())} responses is smaller than "
+                f"algorithm.pass_k={k}"
             )
+        rows = rows & valid
+        n = int(rows.sum())
+        if n < k:  # masked samples left fewer than k: no k-subset to score
+            continue
         positive, negative = compute_passk_scores(
             int(right[rows].sum()), n, k, inputs.config.norm_by_std
         )
         scores[rows] = torch.where(right[rows], positive, negative).double()
-    return broadcast_scores(scores, inputs.loss_mask)
+    return broadcast_valid_scores(scores, inputs)
 
 
 @ADVANTAGES.register("rloo")
 def compute_rloo_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """RLOO: each reward minus the mean of the *other* responses to the same prompt.
 
-    Equals n/(n-1) times the mean-centred reward; a group of one has no other responses
-    and gets 0.
+    Equals n/(n-1) times the mean-centred reward, n the group's samples that count (masked
+    ones are no one's "other responses"); a group of one has no other responses and gets 0.
     """
-    mean, _, count = compute_group_stats(inputs.rewards, inputs.group_index)
+    mean, _, count = compute_group_stats(inputs.rewards, inputs.group_index, inputs.valid())
     centred = inputs.rewards.double() - mean
     scores = torch.where(
         count > 1, centred * count / (count - 1).clamp(min=1), torch.zeros_like(centred)
     )
-    return broadcast_scores(scores, inputs.loss_mask)
+    return broadcast_valid_scores(scores, inputs)
 
 
 @ADVANTAGES.register("reinforce_pp")
 def compute_reinforce_pp_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """REINFORCE++: per-token returns discounted by ``gamma`` (KL penalty included), whitened
     over the batch."""
-    mask = inputs.loss_mask.float()
+    mask = inputs.loss_mask.float() * inputs.valid().float().unsqueeze(1)
     returns = compute_reverse_cumsum(inputs.per_token_rewards(), mask, inputs.config.gamma)
     return AdvantageOutputs(whiten(returns, mask), returns)
 
@@ -215,8 +253,10 @@ def compute_reinforce_pp_advantages(inputs: AdvantageInputs) -> AdvantageOutputs
 @ADVANTAGES.register("reinforce_pp_baseline")
 def compute_reinforce_pp_baseline_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """REINFORCE++-baseline: the group-mean reward is subtracted first, then as REINFORCE++."""
-    mean, _, _ = compute_group_stats(inputs.rewards, inputs.group_index)
-    mask = inputs.loss_mask.float()
+    valid = inputs.valid()
+    mean, _, _ = compute_group_stats(inputs.rewards, inputs.group_index, valid)
+    # A masked sample's loss mask is 0 already; ``valid`` keeps it out where a caller's isn't.
+    mask = inputs.loss_mask.float() * valid.float().unsqueeze(1)
     token_rewards = inputs.per_token_rewards() - place_on_last_token(mean.float(), mask)
     returns = compute_reverse_cumsum(token_rewards, mask, inputs.config.gamma)
     return AdvantageOutputs(whiten(returns, mask), returns)
@@ -227,8 +267,10 @@ def compute_remax_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     """ReMax: reward minus the reward of the greedy response to the same prompt."""
     if inputs.baseline is None:
         raise ValueError("remax needs the greedy baseline rewards (AdvantageInputs.baseline)")
-    out = broadcast_scores(inputs.rewards.double() - inputs.baseline.double(), inputs.loss_mask)
-    out.metrics["baseline_mean"] = float(inputs.baseline.double().mean())
+    out = broadcast_valid_scores(inputs.rewards.double() - inputs.baseline.double(), inputs)
+    valid = inputs.valid()
+    if valid.any():
+        out.metrics["baseline_mean"] = float(inputs.baseline[valid].double().mean())
     return out
 
 
@@ -246,7 +288,7 @@ def compute_gae_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
     if inputs.values is None:
         raise ValueError("gae needs critic values (AdvantageInputs.values); enable the critic")
     cfg = inputs.config
-    mask = inputs.loss_mask.float()
+    mask = inputs.loss_mask.float() * inputs.valid().float().unsqueeze(1)
     rewards, values = inputs.per_token_rewards(), inputs.values.float() * mask
     batch, length = rewards.shape
     advantages = torch.zeros_like(rewards)

@@ -257,7 +257,16 @@ class LossScale:
     tokens: float
     """Response tokens in the mini-batch, over all ranks."""
     sequences: float
-    """Responses in the mini-batch, over all ranks."""
+    """Responses in the mini-batch with at least one loss token, over all ranks (a masked
+    sample, whose loss mask is all 0, is not one)."""
+
+
+def count_loss_scale(loss_mask: torch.Tensor) -> LossScale:
+    """One rank's counts of its share of a mini-batch: loss tokens, and responses with at
+    least one. A row with none (a masked sample, a filler row, an empty response) adds
+    nothing to the loss, so it is in neither count: it must not dilute the others."""
+    per_row = loss_mask.sum(-1)
+    return LossScale(tokens=float(per_row.sum()), sequences=float((per_row > 0).sum()))
 
 
 def aggregate_loss(

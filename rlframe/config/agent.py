@@ -14,7 +14,8 @@ from typing import Any
 from rlframe.config.checks import require, require_choice, require_positive
 from rlframe.core.registry import absolutize
 
-ENV_ERROR_POLICIES = ("raise", "fail_episode")
+ENV_ERROR_POLICIES = ("raise", "mask", "fail_episode")
+"""``agent.on_env_error``: stop the run, leave the episode out of training, or score it 0."""
 
 
 @dataclass
@@ -40,8 +41,12 @@ class AgentConfig:
     """Longest wait for one env step (or reset)."""
     on_env_error: str = "raise"
     """An env that raises or times out: ``raise`` stops the run with an error naming the env
-    and the sample; ``fail_episode`` ends that episode with reward 0 and counts it in
-    ``agent/env_failures``."""
+    and the sample; ``mask`` ends that episode and takes it out of training (out of its
+    group's statistics, the loss and the loss's token counts; a group left with fewer than 2
+    episodes is replaced), its rate logged as ``agent/masked``; ``fail_episode`` ends it with
+    reward 0, a wrong answer in its group (which biases GRPO-style advantages). Both count it
+    in ``agent/env_failures``. A failed env call is never retried: it may have changed the
+    env's state."""
     env_reward_weight: float = 1.0
     """Score = env_reward_weight * (sum of the env's step rewards) + rule_reward_weight *
     (the ``reward.fn`` score of the decoded response)."""

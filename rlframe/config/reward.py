@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from rlframe.config.checks import require, require_choice, require_positive
 from rlframe.core.registry import absolutize
 
+REWARD_ERROR_POLICIES = ("raise", "mask", "zero")
+"""``reward.on_error``: stop the run, leave the sample out of training, or score it 0."""
+
 
 @dataclass
 class RewardModelConfig:
@@ -81,7 +84,16 @@ class RewardConfig:
     on_error: str = "raise"
     """A sample whose rule reward raises, returns a non-number/NaN or times out: ``raise`` stops
     the run at the first such sample (the others are cancelled), naming the function and the
-    sample; ``zero`` scores it 0 and counts it in ``reward/errors`` / ``reward/timeouts``."""
+    sample; ``mask`` takes the sample out of training (out of its group's statistics, the loss
+    and the loss's token counts; a group left with fewer than 2 samples is replaced) and logs
+    its rate as ``reward/masked``; ``zero`` scores it 0, a wrong answer in its group (which
+    biases GRPO-style advantages: use ``mask`` unless a failure really means a wrong answer).
+    Both count it in ``reward/errors`` / ``reward/timeouts``."""
+    retry_on_error: bool = False
+    """Score a failed sample once more before ``reward.on_error`` decides (for failures that
+    come and go: a sandbox preempted, a judge that timed out). Off by default: a rule reward
+    that failed on a sample usually fails again, and a timeout retried costs another
+    ``reward.timeout_s``. Retries count in ``reward/retries``."""
     step_timeout_s: float = 1800.0
     """Longest the rule-reward stage of one step may take (with num_workers >= 1), whatever
     ``reward.timeout_s``: samples not scored by then count as timed out (``raise`` stops)."""
@@ -106,7 +118,7 @@ class RewardConfig:
         )
         require_positive(self.timeout_s, "reward.timeout_s")
         require_positive(self.step_timeout_s, "reward.step_timeout_s")
-        require_choice(self.on_error, ("raise", "zero"), "reward.on_error")
+        require_choice(self.on_error, REWARD_ERROR_POLICIES, "reward.on_error")
         require(
             math.isfinite(self.weight) and self.weight >= 0,
             "reward.weight",

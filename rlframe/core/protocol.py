@@ -21,6 +21,21 @@ ROUTED_EXPERTS = "routed_experts"
 """The batch key of each token's routed experts (a mixture-of-experts rollout's routing, see
 :mod:`rlframe.models.moe_routing`)."""
 
+SAMPLE_MASK = "sample_mask"
+"""The batch key of each row's sample mask, ``[rows]`` float: 1 for a sample that counts, 0
+for one taken out of training (its reward or its env failed under ``reward.on_error=mask`` /
+``agent.on_env_error=mask``; a filler row). A masked row also has ``loss_mask`` 0 and reward
+0; it stays out of every statistic over samples (group means, stds, leave-one-out
+baselines, reward metrics). A batch without the key counts every row."""
+
+
+def read_sample_mask(batch: Batch) -> torch.Tensor:
+    """The rows that count, as a bool ``[rows]`` tensor (all of them without
+    :data:`SAMPLE_MASK`)."""
+    if SAMPLE_MASK in batch.tensors:
+        return batch.tensors[SAMPLE_MASK].bool()
+    return torch.ones(len(batch), dtype=torch.bool)
+
 
 def as_column(values: Sequence[Any] | np.ndarray) -> np.ndarray:
     """A 1-D numpy column. Python objects go in an object array so that rows never merge."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rlframe.core.protocol import Batch
+from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.observability.tracking import StageTimer
 
 
@@ -22,19 +22,22 @@ def collect_step_metrics(
     ``old_logprobs`` are the trainer's: ``trainer_logprobs``; see
     :func:`compute_logprob_diffs` for ``trainer_version``), timings."""
     mask = batch.tensor("loss_mask")
+    # The samples that count: a masked one (its reward or env failed under on_error=mask)
+    # has reward 0 that is no score and loss mask 0. A step where none counts reports all rows.
+    counted = read_sample_mask(batch)
+    counted = counted if counted.any() else torch.ones_like(counted)
     # Sampled tokens only: tool observations in a multi-turn response are not the policy's.
-    lengths = mask.sum(1)
-    rewards = batch.tensor("reward")
+    lengths = mask.sum(1)[counted]
+    rewards = batch.tensor("reward")[counted]
+    finish = batch.column("finish_reason")[counted.numpy()]
     metrics = {
         "reward/mean": float(rewards.mean()),
         "reward/max": float(rewards.max()),
         "reward/min": float(rewards.min()),
-        "reward/score_mean": float(batch.tensor("score").mean()),
+        "reward/score_mean": float(batch.tensor("score")[counted].mean()),
         "response_length/mean": float(lengths.float().mean()),
         "response_length/max": float(lengths.max()),
-        "response_length/clip_ratio": float(
-            sum(r == "length" for r in batch.column("finish_reason")) / len(batch)
-        ),
+        "response_length/clip_ratio": float(sum(r == "length" for r in finish) / len(finish)),
         "rollout/weights_version": read_weights_version(batch),
     }
     if trainer_logprobs:
@@ -45,7 +48,7 @@ def collect_step_metrics(
             read_token_versions(batch),
             trainer_version,
         )
-    metrics |= collect_reward_metrics(batch)
+    metrics |= collect_reward_metrics(batch, counted)
     metrics |= timer.metrics()
     tokens = float(batch.tensor("response_mask").sum() + batch.tensor("prompt_mask").sum())
     metrics["perf/tokens_per_s"] = tokens / metrics["timing_s/step"]
@@ -93,15 +96,21 @@ def read_token_versions(batch: Batch) -> torch.Tensor | None:
     return None
 
 
-def collect_reward_metrics(batch: Batch) -> dict[str, float]:
-    """Failed rule-reward samples (counts) and the means of the reward's parts, when present."""
+def collect_reward_metrics(batch: Batch, counted: torch.Tensor | None = None) -> dict[str, float]:
+    """Failed and retried rule-reward samples (counts, of every row) and the means of the
+    reward's parts over the rows ``counted`` (all when None), when present."""
     metrics: dict[str, float] = {}
-    for key, name in (("reward_errors", "reward/errors"), ("reward_timeouts", "reward/timeouts")):
+    for key, name in (
+        ("reward_errors", "reward/errors"),
+        ("reward_timeouts", "reward/timeouts"),
+        ("reward_retries", "reward/retries"),
+    ):
         if key in batch.tensors:
             metrics[name] = float(batch.tensor(key).sum())
+    rows = counted if counted is not None else torch.ones(len(batch), dtype=torch.bool)
     for key, name in (("rule_score", "reward/rule_mean"), ("rm_score", "reward/model_mean")):
         if key in batch.tensors:
-            metrics[name] = float(batch.tensor(key).float().mean())
+            metrics[name] = float(batch.tensor(key)[rows].float().mean())
     return metrics
 
 

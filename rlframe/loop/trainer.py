@@ -26,7 +26,7 @@ from rlframe.algorithms.off_policy import (
 )
 from rlframe.config import Config
 from rlframe.controller.roles import ActorGroup, CriticGroup
-from rlframe.core.protocol import Batch
+from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.core.sequence_layout import balance_rows
 from rlframe.loop.step_metrics import collect_step_metrics
 from rlframe.loop.sync_check import check_sync_gap
@@ -249,6 +249,7 @@ class Trainer:
                 token_rewards=token_rewards,
                 values=batch.tensors.get("values"),
                 baseline=batch.tensors.get("baseline"),
+                sample_mask=read_sample_mask(batch),
             )
         )
         metrics |= {f"adv/{k}": v for k, v in out.metrics.items()}
@@ -256,6 +257,7 @@ class Trainer:
 
     def log_rollouts(self, batch: Batch) -> None:
         keep = min(self.cfg.trainer.rollouts_to_log, len(batch))
+        counted = read_sample_mask(batch)
         rows = [
             {
                 "prompt": batch.column("prompt")[i],
@@ -263,6 +265,8 @@ class Trainer:
                 "ground_truth": batch.column("ground_truth")[i],
                 "reward": float(batch.tensor("reward")[i]),
                 "finish_reason": batch.column("finish_reason")[i],
+                # Its reward or env failed under on_error=mask: the reward 0 is no score.
+                "masked": not bool(counted[i]),
             }
             for i in range(keep)
         ]

@@ -3,6 +3,10 @@
 Metrics (all under ``val/``): ``reward/mean``, ``score/mean``, ``response_length/mean``,
 ``pass@k`` for k = 1, 2, 4, ... up to ``val.n`` (the unbiased estimator of Chen et al.,
 2021), and the same per ``data_source`` when the prompts carry that column.
+
+Masked samples (their reward or env failed under ``on_error=mask``) are in none of them: a
+prompt's pass@k is estimated from its samples that count, and prompts with fewer than k of
+them are left out of pass@k's mean; ``val/masked`` is their fraction when there are some.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from math import comb
 import torch
 
 from rlframe.config import Config
-from rlframe.core.protocol import Batch
+from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.core.tokenizer import Tokenizer, read_eos_id, read_pad_id
 from rlframe.data.loader import build_prompt_batch
 from rlframe.data.prompts import PromptRecord
@@ -49,15 +53,25 @@ def compute_validation_metrics(
     n: int,
     threshold: float,
     sources: list[str] | None = None,
+    counted: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """Metrics over prompts of ``n`` consecutive responses each (the layout of
-    :func:`build_prompt_batch`), overall and per source."""
-    metrics = summarise(scores, rewards, lengths, n, threshold, "val/")
+    :func:`build_prompt_batch`), overall and per source, over the responses ``counted``
+    (bool; all when None: masked ones are left out)."""
+    if counted is None:
+        counted = torch.ones(len(scores), dtype=torch.bool)
+    metrics = summarise(scores, rewards, lengths, counted, n, threshold, "val/")
     if sources is not None:
         for source in sorted(set(sources[::n])):
             rows = torch.tensor([s == source for s in sources])
             metrics |= summarise(
-                scores[rows], rewards[rows], lengths[rows], n, threshold, f"val/{source}/"
+                scores[rows],
+                rewards[rows],
+                lengths[rows],
+                counted[rows],
+                n,
+                threshold,
+                f"val/{source}/",
             )
     return metrics
 
@@ -66,20 +80,28 @@ def summarise(
     scores: torch.Tensor,
     rewards: torch.Tensor,
     lengths: torch.Tensor,
+    counted: torch.Tensor,
     n: int,
     threshold: float,
     prefix: str,
 ) -> dict[str, float]:
-    correct = (scores >= threshold).view(-1, n).sum(1).tolist()
+    # A step where no response counts reports all of them (masked ones score 0).
+    rows = counted if counted.any() else torch.ones_like(counted)
+    per_prompt = rows.view(-1, n).sum(1).tolist()
+    correct = ((scores >= threshold) & rows).view(-1, n).sum(1).tolist()
     metrics = {
-        f"{prefix}reward/mean": float(rewards.float().mean()),
-        f"{prefix}score/mean": float(scores.float().mean()),
-        f"{prefix}response_length/mean": float(lengths.float().mean()),
+        f"{prefix}reward/mean": float(rewards[rows].float().mean()),
+        f"{prefix}score/mean": float(scores[rows].float().mean()),
+        f"{prefix}response_length/mean": float(lengths[rows].float().mean()),
     }
+    if not counted.all():
+        metrics[f"{prefix}masked"] = float((~counted).float().mean())
     for k in list_pass_ks(n):
-        metrics[f"{prefix}pass@{k}"] = sum(estimate_pass_at_k(n, c, k) for c in correct) / len(
-            correct
-        )
+        estimates = [
+            estimate_pass_at_k(m, c, k) for m, c in zip(per_prompt, correct, strict=True) if m >= k
+        ]
+        if estimates:
+            metrics[f"{prefix}pass@{k}"] = sum(estimates) / len(estimates)
     return metrics
 
 
@@ -150,4 +172,5 @@ class Validator:
             self.cfg.val.n,
             self.cfg.val.pass_threshold,
             self.sources,
+            read_sample_mask(batch),
         )

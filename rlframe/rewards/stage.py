@@ -3,7 +3,7 @@
 One name per quantity, per row (all float tensors of shape ``[rows]``):
 
 - ``rule_score``: the raw value of the rule reward ``reward.fn`` on the decoded response
-  (0 where it failed under ``reward.on_error=zero``). Never weighted or combined.
+  (0 where it failed under ``reward.on_error=zero`` or ``mask``). Never weighted or combined.
 - ``rm_score``: the reward model's raw score.
 - ``env_reward``: the sum of an environment's step rewards (multi-turn agents only; set by
   the agent, not here).
@@ -14,6 +14,11 @@ One name per quantity, per row (all float tensors of shape ``[rows]``):
   weights multiply). An episode its env failed (``agent.on_env_error=fail_episode``) scores 0.
 - ``reward``: ``score`` plus DAPO's overlong penalty (0 for a failed episode). The advantage
   reads this one.
+- ``sample_mask`` (:data:`~rlframe.core.protocol.SAMPLE_MASK`): 1, or 0 for a sample taken
+  out of training because its rule reward failed under ``reward.on_error=mask`` or its env
+  under ``agent.on_env_error=mask`` (:func:`mask_failed_samples`). Such a row's ``score``
+  and ``reward`` are 0 and not scores, and its ``loss_mask`` is all 0, so it is in no loss
+  and no token count; the advantage estimators leave it out of their group statistics.
 
 Metrics: ``reward/rule_mean`` and ``reward/model_mean`` are the means of the raw
 ``rule_score`` and ``rm_score``; ``reward/score_mean`` of ``score``; ``reward/mean`` of
@@ -29,7 +34,7 @@ import torch
 from rlframe.config import Config, RewardConfig
 from rlframe.config.agent import AgentConfig
 from rlframe.controller.roles import RewardModelGroup
-from rlframe.core.protocol import Batch
+from rlframe.core.protocol import SAMPLE_MASK, Batch
 from rlframe.core.tokenizer import Tokenizer
 from rlframe.rewards.scoring import RuleScorer
 
@@ -58,9 +63,10 @@ class RewardStage:
         )
 
     def compute_rewards(self, batch: Batch) -> Batch:
-        """Add ``score``, ``reward`` and the decoded ``response`` (see the module docstring),
-        and per row ``rule_score``, ``reward_errors`` and ``reward_timeouts`` (1 where the
-        rule reward failed and scored 0 under ``reward.on_error=zero``) and ``rm_score``."""
+        """Add ``score``, ``reward``, ``sample_mask`` and the decoded ``response`` (see the
+        module docstring), and per row ``rule_score``, ``reward_errors``, ``reward_timeouts``
+        (1 where the rule reward failed, under ``reward.on_error=zero`` or ``mask``),
+        ``reward_retries`` (1 where it was scored a second time) and ``rm_score``."""
         r = self.cfg.reward
         texts = [
             decode(self.tokenizer, ids, mask)
@@ -79,6 +85,7 @@ class RewardStage:
                 "rule_score": torch.tensor(rule.scores),
                 "reward_errors": torch.tensor(rule.errors, dtype=torch.float32),
                 "reward_timeouts": torch.tensor(rule.timeouts, dtype=torch.float32),
+                "reward_retries": torch.tensor(rule.retried, dtype=torch.float32),
             }
             score += r.weight * parts["rule_score"]
         if pending_rm is not None:
@@ -93,7 +100,7 @@ class RewardStage:
             batch.columns | {"response": texts},
             batch.meta,
         )
-        return combine_rewards(scored, self.cfg.agent)
+        return mask_failed_samples(combine_rewards(scored, self.cfg.agent), self.cfg)
 
     def start_reward_model(self, batch: Batch, texts: list[str]) -> Future[torch.Tensor] | None:
         """Send prompts (as chat turns) and responses to the reward-model group, in the
@@ -155,15 +162,59 @@ def combine_rewards(batch: Batch, cfg: AgentConfig) -> Batch:
     )
 
 
+def mask_failed_samples(batch: Batch, cfg: Config) -> Batch:
+    """``sample_mask`` (:data:`~rlframe.core.protocol.SAMPLE_MASK`): 0 where the rule reward
+    failed under ``reward.on_error=mask`` (:func:`find_rule_failures`) or the env under
+    ``agent.on_env_error=mask``, else 1. A masked row leaves training here: its ``score`` and
+    ``reward`` become 0 and its ``loss_mask`` all 0, so it is in no loss and no token count."""
+    masked = torch.zeros(len(batch), dtype=torch.bool)
+    if cfg.reward.on_error == "mask":
+        masked |= find_rule_failures(batch, cfg.agent)
+    if cfg.agent.on_env_error == "mask" and "env_failed" in batch:
+        masked |= batch.tensor("env_failed").bool()
+    loss_mask = batch.tensor("loss_mask")
+    zero = torch.zeros(len(batch))
+    return batch.with_tensors(
+        **{SAMPLE_MASK: (~masked).float()},
+        loss_mask=torch.where(masked.unsqueeze(1), torch.zeros_like(loss_mask), loss_mask),
+        score=torch.where(masked, zero, batch.tensor("score").float()),
+        reward=torch.where(masked, zero, batch.tensor("reward").float()),
+    )
+
+
+def find_rule_failures(batch: Batch, cfg: AgentConfig) -> torch.Tensor:
+    """[rows] bool: rows whose reward holds a rule score that failed (``reward_errors`` or
+    ``reward_timeouts``). In an env's batch the rule score enters only with
+    ``agent.rule_reward_weight > 0``; an ``openai`` episode's rows take the rule score of
+    the episode's last row, and only when the agent gave no reward of its own."""
+    if "reward_errors" not in batch:
+        return torch.zeros(len(batch), dtype=torch.bool)
+    failed = batch.tensor("reward_errors").bool() | batch.tensor("reward_timeouts").bool()
+    if "env_reward" not in batch:
+        return failed
+    if cfg.rule_reward_weight == 0:
+        return torch.zeros_like(failed)
+    if "agent_reward_given" not in batch:
+        return failed
+    episode = batch.tensor("agent_episode").long()
+    last = find_last_rows(episode)
+    return failed[last[episode]] & ~batch.tensor("agent_reward_given").bool()
+
+
+def find_last_rows(episode: torch.Tensor) -> torch.Tensor:
+    """Per episode id, the index of its last row."""
+    order = torch.arange(len(episode))
+    return torch.zeros(int(episode.max()) + 1, dtype=torch.long).scatter_reduce(
+        0, episode, order, "amax"
+    )
+
+
 def score_openai_episodes(batch: Batch, task: torch.Tensor, cfg: AgentConfig) -> torch.Tensor:
     """An episode's reward is the agent's (times ``agent.env_reward_weight``) when it gave
     one, else ``reward.fn``'s score of the episode's last row (times
     ``agent.rule_reward_weight``); every row of the episode gets it."""
     episode = batch.tensor("agent_episode").long()
-    order = torch.arange(len(episode))
-    last = torch.zeros(int(episode.max()) + 1, dtype=torch.long).scatter_reduce(
-        0, episode, order, "amax"
-    )
+    last = find_last_rows(episode)
     rule = cfg.rule_reward_weight * task[last[episode]]
     given = batch.tensor("agent_reward_given").bool()
     return torch.where(given, cfg.env_reward_weight * batch.tensor("env_reward").float(), rule)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from rlframe.config import Config
-from rlframe.core.protocol import Batch
+from rlframe.core.protocol import SAMPLE_MASK, Batch
 from rlframe.core.registry import Registry
 from rlframe.core.tokenizer import Tokenizer
 from rlframe.envs.runner import count_stuck_calls
@@ -86,8 +86,8 @@ def collect_agent_metrics(batch: Batch) -> dict[str, float]:
 
 
 def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
-    """Copies of the last row, loss mask 0 and a group each, up to whole mini-batches (an
-    agent that forks rows, such as ``openai``, makes any number of them)."""
+    """Copies of the last row, loss mask 0, sample mask 0 and a group each, up to whole
+    mini-batches (an agent that forks rows, such as ``openai``, makes any number of them)."""
     missing = (-len(batch)) % mini_batch_size
     if missing == 0:
         return batch
@@ -97,4 +97,6 @@ def fill_mini_batches(batch: Batch, mini_batch_size: int) -> Batch:
         loss_mask=torch.zeros_like(filler.tensor("loss_mask")),
         group=torch.arange(first_group, first_group + missing, dtype=batch.tensor("group").dtype),
     )
+    if SAMPLE_MASK in batch:  # not samples: out of the reward metrics too
+        filler = filler.with_tensors(**{SAMPLE_MASK: torch.zeros(missing)})
     return Batch.concat([batch, filler])

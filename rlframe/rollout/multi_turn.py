@@ -113,7 +113,8 @@ class EpisodeRunner:
         stats = {name: 0.0 for name in STATS}
         seed = int(self.prompts.column("seed")[i])
         if outcome.error is not None:
-            # on_env_error=fail_episode: nothing to sample from; keep the loader's prompt.
+            # on_env_error=mask / fail_episode: nothing to sample from; keep the loader's
+            # prompt. The reward stage masks the episode or scores it 0.
             self.done.add(i)
             ids = self.prompts.tensor("prompt_ids")[i][
                 self.prompts.tensor("prompt_mask")[i].bool()
@@ -216,7 +217,8 @@ class EpisodeRunner:
                     raise EnvError(
                         f"env {self.env_name} {method} failed on sample {row}{where} "
                         f"({self.describe(row)}): {outcome.error}. Set "
-                        "agent.on_env_error=fail_episode to score such episodes 0 and go on."
+                        "agent.on_env_error=mask to leave such episodes out of training "
+                        "and go on."
                     )
         return outcomes
 

@@ -11,13 +11,15 @@ work in flight runs one call at a time:
 - any other agent (``multi_turn``, ``openai``, users'): the agent over every admitted group
   not yet run; an episode runs whole.
 
-A group that finishes is scored at once: its rewards; with DAPO's dynamic sampling, a group
-whose rewards are all equal is dropped and another prompt admitted in its place; for ReMax
-its greedy baseline is generated. :meth:`ExperienceProducer.next_batch` returns as soon as
-the step's groups are chosen (:func:`~rlframe.rollout.staleness.select_step_groups`,
-earliest deadline first). With a separate rollout pool (``overlap``) a call runs in a driver
-thread while the trainer trains; the weight sync waits for it (:meth:`track_sync`), so a call
-runs on one weights version and what a run samples does not depend on when the sync came.
+A group that finishes is scored at once: its rewards; a group that masking (a reward or env
+failure under ``on_error=mask``) left short of samples is dropped and another prompt admitted
+in its place (:mod:`rlframe.rollout.sampling`); with DAPO's dynamic sampling, so is a group
+whose rewards are all equal; for ReMax its greedy baseline is generated.
+:meth:`ExperienceProducer.next_batch` returns as soon as the step's groups are chosen
+(:func:`~rlframe.rollout.staleness.select_step_groups`, earliest deadline first). With a
+separate rollout pool (``overlap``) a call runs in a driver thread while the trainer trains;
+the weight sync waits for it (:meth:`track_sync`), so a call runs on one weights version and
+what a run samples does not depend on when the sync came.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from rlframe.config import Config, StaleGroups
 from rlframe.config.names import NEEDS_GREEDY_BASELINE
-from rlframe.core.protocol import Batch
+from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.core.tokenizer import Tokenizer, read_eos_id, read_pad_id
 from rlframe.data.loader import PromptLoader, build_prompt_batch
 from rlframe.data.prompts import PromptRecord
@@ -53,7 +55,15 @@ from rlframe.rollout.partial import (
     stamp_versions,
 )
 from rlframe.rollout.rows import TokenRow, attach, collate, image_extras
-from rlframe.rollout.sampling import collect_sampling_metrics, concat_groups, has_uniform_rewards
+from rlframe.rollout.sampling import (
+    collect_masking_metrics,
+    collect_sampling_metrics,
+    concat_groups,
+    count_masked_samples,
+    has_uniform_rewards,
+    is_short_of_samples,
+    mask_group,
+)
 from rlframe.rollout.staleness import (
     GroupView,
     compute_off_policy_metrics,
@@ -61,26 +71,7 @@ from rlframe.rollout.staleness import (
     find_over_bound,
     select_step_groups,
 )
-from rlframe.rollout.state_json import decode_state, encode_state
-
-
-class Producer(Protocol):
-    """What the trainer, the validator and the launcher use of the experience producer."""
-
-    def next_batch(self) -> tuple[Batch, dict[str, float]]:
-        """The step's scored Batch and the metrics of producing it."""
-        ...
-
-    def generate(self, prompts: Batch) -> Batch:
-        """The prompt rows with their responses, blocking (validation)."""
-        ...
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def close(self) -> None:
-        """Stop what the producer started."""
+from rlframe.rollout.state_json import add_missing_columns, decode_state, encode_state
 
 
 def run_now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -126,6 +117,8 @@ class ExperienceProducer:
         self.dynamic = a.dynamic_sampling
         self.replaceable = (a.max_sampling_rounds - 1) * self.wanted
         """DAPO: groups of equal rewards a step may drop and replace; later ones top it up."""
+        self.reward_masks = cfg.reward.on_error == "mask"
+        self.env_masks = cfg.agent.on_env_error == "mask"
         self.meta = {
             "stop_token_ids": [read_eos_id(tokenizer)],
             "pad_token_id": read_pad_id(tokenizer),
@@ -145,13 +138,17 @@ class ExperienceProducer:
         self.call: tuple[Future[tuple[Batch, float]], list[Group]] | None = None
         """The call in flight and the groups it runs."""
         self.counts = self.zero_counts()
-        """This step's DAPO counts (``informative``, ``uniform``, ``replaced``)."""
+        """This step's DAPO counts (``informative``, ``uniform``, ``replaced``) and masking
+        counts (``samples`` scored, ``reward_masked``, ``env_masked``, ``masked_replaced``
+        and ``masked_kept`` groups)."""
         self.timings = self.zero_timings()
         self.engine_busy_s = 0.0
         self.last_batch = time.perf_counter()
 
     def zero_counts(self) -> dict[str, int]:
-        return {"informative": 0, "uniform": 0, "replaced": 0}
+        dapo = {"informative": 0, "uniform": 0, "replaced": 0}
+        masking = ("samples", "reward_masked", "env_masked", "masked_replaced", "masked_kept")
+        return dapo | dict.fromkeys(masking, 0)
 
     def zero_timings(self) -> dict[str, float]:
         return {"gen": 0.0, "reward": 0.0} | ({"baseline": 0.0} if self.use_baseline else {})
@@ -161,7 +158,9 @@ class ExperienceProducer:
     def next_batch(self) -> tuple[Batch, dict[str, float]]:
         """The step's groups, once enough are finished and scored, and ``timing_s/gen``,
         ``timing_s/reward`` (``/baseline`` for ReMax), DAPO's ``rollout/kept_group_frac``
-        and ``rollout/uniform_dropped``, ``agent/*``; at ``max_staleness >= 1`` also
+        and ``rollout/uniform_dropped``, ``agent/*``; under ``on_error=mask``
+        ``reward/masked`` or ``agent/masked`` and ``rollout/masked_groups_*``
+        (:func:`~rlframe.rollout.sampling.collect_masking_metrics`); at ``max_staleness >= 1`` also
         ``off_policy/*``, ``timing_s/trainer_idle`` (the driver waited for experience) and
         ``timing_s/rollout_idle`` (no call ran since the last batch)."""
         start = time.perf_counter()
@@ -175,6 +174,8 @@ class ExperienceProducer:
         metrics = {f"timing_s/{k}": v for k, v in self.timings.items()}
         if self.dynamic:
             metrics |= collect_sampling_metrics(self.counts)
+        if self.reward_masks or self.env_masks:
+            metrics |= collect_masking_metrics(self.counts, self.reward_masks, self.env_masks)
         metrics |= collect_agent_metrics(batch)
         if self.k > 0:
             now = time.perf_counter()
@@ -291,20 +292,22 @@ class ExperienceProducer:
         return [g for g in todo if g.output is not None and not g.dropped]
 
     def score(self, groups: list[Group]) -> None:
-        """Rewards for newly finished groups, in one reward-stage call; DAPO's drops; ReMax's
-        greedy baselines."""
+        """Rewards for newly finished groups, in one reward-stage call; the drops of groups
+        masking left short (:meth:`settle_masked`) and DAPO's; ReMax's greedy baselines."""
         started = time.perf_counter()
         scored = self.rewards.compute_rewards(concat_groups([g.require_output() for g in groups]))
         self.timings["reward"] += time.perf_counter() - started
+        for key, count in count_masked_samples(scored, self.env_masks).items():
+            self.counts[key] += count
         sizes = [len(g.require_output()) for g in groups]
         ends = torch.tensor(sizes).cumsum(0).tolist()
-        uniform = []
         for g, end, size in zip(groups, ends, sizes):
             g.scored = scored.rows(slice(end - size, end))
-            if self.dynamic and has_uniform_rewards(g.scored):
-                uniform.append(g)
+        whole = self.settle_masked(groups)
+        live = [g for g in groups if not g.dropped]
+        uniform = [g for g in live if self.dynamic and has_uniform_rewards(g.require_scored())]
         self.counts["uniform"] += len(uniform)
-        self.counts["informative"] += len(groups) - len(uniform)
+        self.counts["informative"] += len(live) - len(uniform)
         replaced = uniform[: max(0, self.replaceable - self.counts["replaced"])]
         self.counts["replaced"] += len(replaced)
         self.drop(replaced)
@@ -313,16 +316,35 @@ class ExperienceProducer:
             started = time.perf_counter()
             self.add_greedy_baselines(kept)
             self.timings["baseline"] += time.perf_counter() - started
+            whole += self.settle_masked(kept)  # a group whose greedy reward failed
+        # DAPO may have replaced a group masked whole (its rewards are uniform: none count).
+        self.counts["masked_kept"] += sum(not g.dropped for g in whole)
+
+    def settle_masked(self, groups: list[Group]) -> list[Group]:
+        """Groups that masking left short of samples
+        (:func:`~rlframe.rollout.sampling.is_short_of_samples`): dropped and replaced by
+        another prompt, up to ``data.batch_size`` of them a step; past that, kept with every
+        row masked. Returns those."""
+        short = [g for g in groups if not g.dropped and is_short_of_samples(g.require_scored())]
+        replaced = short[: max(0, self.wanted - self.counts["masked_replaced"])]
+        self.counts["masked_replaced"] += len(replaced)
+        self.drop(replaced)
+        for g in short[len(replaced) :]:
+            g.scored = mask_group(g.require_scored())
+        return short[len(replaced) :]
 
     def add_greedy_baselines(self, groups: list[Group]) -> None:
         """ReMax: the reward of one greedy episode per prompt, shared by its group."""
         prompts = concat_groups([g.prompts.rows([0]) for g in groups])
         prompts = Batch(prompts.tensors, prompts.columns, prompts.meta | {"greedy": True})
         greedy = self.rewards.compute_rewards(self.agent(prompts, self.context))
+        valid = read_sample_mask(greedy)
         for g in groups:
-            reward = greedy.tensor("reward")[greedy.tensor("group") == g.group_id][0]
+            row = int(torch.nonzero(greedy.tensor("group") == g.group_id)[0])
             rows = g.require_scored()
-            g.scored = rows.with_tensors(baseline=reward.repeat(len(rows)))
+            g.scored = rows.with_tensors(baseline=greedy.tensor("reward")[row].repeat(len(rows)))
+            if not valid[row]:  # masked: no baseline to compare the group's samples with
+                g.scored = mask_group(g.scored)
 
     def admit(self) -> Group:
         if not self.records:
@@ -391,7 +413,7 @@ class ExperienceProducer:
             PromptRecord(**saved["record"]), saved["group_id"], saved["start_version"]
         )
         if "scored" in saved:
-            group.scored = join_batch(saved["scored"])
+            group.scored = add_missing_columns(join_batch(saved["scored"]))
             group.output = group.scored
         else:
             group.rows = [TokenRow(**r) for r in saved["rows"]]

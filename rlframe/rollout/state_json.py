@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from rlframe.core.protocol import SAMPLE_MASK, Batch
+
 TAG = "$rlframe"
 """The key of a dict that stands for a binary value (no state dict of rlframe's has it)."""
 BLOBS = "blobs"
@@ -88,3 +90,13 @@ def add_blob(raw: bytes, blobs: dict[str, str]) -> str:
     key = hashlib.sha256(raw).hexdigest()
     blobs.setdefault(key, base64.b64encode(raw).decode("ascii"))
     return key
+
+
+def add_missing_columns(scored: Batch) -> Batch:
+    """A scored group saved before samples could be masked or rewards retried gets the
+    columns the reward stage adds now (every sample counts, none retried), so it joins
+    groups scored after the resume."""
+    missing = {SAMPLE_MASK: torch.ones(len(scored))}
+    if "reward_errors" in scored:
+        missing["reward_retries"] = torch.zeros(len(scored))
+    return scored.with_tensors(**{k: v for k, v in missing.items() if k not in scored})

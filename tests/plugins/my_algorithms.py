@@ -13,8 +13,10 @@ from rlframe.algorithms.losses import PolicyLossInputs, PolicyLossOutputs
 
 
 def compute_sign_advantages(inputs: AdvantageInputs) -> AdvantageOutputs:
-    """+1 for responses above their group's mean reward, -1 below, 0 at it."""
-    mean, _, _ = compute_group_stats(inputs.rewards, inputs.group_index)
+    """+1 for responses above their group's mean reward, -1 below, 0 at it. Masked samples
+    (``inputs.sample_mask`` 0) stay out of the mean; their loss mask is 0, so their
+    advantages are too."""
+    mean, _, _ = compute_group_stats(inputs.rewards, inputs.group_index, inputs.sample_mask)
     sign = torch.sign(inputs.rewards.double() - mean).float()
     advantages = sign.unsqueeze(1) * inputs.loss_mask.float()
     return AdvantageOutputs(

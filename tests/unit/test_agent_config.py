@@ -34,7 +34,7 @@ TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "scripted_episodes.py"
         ("+agent.env_kwargs.colour=red", "agent.env_kwargs: guess_number cannot be built with"),
         (
             "agent.on_env_error=ignore",
-            "agent.on_env_error: must be one of ['raise', 'fail_episode']",
+            "agent.on_env_error: must be one of ['raise', 'mask', 'fail_episode']",
         ),
         ("+agent.max_turn=3", "agent.max_turn: unknown key; keys allowed in agent:"),
         (

@@ -15,7 +15,10 @@ from tests.unit.cli_errors import check_config_error
 @pytest.mark.parametrize(
     "override,message",
     [
-        ("reward.on_error=skip", "reward.on_error: must be one of ['raise', 'zero'], got 'skip'"),
+        (
+            "reward.on_error=skip",
+            "reward.on_error: must be one of ['raise', 'mask', 'zero'], got 'skip'",
+        ),
         ("reward.num_workers=-2", "reward.num_workers: must be >= 0"),
         ("reward.timeout_s=0", "reward.timeout_s: must be > 0"),
         (

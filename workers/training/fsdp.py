@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from rlframe.algorithms.losses import LossScale
+from rlframe.algorithms.losses import LossScale, count_loss_scale
 from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.model_hooks.router_replay import RouterReplay, replay_layout
@@ -197,11 +197,11 @@ class FSDPEngine:
 
 
 def compute_global_loss_scale(mini: Batch, device: str, sp_size: int = 1) -> LossScale:
-    """Loss tokens (sampled by the policy) and responses in the whole mini-batch, summed over
-    ranks (the ``sp_size`` ranks of a sequence-parallel group hold the same rows)."""
-    counts = torch.tensor(
-        [mini.tensor("loss_mask").sum().item(), float(len(mini))], dtype=torch.float64
-    )
+    """Loss tokens (sampled by the policy) and responses with at least one of them in the
+    whole mini-batch, summed over ranks (the ``sp_size`` ranks of a sequence-parallel group
+    hold the same rows); see :func:`~rlframe.algorithms.losses.count_loss_scale`."""
+    local = count_loss_scale(mini.tensor("loss_mask"))
+    counts = torch.tensor([local.tokens, local.sequences], dtype=torch.float64)
     if device == "cuda":
         counts = counts.cuda()
     dist.all_reduce(counts)
