@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlframe.config.names import KL_ESTIMATORS, LOSS_AGGREGATIONS
+from rlframe.core.names import KL_ESTIMATORS, LOSS_AGGREGATIONS
 from rlframe.core.registry import Registry
 
 if TYPE_CHECKING:

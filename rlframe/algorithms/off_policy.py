@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlframe.algorithms.losses import MAX_LOG_RATIO
-from rlframe.config.names import OffPolicyCorrection
+from rlframe.core.names import OffPolicyCorrection
 
 if TYPE_CHECKING:
     from rlframe.config import AlgorithmConfig, Config

@@ -27,7 +27,7 @@ from rlframe.algorithms.losses import (
 )
 from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
 from rlframe.algorithms.off_policy import OldLogprobs, compute_behaviour_weights, pick_old_logprobs
-from rlframe.config.names import OffPolicyCorrection
+from rlframe.core.names import OffPolicyCorrection
 
 if TYPE_CHECKING:
     from rlframe.config import AlgorithmConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlframe.config.checks import require, require_choice, require_positive
-from rlframe.config.names import (
+from rlframe.core.names import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     MISMATCH_LEVELS,

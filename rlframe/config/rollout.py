@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from rlframe.config.checks import require, require_positive
-from rlframe.config.names import OffPolicyCorrection
+from rlframe.core.names import OffPolicyCorrection
 from rlframe.core.registry import absolutize
 
 

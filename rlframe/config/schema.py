@@ -18,7 +18,6 @@ from rlframe.config.checks import (
 )
 from rlframe.config.lora import check_adapter_sync, check_lora
 from rlframe.config.model import ModelConfig
-from rlframe.config.names import GROUP_RELATIVE, NEEDS_CRITIC
 from rlframe.config.placement import check_placement
 from rlframe.config.reward import RewardConfig
 from rlframe.config.rollout import RolloutConfig, check_async, check_sync_gap
@@ -30,6 +29,7 @@ from rlframe.config.sections import (
     TrainerConfig,
     ValConfig,
 )
+from rlframe.core.names import GROUP_RELATIVE, NEEDS_CRITIC
 
 
 @dataclass

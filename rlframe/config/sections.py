@@ -8,7 +8,7 @@ from enum import Enum
 
 from rlframe.config.checks import require, require_choice, require_positive
 from rlframe.config.lora import LoraConfig
-from rlframe.config.names import TASK_NAMES
+from rlframe.core.names import TASK_NAMES
 
 
 class Device(str, Enum):

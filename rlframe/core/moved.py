@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 MOVED: dict[str, str] = {
-    "rlframe.algorithms.names": "rlframe.config.names",
+    "rlframe.algorithms.names": "rlframe.core.names",
     "rlframe.algorithms.registry": "rlframe.core.registry",
     "rlframe.checkpoint": "rlframe.state.checkpoint",
     "rlframe.checkpoint_layout": "rlframe.state.checkpoint_layout",

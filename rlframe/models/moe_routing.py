@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlframe.config.names import RouterReplay
+from rlframe.core.names import RouterReplay
 
 if TYPE_CHECKING:  # the config package needs omegaconf, which the layout code's importers
     # (bench/gpu_check.py) go without

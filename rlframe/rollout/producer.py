@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from rlframe.config import Config, StaleGroups
-from rlframe.config.names import NEEDS_GREEDY_BASELINE
+from rlframe.core.names import NEEDS_GREEDY_BASELINE
 from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.core.tokenizer import Tokenizer, read_eos_id, read_pad_id
 from rlframe.data.loader import PromptLoader, build_prompt_batch

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from rlframe.config import Config, ConfigError
-from rlframe.config.names import NEEDS_CRITIC
+from rlframe.core.names import NEEDS_CRITIC
 
 LOCK_FILE = ".lock"
 HELD: dict[Path, int] = {}

@@ -21,7 +21,7 @@ import torch
 from rlframe.algorithms.losses import LossScale
 from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
 from rlframe.config import AlgorithmConfig
-from rlframe.config.names import OffPolicyCorrection
+from rlframe.core.names import OffPolicyCorrection
 
 OLD = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
 RATIOS = torch.tensor([[1.5, 0.5, 1.0, 1.0]])

@@ -80,7 +80,7 @@ def test_math_answer(response: str, truth: str, score: float) -> None:
 
 def test_the_schema_names_every_generated_task() -> None:
     """``data.task`` is checked against the schema's names without importing the generators."""
-    from rlframe.config.names import TASK_NAMES
+    from rlframe.core.names import TASK_NAMES
     from rlframe.data.tasks import GENERATED_TASKS
 
     assert sorted(TASK_NAMES) == sorted(GENERATED_TASKS)

@@ -15,7 +15,7 @@ import torch
 
 from rlframe.config import Config, RolloutEngineName
 from rlframe.config.agent import compute_response_width
-from rlframe.config.names import RouterReplay
+from rlframe.core.names import RouterReplay
 from rlframe.core.protocol import ROUTED_EXPERTS, Batch, as_column
 from rlframe.rollout.rows import build_response
 from workers.inference.base import RolloutEngine, SamplingSpec

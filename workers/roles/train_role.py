@@ -24,7 +24,7 @@ from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
 from rlframe.algorithms.router import compute_load_balancing_loss, summarize_routing
 from rlframe.config import ActorConfig, Config
 from rlframe.config.lora import LoraConfig, LoraSync
-from rlframe.config.names import RouterReplay
+from rlframe.core.names import RouterReplay
 from rlframe.core.protocol import Batch, UpdateResult
 from rlframe.core.sequence_layout import SequenceLayout, build_layout
 from workers.model_hooks.router_logits import find_router_spec, record_router_logits

@@ -1,8 +1,10 @@
 """Names of the built-in algorithm pieces that the config schema validates against.
 
 This module imports nothing: the schema (``rlframe/config/``) reads these tables while
-validating, and the tensor code in this package reads them too, so neither depends on the
-other. Registered *functions* are looked up later, by ``rlframe.run.preflight``, before Ray starts.
+validating, and the tensor code of ``rlframe/algorithms/`` reads them too, so neither depends
+on the other (and the training side, ``bench/gpu_check.py`` included, imports them without the
+config package and its omegaconf). Registered *functions* are looked up later, by
+``rlframe.run.preflight``, before Ray starts.
 """
 
 from __future__ import annotations
