@@ -27,7 +27,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
 from openai import AsyncOpenAI, OpenAI  # noqa: E402
 
 from rlframe.agent_server.app import AgentServer  # noqa: E402
@@ -41,8 +40,8 @@ from rlframe.config import (  # noqa: E402
     RolloutConfig,
     RolloutEngineName,
 )
-from rlframe.core.protocol import Batch  # noqa: E402
 from rlframe.data.tiny_model import resolve_model_path  # noqa: E402
+from rlframe.rollout.rows import build_request  # noqa: E402
 
 PROMPT = "guess0-9:"
 TURN_TOKENS = 4
@@ -77,35 +76,35 @@ def build(engine: str) -> tuple[Config, Any, Any, str]:
 
 
 def direct_call(role: Any, tokenizer: Any, ids: list[int], seed: int) -> None:
-    batch = Batch(
-        {
-            "prompt_ids": torch.tensor([ids]),
-            "prompt_mask": torch.ones(1, len(ids), dtype=torch.long),
-            "max_tokens": torch.tensor([TURN_TOKENS]),
-        },
-        {"seed": [seed]},
-        {"stop_token_ids": [tokenizer.eos_token_id], "pad_token_id": tokenizer.pad_token_id},
-    )
-    role.generate(batch)
+    meta = {"stop_token_ids": [tokenizer.eos_token_id], "pad_token_id": tokenizer.pad_token_id}
+    role.generate(build_request([ids], [seed], [TURN_TOKENS], meta))
 
 
 def measure_overhead(server: AgentServer, role: Any, tokenizer: Any, calls: int) -> None:
     ids = list(tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
-    session = open_session(server, tokenizer, 0)
-    client = OpenAI(base_url=server.base_url, api_key=session.key, max_retries=0)
+    client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
     messages = [{"role": "user", "content": PROMPT}]
+
+    def endpoint_call(seed: int) -> None:
+        # A session per call: an episode keeps at most agent.max_rows_per_episode rows, and
+        # each fresh conversation is a row of its own.
+        session = open_session(server, tokenizer, seed)
+        client.with_options(api_key=session.key).chat.completions.create(
+            model="m", messages=messages, max_tokens=TURN_TOKENS
+        )
+        server.sessions.close(session.key)
+
     for _ in range(5):  # warm both paths
         direct_call(role, tokenizer, ids, 0)
-        client.chat.completions.create(model="m", messages=messages, max_tokens=TURN_TOKENS)
+        endpoint_call(0)
     direct, endpoint = [], []
     for i in range(calls):
         start = time.perf_counter()
         direct_call(role, tokenizer, ids, i)
         direct.append(time.perf_counter() - start)
         start = time.perf_counter()
-        client.chat.completions.create(model="m", messages=messages, max_tokens=TURN_TOKENS)
+        endpoint_call(i)
         endpoint.append(time.perf_counter() - start)
-    server.sessions.close(session.key)
     d, e = statistics.median(direct) * 1e3, statistics.median(endpoint) * 1e3
     print(
         f"overhead: {calls} calls of {TURN_TOKENS} tokens, median direct generate {d:.2f} ms, "

@@ -1,10 +1,15 @@
 """Environments for multi-turn rollouts: the protocol, the registry, tools and built-ins.
 
 Importing the package registers the built-in environments (``calculator``, ``guess_number``,
-``colour_quiz``) and tool-call parsers (``hermes`` / ``qwen``).
+``slow_guess``, ``colour_quiz``) and tool-call parsers (``hermes`` / ``qwen``).
 """
 
-from rlframe.envs import calculator, colour_quiz, guess  # noqa: F401  (registers the built-ins)
+from rlframe.envs import (  # noqa: F401  (registers the built-ins)
+    calculator,
+    colour_quiz,
+    guess,
+    slow_guess,
+)
 from rlframe.envs.base import (
     ENVS,
     Env,

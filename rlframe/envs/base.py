@@ -19,7 +19,7 @@ gets ``agent.env_kwargs``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from rlframe.core.registry import Registry
@@ -45,13 +45,19 @@ class StepResult(NamedTuple):
     """Counters the rollout aggregates: ``tool_calls``, ``tool_errors`` (ints)."""
 
 
+StepReturn = StepResult | tuple[list[Message], float, bool, dict[str, Any]]
+"""What a step returns."""
+
+
 @runtime_checkable
 class Env(Protocol):
-    def reset(self, sample: dict[str, Any]) -> list[Message]:
+    """Either method may be ``async def`` (its coroutine is an Awaitable of the same)."""
+
+    def reset(self, sample: dict[str, Any]) -> list[Message] | Awaitable[list[Message]]:
         """The opening messages for ``sample`` (often ``sample["messages"]``)."""
         ...
 
-    def step(self, action: str) -> StepResult | tuple[list[Message], float, bool, dict[str, Any]]:
+    def step(self, action: str) -> StepReturn | Awaitable[StepReturn]:
         """React to the model's turn."""
         ...
 
