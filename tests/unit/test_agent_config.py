@@ -106,6 +106,69 @@ def test_a_taken_server_port_fails_before_ray() -> None:
     check_server_port("127.0.0.1", 0)
 
 
+def test_the_installed_openai_clients_lines_stay_out_of_the_driver_log(tmp_path: Path) -> None:
+    """The openai package an agent imports, calling a local endpoint as an agent does: none
+    of its transport's per-request INFO lines reach driver.log (issue 46: 1,986 lines in two
+    steps, through ``httpx2`` / ``httpcore2``, which the quiet list did not name)."""
+    import json
+    import logging
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from openai import OpenAI
+
+    from rlframe.observability.logs import route_driver_logs
+
+    reply = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "4"},
+            }
+        ],
+    }
+
+    class Endpoint(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    root = logging.getLogger()
+    root_level = root.level
+    routing = route_driver_logs(tmp_path, "warning")
+    try:
+        root.setLevel(logging.DEBUG)  # whatever reaches the handlers, not the root's threshold
+        client = OpenAI(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="x")
+        for _ in range(3):
+            answer = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "2+2"}]
+            )
+            assert answer.choices[0].message.content == "4"
+        client.close()
+    finally:
+        routing.close()
+        root.setLevel(root_level)
+        server.shutdown()
+        server.server_close()
+    text = (tmp_path / "logs" / "driver.log").read_text()
+    assert "HTTP Request" not in text and "127.0.0.1" not in text, text[:2000]
+
+
 def test_the_agents_http_client_lines_stay_out_of_the_driver_log(tmp_path: Path) -> None:
     import logging
 
