@@ -22,7 +22,7 @@ from typing import Any
 from rlframe.config import Config, ConfigError
 from rlframe.models.expert_parallel import check_expert_parallel
 from rlframe.models.hf_config import has_vision_tower
-from rlframe.models.moe_routing import check_router_replay
+from rlframe.models.moe_routing import check_router_aux_loss, check_router_replay
 
 ModelCheck = Callable[[Config, str, Any], None]
 """A check of the run's config against the model at a path, given that model's config (a
@@ -112,6 +112,7 @@ MODEL_CHECKS: tuple[ModelCheck, ...] = (
     check_sequence_parallel,
     check_expert_parallel,
     check_router_replay,
+    check_router_aux_loss,
 )
 """Every check of the config against the model's config, in the order preflight runs them
 (the LoRA targets, which build the model on the meta device, are

@@ -51,6 +51,27 @@ def compute_routing_agreement(first: torch.Tensor, second: torch.Tensor) -> floa
     return float(same[both].float().mean()) if both.any() else float("nan")
 
 
+def check_router_aux_loss(cfg: Config, model_path: str, config: Any) -> None:
+    """``algorithm.router_aux_loss_coef > 0`` needs routers to balance: on a dense model it
+    has no effect, refused as the other keys without effect are. A config that names experts
+    by a count (:data:`~rlframe.models.expert_parallel.EXPERT_COUNT_KEYS`) or a top-k
+    (``num_experts_per_tok``, what the trainer reads its routers' k from) is not dense."""
+    from rlframe.config import ConfigError
+    from rlframe.models.expert_parallel import count_routed_experts
+
+    coef = cfg.algorithm.router_aux_loss_coef
+    if coef == 0 or config is None:
+        return
+    text = getattr(config, "text_config", config)
+    if count_routed_experts(config) or getattr(text, "num_experts_per_tok", None):
+        return
+    raise ConfigError(
+        "algorithm.router_aux_loss_coef",
+        f"has no effect on a dense model ({model_path} has no routed experts), got {coef}; "
+        "set it 0",
+    )
+
+
 def check_router_replay(cfg: Config, model_path: str, config: Any) -> None:
     """``algorithm.router_replay=rollout`` needs a model whose routers it can replay (read
     from its ``config``; None: not readable here, left to the workers) and an engine that

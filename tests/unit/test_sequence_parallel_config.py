@@ -47,6 +47,15 @@ def test_sizes_that_do_not_divide_the_ranks_are_refused(overrides, key, text) ->
         config(**overrides)
 
 
+def test_a_critic_size_without_a_critic_is_refused() -> None:
+    """critic.sequence_parallel_size has no effect without a critic: refused like the other
+    keys without effect (issue 46: it ran silently)."""
+    with pytest.raises(ConfigError, match=r"^critic.sequence_parallel_size: has no effect"):
+        config(sp=1, critic={"sequence_parallel_size": 2})
+    with_critic = config(sp=1, critic={"sequence_parallel_size": 2}, algorithm={"advantage": "gae"})
+    assert with_critic.critic.enable and with_critic.critic.sequence_parallel_size == 2
+
+
 def test_sizes_that_do_not_divide_the_heads_are_refused() -> None:
     from rlframe.data.tiny_model import resolve_model_path
 
