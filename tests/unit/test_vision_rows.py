@@ -4,6 +4,7 @@ rows with images (against transformers' own Qwen2-VL ``get_rope_index``)."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,36 @@ def test_geometry3k_prepare_writes_image_rows_the_tiny_vlm_reads(
 def test_vision_settings_fail_before_ray(recipe: str, override: str, key: str, text: str) -> None:
     outcome = check_cli(f"+recipe={recipe}", *override.split())
     assert_config_error(outcome, key, text, alone=False)
+
+
+def test_image_rows_on_a_text_model_name_the_missing_vision_tower(tmp_path: Path) -> None:
+    """A text-only model given rows with images: the cause is named (the model has no vision
+    tower), for a visual task and for a file (issue 46: "the tokenizer [has] no chat
+    template", a symptom)."""
+    from PIL import Image
+
+    line = assert_config_error(
+        check_cli("+recipe=grpo_tiny", "data.task=colour"), "data.task", "has no vision tower"
+    )
+    assert "chat template" not in line
+    image = io.BytesIO()
+    Image.new("RGB", (56, 56), "red").save(image, format="PNG")
+    (tmp_path / "red.png").write_bytes(image.getvalue())
+    rows = tmp_path / "rows.jsonl"
+    row = {"prompt": "colour?", "ground_truth": "r", "images": [str(tmp_path / "red.png")]}
+    rows.write_text("\n".join(json.dumps(row) for _ in range(20)))
+    line = assert_config_error(
+        check_cli(
+            "+recipe=grpo_tiny",
+            f"data.train_files=[{rows}]",
+            "data.batch_size=4",
+            "actor.mini_batch_size=64",
+            "actor.micro_batch_size=64",
+        ),
+        "data.train_files",
+        f"{rows} row 0: the row has images, but the model",
+        "has no vision tower",
+    )
 
 
 def test_a_resume_with_another_processor_fails_before_ray(tmp_path: Path) -> None:
