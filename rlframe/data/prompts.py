@@ -182,7 +182,7 @@ def tokenize_prompts(
             check_takes_images(tokenizer.name_or_path, where)
         text = render_prompt(row, tokenizer, where, len(images))
         if images:
-            ids = expand_prompt(load_processor(tokenizer.name_or_path), text, images)
+            ids = expand_prompt(load_processor(tokenizer.name_or_path), text, images, where)
         else:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) <= max_prompt_length:

@@ -200,6 +200,48 @@ def test_image_rows_on_a_text_model_name_the_missing_vision_tower(tmp_path: Path
     )
 
 
+def flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+
+
+@pytest.mark.parametrize("damage", ["random-bytes", "truncated", "corrupted"])
+def test_an_undecodable_image_is_one_line_naming_its_row(tmp_path: Path, damage: str) -> None:
+    """Row 3 of twenty holds an image PIL cannot read: one config-error line naming the file,
+    the row and the image (issue 46: a 47-line PIL.UnidentifiedImageError naming no row)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(buffer, format="PNG")
+    good = buffer.getvalue()
+    bad = {
+        "random-bytes": bytes(range(256)) * 4,
+        "truncated": good[: len(good) // 2],
+        # The header reads, a pixel-data byte is flipped: PIL's integrity check sees it.
+        "corrupted": flip(good, good.index(b"IDAT") + 8),
+    }[damage]
+    (tmp_path / "good.png").write_bytes(good)
+    (tmp_path / "bad.png").write_bytes(bad)
+    rows = tmp_path / "rows.jsonl"
+    lines = []
+    for i in range(20):
+        image = tmp_path / ("bad.png" if i == 3 else "good.png")
+        row = {"prompt": "colour?", "ground_truth": "r", "images": [str(image)]}
+        lines.append(json.dumps(row))
+    rows.write_text("\n".join(lines))
+    result = check_cli(
+        "+recipe=vlm_tiny",
+        f"data.train_files=[{rows}]",
+        "data.batch_size=4",
+        "actor.mini_batch_size=32",
+        "actor.micro_batch_size=32",
+    )
+    line = assert_config_error(
+        result, "data.train_files", f"{rows} row 3: image 0 cannot be decoded", alone=False
+    )
+    print(line)
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
 def test_a_resume_with_another_processor_fails_before_ray(tmp_path: Path) -> None:
     """A checkpoint's ``hf_config`` processor against the model's: the same settings pass;
     another ``max_pixels`` (other image token counts) stops the resume before Ray, naming the
