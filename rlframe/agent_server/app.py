@@ -38,7 +38,7 @@ from rlframe.agent_server.replies import ReplyBuilder
 from rlframe.agent_server.sessions import Session, SessionRegistry
 from rlframe.agent_server.trajectory import Episode, normalize_message
 from rlframe.config import Config
-from rlframe.config.agent import compute_response_width, is_loopback
+from rlframe.config.agent import compute_response_width, is_loopback, url_host
 from rlframe.core.protocol import Batch
 from rlframe.rollout.multi_turn import mix_seed
 
@@ -119,7 +119,7 @@ class AgentServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.agent.server_host}:{self.port}/v1"
+        return f"http://{url_host(self.agent.server_host)}:{self.port}/v1"
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import socket
 from typing import Any
 
 from rlframe.config import Config, ConfigError
+from rlframe.config.agent import url_host
 from rlframe.config.checks import describe_load_error
 
 
@@ -89,5 +90,6 @@ def check_server_port(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as e:
             raise ConfigError(
-                "agent.server_port", f"cannot listen on {host}:{port}: {e.strerror or e}"
+                "agent.server_port",
+                f"cannot listen on {url_host(host)}:{port}: {e.strerror or e}",
             ) from None

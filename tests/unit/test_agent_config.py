@@ -89,6 +89,30 @@ def test_loopback_hosts_need_nothing_more(host: str) -> None:
     assert AgentConfig(server_host=host).server_host == host
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_endpoint_url_reaches_the_server_on_ipv4_and_ipv6(host: str) -> None:
+    """agent.server_host=::1 is accepted (loopback), so the URL the agents get must reach
+    it: the IPv6 address in brackets (issue 46: http://::1:PORT/v1, an InvalidURL in every
+    episode). The openai client, as an agent calls it, gets the server's own 401 (no
+    episode's key) instead of a connection error."""
+    from openai import AuthenticationError, OpenAI
+
+    from rlframe.agent_server.app import AgentServer
+    from rlframe.data.tiny_model import build_tiny_tokenizer
+
+    cfg = Config(rollout=RolloutConfig(agent="openai"), agent=AgentConfig(server_host=host))
+    server = AgentServer(cfg, lambda batch: batch, build_tiny_tokenizer(), "tiny")
+    server.start()
+    try:
+        assert server.base_url == f"http://{'[::1]' if host == '::1' else host}:{server.port}/v1"
+        client = OpenAI(base_url=server.base_url, api_key="not-an-episode", max_retries=0)
+        with pytest.raises(AuthenticationError):
+            client.models.list()
+        client.close()
+    finally:
+        server.stop()
+
+
 def test_a_taken_server_port_fails_before_ray() -> None:
     import socket
 
