@@ -189,27 +189,41 @@ def schema_type(owner: type, name: str) -> Any:
 
 
 def run(cfg: Config) -> None:
-    """Check the run's inputs, start or join Ray and run the training loop. Heavy imports
-    happen here, after validation.
+    """Check the run's inputs, start or join Ray and run the training loop. The checks before
+    Ray (:func:`rlframe.run.preflight.check_before_ray`) import nothing heavy: a mistake they
+    find costs no torch import and no Ray start. Heavy imports happen after them.
 
     A worker, reward or environment failure ends the run with its own message (role, rank,
     method and the worker's traceback; the env, sample and turn), not with a driver traceback;
     so does a placement the cluster cannot satisfy (one line, within seconds when it never could),
     and a run whose rollout engine fails the sync check (exit 76, :mod:`rlframe.loop.sync_check`).
     """
+    from rlframe.run.interrupts import Interrupted, install_interrupt_handlers
+    from rlframe.run.preflight import check_before_ray
+    from rlframe.state.run_dir import lock_run_dir
+
+    install_interrupt_handlers()
+    try:
+        lock_run_dir(cfg.trainer.output_dir)  # before anything reads or writes the folder
+        resume_from = check_before_ray(cfg)
+    except ConfigError as e:
+        say_error(f"rlframe: config error: {e}")
+        sys.exit(2)
+    except Interrupted as e:
+        exit_interrupted(cfg, e)
+    launch(cfg, resume_from)
+
+
+def launch(cfg: Config, resume_from: Path | None) -> None:
+    """:func:`rlframe.run.launch.run_training` (``resume_from``: what the checks before Ray
+    resolved), each way it can end turned into its console line and exit status."""
     from rlframe.controller.placement import PlacementError
     from rlframe.controller.worker_group import WorkerError
     from rlframe.envs import EnvError
     from rlframe.loop.sync_check import BROKEN_SYNC_EXIT, BrokenSyncError, describe_broken_sync
     from rlframe.rewards import RewardError
-    from rlframe.run.interrupts import (
-        Interrupted,
-        describe_position,
-        find_interruption,
-        install_interrupt_handlers,
-    )
+    from rlframe.run.interrupts import Interrupted, describe_position, find_interruption
     from rlframe.run.launch import run_training
-    from rlframe.state.run_dir import lock_run_dir
     from rlframe.state.save_failures import (
         DISK_FULL_EXIT,
         CheckpointError,
@@ -217,10 +231,8 @@ def run(cfg: Config) -> None:
         find_full_disk,
     )
 
-    install_interrupt_handlers()
     try:
-        lock_run_dir(cfg.trainer.output_dir)  # before anything reads or writes the folder
-        run_training(cfg)  # checks the inputs first, partly while Ray and the workers start
+        run_training(cfg, resume_from)  # checks the rest while Ray and the workers start
     except ConfigError as e:
         say_error(f"rlframe: config error: {e}")
         sys.exit(2)

@@ -7,8 +7,9 @@
   2 cores). It returns the per-step metrics, the console and the run directory.
 - :func:`check_cli` runs the same entry point in-process for commands that must stop before
   the workers start (config errors, ``--help``, ``--cfg job``). The launcher's checks
-  (:func:`rlframe.run.preflight.check_run_inputs`, which a real run makes partly while Ray and the
-  workers start) run alone, without Ray; a command that passes them fails the test.
+  (:func:`rlframe.run.preflight.check_worker_inputs` and ``check_driver_inputs``, which a real
+  run makes while Ray and the workers start) run alone, without Ray; a command that passes
+  them fails the test (``before_ray=True``: a command that reaches the launcher at all).
 - :func:`spawn_cli` starts ``python -m rlframe.main`` as a child process. Use it only where the
   process is what the test checks: exit codes of a fresh process, signals, the console of a
   fresh interpreter, ``ray job submit``, loopback binding, run-directory locking, imports.
@@ -156,26 +157,30 @@ class LauncherReached(AssertionError):
     """A command that should have stopped before Ray reached the launcher."""
 
 
-def check_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
+def check_cli(*args: str, env: dict[str, str] | None = None, before_ray: bool = False) -> CliResult:
     """Run the command line in this process for a command that must stop before the workers
-    start: a config error, ``--help``, ``--cfg job``. The launcher's checks run here without
-    Ray; passing them fails with :class:`LauncherReached`.
+    start: a config error, ``--help``, ``--cfg job``. The checks before Ray run as in a real
+    run (in ``rlframe.main``); the launcher's (:func:`rlframe.run.preflight.check_worker_inputs`
+    and :func:`~rlframe.run.preflight.check_driver_inputs`, which a real run makes while Ray and
+    the workers start) run here without Ray, unless ``before_ray``: then reaching the launcher
+    at all fails. Passing them fails with :class:`LauncherReached`.
 
     Without ``trainer.output_dir`` in ``args`` the run directory is a fresh temporary folder, so
     nothing lands in the recipe's own ``outputs/``."""
     import rlframe.run.launch
     from rlframe.config import Config
-    from rlframe.run.preflight import check_run_inputs
+    from rlframe.run.preflight import check_driver_inputs, check_worker_inputs
 
     if not any(a.startswith("trainer.output_dir=") or a in ("--cfg", "--help") for a in args):
         args = (*args, f"trainer.output_dir={tempfile.mkdtemp(prefix='rlframe-cli-')}/run")
 
     reached: list[str] = []
 
-    def refuse(cfg: Config) -> list[dict[str, float]]:
+    def refuse(cfg: Config, resume_from: Path | None) -> list[dict[str, float]]:
         # The launcher checks the run's inputs while Ray and the workers start: here they
         # are checked alone, and a run that passes them is refused.
-        check_run_inputs(cfg)
+        if not before_ray:
+            check_driver_inputs(cfg, check_worker_inputs(cfg, resume_from))
         # Hydra turns an exception in the run into exit 1: keep the fact, raise it after.
         reached.append(f"{' '.join(args)} reached the launcher (Ray would start)")
         raise LauncherReached(reached[-1])

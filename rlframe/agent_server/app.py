@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import threading
 import time
 import uuid
@@ -38,7 +39,7 @@ from rlframe.agent_server.replies import ReplyBuilder
 from rlframe.agent_server.sessions import Session, SessionRegistry
 from rlframe.agent_server.trajectory import Episode, normalize_message
 from rlframe.config import Config
-from rlframe.config.agent import compute_response_width, is_loopback
+from rlframe.config.agent import compute_response_width, is_loopback, url_host
 from rlframe.core.protocol import Batch
 from rlframe.core.tokenizer import Tokenizer
 from rlframe.rollout.multi_turn import mix_seed
@@ -83,7 +84,9 @@ def error_response(status: int, message: str, code: str, param: str | None = Non
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-async def answer_openai_style(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def answer_openai_style(
+    request: web.Request, handler: Handler, failures: RateLimitedLog
+) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as e:
@@ -92,7 +95,54 @@ async def answer_openai_style(request: web.Request, handler: Handler) -> web.Str
         code = HTTP_CODES.get(e.status, "http_error")
         return error_response(e.status, e.reason or str(e), code)
     except Exception as e:  # the engine failed: the client hears of it, the server goes on
-        return error_response(500, f"{type(e).__name__}: {e}", "server_error")
+        # One line, no traceback: a Ray error's text holds the worker's traceback (with its
+        # colour codes). The driver's log notes the failure (rate-limited, its text's start).
+        failures.note("a request failed", f"{type(e).__name__}: {e}")
+        return error_response(500, describe_server_error(e), "server_error")
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def describe_server_error(error: BaseException) -> str:
+    """The 500's message: the error's type and the first line of its text, without colour
+    codes, at most 300 characters."""
+    text = ANSI_ESCAPE.sub("", str(error)).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(error).__name__}: {first}"[:300]
+
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects a body may have: a tool's JSON schema is a few
+levels deep; 100,000 levels would exhaust the parser's (and later the template's) recursion."""
+
+
+def measure_depth(value: Any) -> int:
+    """The nesting depth of a parsed JSON value (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = (
+            node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        )
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_JSON_DEPTH:
+            break
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def is_finite_number(value: Any) -> bool:
+    """A JSON number (not a bool) that is a finite float: an integer of thousands of digits
+    is not (float() overflows)."""
+    if type(value) not in (int, float):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 class AgentServer:
@@ -120,7 +170,7 @@ class AgentServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.agent.server_host}:{self.port}/v1"
+        return f"http://{url_host(self.agent.server_host)}:{self.port}/v1"
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -203,7 +253,7 @@ class AgentServer:
         assert self.guard is not None
         self.guard.request_started(request.protocol)
         try:
-            return await answer_openai_style(request, handler)
+            return await answer_openai_style(request, handler, self.failures)
         finally:
             self.guard.request_done(request.protocol)
 
@@ -236,8 +286,17 @@ class AgentServer:
             ) from None  # fmt: skip
         try:
             body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except RecursionError:
+            raise APIError(
+                400, f"the body is nested more than {MAX_JSON_DEPTH} levels deep", "invalid_json"
+            ) from None
+        # ValueError: bad JSON (JSONDecodeError), or an integer past Python's digit limit.
+        except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"the body is not valid JSON: {e}", "invalid_json") from None
+        if measure_depth(body) > MAX_JSON_DEPTH:
+            raise APIError(
+                400, f"the body is nested more than {MAX_JSON_DEPTH} levels deep", "invalid_json"
+            )
         self.check_params(body)
         if self.in_flight >= self.agent.max_pending_requests:
             raise APIError(
@@ -264,7 +323,7 @@ class AgentServer:
         for key, value in (("temperature", self.cfg.rollout.temperature),
                            ("top_p", self.cfg.rollout.top_p)):  # fmt: skip
             given = body.get(key)
-            if given is not None and (type(given) not in (int, float) or not math.isfinite(given)):
+            if given is not None and not is_finite_number(given):
                 raise APIError(400, f"{key} must be a number", "invalid_request", key)
             if given is not None and abs(float(given) - value) > 1e-6:
                 raise APIError(
@@ -283,10 +342,21 @@ class AgentServer:
         if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
             raise APIError(400, "every message needs a 'role'", "invalid_request", "messages")
         for m in messages:
+            check_content(m.get("content"))
             check_tool_calls(m.get("tool_calls"))
         tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise APIError(400, "'tools' must be a list", "invalid_request", "tools")
+        if tools is not None and not (
+            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+        ):
+            raise APIError(400, "'tools' must be a list of objects", "invalid_request", "tools")
+        stop = body.get("stop")
+        if stop is not None and not (
+            isinstance(stop, str)
+            or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))
+        ):
+            raise APIError(
+                400, "'stop' must be a string or a list of strings", "invalid_request", "stop"
+            )
 
     async def complete(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         episode = session.episode
@@ -296,6 +366,11 @@ class AgentServer:
             plan = episode.plan(messages, tools)
         except Exception as e:  # the template cannot render these messages
             raise APIError(400, f"cannot render the messages: {e}", "invalid_request") from None
+        if not plan.context:  # an engine cannot continue nothing (vLLM raises, after Ray)
+            raise APIError(
+                400, "the messages render to no tokens: give a message some content",
+                "invalid_request", "messages",
+            )  # fmt: skip
         max_tokens = self.allowed_tokens(plan, body)
         if plan.new_row:
             self.check_row_cap(episode)
@@ -366,6 +441,19 @@ class AgentServer:
                 "context_length_exceeded", "messages",
             )  # fmt: skip
         return allowed
+
+
+def check_content(content: Any) -> None:
+    """A message's ``content``: text, null (an assistant turn of tool calls), or a list of
+    content parts (objects; their ``text`` is read)."""
+    if content is None or isinstance(content, str):
+        return
+    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
+        return
+    raise APIError(
+        400, "a message's 'content' must be a string, null or a list of content parts "
+        f"(objects), got {type(content).__name__}", "invalid_request", "messages",
+    )  # fmt: skip
 
 
 def check_tool_calls(calls: Any) -> None:

@@ -3,8 +3,8 @@
 ``algorithm.off_policy_correction`` picks the old policy of the update's ratio:
 
 - ``recompute``: the trainer's forward pass over the batch with the weights before the update
-  (skipped when the update is exactly on-policy: its own detached log-probs are those
-  numbers). The rollout gap is left to ``tis_cap`` / ``mismatch_mask``.
+  (skipped when the update is exactly on-policy and runs without dropout: its own detached
+  log-probs are those numbers). The rollout gap is left to ``tis_cap`` / ``mismatch_mask``.
 - ``rollout``: the rollout engine's own log-probs; no forward pass ever.
 - ``decoupled`` (AReaL's decoupled PPO): the ratio, and so the clip, is taken against the
   recomputed *proximal* policy (as ``recompute``), and every token's loss is multiplied by the
@@ -62,17 +62,26 @@ def pick_old_logprobs(correction: OffPolicyCorrection, recomputed: bool) -> OldL
     return OldLogprobs.recomputed if recomputed else OldLogprobs.update
 
 
+def update_has_dropout(cfg: Config) -> bool:
+    """The update's forward pass runs with dropout on (``model.lora.dropout > 0``): its own
+    log-probs are one dropout mask's, not the policy's that sampled the tokens, so they can
+    neither be the old policy nor be compared with the rollout's (the sync check would read
+    the dropout noise as a broken weight sync). The old-log-prob pass runs in eval mode."""
+    return cfg.model.lora.enabled and cfg.model.lora.dropout > 0
+
+
 def plan_old_logprobs(
     cfg: Config, rows: int, kl_in_reward: bool, actor_updates: bool
 ) -> OldLogprobs:
     """The driver's :func:`pick_old_logprobs` for a step of ``rows`` responses. The pass runs
     when ``algorithm.recompute_old_logprobs`` asks for it or the update is not exactly
-    on-policy; also when the in-reward KL reads the old log-probs before the update, and when
-    a step without an actor update (the actor waits for the critic) has no update to take
-    them from."""
+    on-policy; when the update runs with dropout (:func:`update_has_dropout`); also when the
+    in-reward KL reads the old log-probs before the update, and when a step without an actor
+    update (the actor waits for the critic) has no update to take them from."""
     recomputed = (
         cfg.algorithm.recompute_old_logprobs
         or not is_exactly_on_policy(cfg, rows)
+        or update_has_dropout(cfg)
         or kl_in_reward
         or not actor_updates
     )

@@ -144,6 +144,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def url_host(host: str) -> str:
+    """``host`` as a URL names it: an IPv6 address in brackets (``[::1]``), anything else as
+    it is."""
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:  # a host name
+        return host
+
+
 def is_multi_turn(agent: str) -> bool:
     """Whether ``rollout.agent`` interleaves observations with sampled tokens (anything but
     single_turn: a user's agent may, so its responses get the multi-turn width)."""

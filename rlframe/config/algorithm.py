@@ -88,8 +88,8 @@ class AlgorithmConfig:
     router_aux_loss_coef: float = 0.0
     """Mixture-of-experts models: coefficient of the router's load-balancing loss (Switch
     Transformer's, averaged over MoE layers; 1 at perfect balance), added to the policy loss
-    (HF's MoE configs name it the same; Qwen3-MoE's sets 0.001). 0 leaves it out; dense
-    models ignore it."""
+    (HF's MoE configs name it the same; Qwen3-MoE's sets 0.001). 0 leaves it out; above 0 on
+    a dense model it is refused before Ray (it would have no effect)."""
     policy_loss: str = "ppo_clip"
     """Policy loss: a registered name or ``pkg.module:function`` / ``file.py:function``."""
     loss_agg: str = "token-mean"

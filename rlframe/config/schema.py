@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, get_type_hints
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -102,6 +103,12 @@ class Config:
             f"algorithm.advantage={self.algorithm.advantage} needs a critic; "
             "set critic.enable=true (or null)",
         )
+        require(
+            self.critic.enable or self.critic.sequence_parallel_size == 1,
+            "critic.sequence_parallel_size",
+            f"has no effect without a critic (critic.enable=false, algorithm.advantage="
+            f"{self.algorithm.advantage}), got {self.critic.sequence_parallel_size}; leave it 1",
+        )
 
 
 def check_tensor_parallel(cfg: Config) -> None:
@@ -191,6 +198,7 @@ def build_config(tree: DictConfig | dict[str, Any]) -> Config:
     register_now_resolver()
     try:
         merged = OmegaConf.merge(OmegaConf.structured(Config), tree)
+        check_finite_numbers(Config, OmegaConf.to_container(merged, resolve=False), "")
         cfg = OmegaConf.to_object(merged)
     except ConfigError:
         raise
@@ -206,6 +214,21 @@ def build_config(tree: DictConfig | dict[str, Any]) -> Config:
         raise ConfigError(key, first_line(e)) from None
     assert isinstance(cfg, Config)
     return cfg
+
+
+def check_finite_numbers(owner: type, values: Any, prefix: str) -> None:
+    """Every float key of the schema holds a finite number: ``inf`` and ``nan`` parse as
+    floats, pass a check such as ``>= 0`` (inf) or fail it with a misleading message (nan),
+    and then turn every loss and gradient into NaN. Free-form mappings (``agent.env_kwargs``)
+    are the user's and are not looked into."""
+    hints = get_type_hints(owner)
+    for f in fields(owner):
+        value = values.get(f.name) if isinstance(values, dict) else None
+        hint = hints[f.name]
+        if is_dataclass(hint) and isinstance(hint, type):
+            check_finite_numbers(hint, value, f"{prefix}{f.name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{prefix}{f.name}", f"must be a finite number, got {value}")
 
 
 def register_now_resolver() -> None:

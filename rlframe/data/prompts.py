@@ -159,6 +159,19 @@ NOT_EXTRA = ("prompt", "messages", "ground_truth", "images")
 """Columns that are not passed to the reward function."""
 
 
+def check_takes_images(model_path: str, where: str) -> None:
+    """A row with images needs a vision-language model: say so when the model's config has
+    no vision tower (a config that cannot be read here is left to the processor)."""
+    from rlframe.models.hf_config import has_vision_tower, read_model_config
+
+    config = read_model_config(model_path, False)
+    if config is not None and not has_vision_tower(config):
+        raise ValueError(
+            f"{where}: the row has images, but the model {model_path} has no vision tower (a "
+            "text-only model): use a vision-language model, or rows without images"
+        )
+
+
 def tokenize_prompts(
     rows: list[tuple[dict[str, Any], str]], tokenizer: Tokenizer, max_prompt_length: int
 ) -> PromptSet:
@@ -168,9 +181,11 @@ def tokenize_prompts(
     records = []
     for row, where in rows:
         images = [read_image_bytes(item, where) for item in row.get("images") or []]
+        if images:
+            check_takes_images(tokenizer.name_or_path, where)
         text = render_prompt(row, tokenizer, where, len(images))
         if images:
-            ids = expand_prompt(load_processor(tokenizer.name_or_path), text, images)
+            ids = expand_prompt(load_processor(tokenizer.name_or_path), text, images, where)
         else:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) <= max_prompt_length:

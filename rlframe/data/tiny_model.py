@@ -70,9 +70,10 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("RLFRAME_CACHE", Path.home() / ".cache" / "rlframe"))
 
 
-def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
+def resolve_model_path(path: str, cache_dir: Path | None = None, build: bool = True) -> str:
     """A loadable model directory: ``tiny:<seed>``, ``tiny-lora:<seed>`` and
-    ``tiny-moe:<seed>`` are built on first use, anything else is kept (``tiny-vl:<seed>``:
+    ``tiny-moe:<seed>`` are built on first use (``build=False``: their cached folder, built or
+    not), anything else is kept (``tiny-vl:<seed>``:
     :func:`rlframe.data.tiny_vl_model.resolve_tiny_vl_path`)."""
     if path.startswith(TINY_MOE_PREFIX):
         return resolve_tiny_build(
@@ -80,7 +81,7 @@ def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
             TINY_MOE_PREFIX,
             "tiny-qwen3-moe",
             [CHARACTERS, MOE_EXPERTS, MOE_TOP_K],
-            build_tiny_moe_model,
+            build_tiny_moe_model if build else None,
             cache_dir,
         )
     if path.startswith(TINY_LORA_PREFIX):
@@ -89,13 +90,18 @@ def resolve_model_path(path: str, cache_dir: Path | None = None) -> str:
             TINY_LORA_PREFIX,
             "tiny-qwen2-lora",
             [CHARACTERS, LORA_HEAD_SCALE],
-            build_tiny_lora_model,
+            build_tiny_lora_model if build else None,
             cache_dir,
         )
     if not is_tiny_model(path):
         return path
     return resolve_tiny_build(
-        path, TINY_PREFIX, "tiny-qwen2", [CHARACTERS], build_tiny_model, cache_dir
+        path,
+        TINY_PREFIX,
+        "tiny-qwen2",
+        [CHARACTERS],
+        build_tiny_model if build else None,
+        cache_dir,
     )
 
 
@@ -104,10 +110,11 @@ def resolve_tiny_build(
     prefix: str,
     folder: str,
     key_parts: list[Any],
-    build: Callable[[TinyModelSpec, Path], None],
+    build: Callable[[TinyModelSpec, Path], None] | None,
     cache_dir: Path | None,
 ) -> str:
-    """The cached folder of the tiny model ``<prefix><seed>``, built by ``build`` on first use.
+    """The cached folder of the tiny model ``<prefix><seed>``, built by ``build`` on first use
+    (None: the folder, built or not).
 
     The folder name hashes the spec and ``key_parts`` (vocabulary, templates), so a change to
     either builds a new model instead of reusing a stale one."""
@@ -117,7 +124,7 @@ def resolve_tiny_build(
     spec = TinyModelSpec(seed=int(seed_text))
     key = hashlib.sha1(json.dumps([asdict(spec), *key_parts]).encode()).hexdigest()[:12]
     target = (cache_dir or default_cache_dir()) / f"{folder}-{key}"
-    if not (target / "config.json").exists():
+    if build is not None and not (target / "config.json").exists():
         build(spec, target)
     return str(target)
 

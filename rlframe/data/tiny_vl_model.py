@@ -157,11 +157,17 @@ TINY_VL_KEY = [CHARACTERS, list(VISION_TOKENS), CHAT_TEMPLATE, MIN_PIXELS, MAX_P
 """What the cached folder's name hashes besides the spec."""
 
 
-def resolve_tiny_vl_path(path: str, cache_dir: Path | None = None) -> str:
-    """The cached folder of ``tiny-vl:<seed>`` (built on first use); any other path as
-    :func:`rlframe.data.tiny_model.resolve_model_path` resolves it."""
+def resolve_tiny_vl_path(path: str, cache_dir: Path | None = None, build: bool = True) -> str:
+    """The cached folder of ``tiny-vl:<seed>`` (built on first use; ``build=False``: the
+    folder, built or not); any other path as :func:`rlframe.data.tiny_model.resolve_model_path`
+    resolves it."""
     if not path.startswith(TINY_VL_PREFIX):
-        return resolve_model_path(path, cache_dir)
+        return resolve_model_path(path, cache_dir, build)
     return resolve_tiny_build(
-        path, TINY_VL_PREFIX, "tiny-qwen2-vl", TINY_VL_KEY, build_tiny_vl_model, cache_dir
+        path,
+        TINY_VL_PREFIX,
+        "tiny-qwen2-vl",
+        TINY_VL_KEY,
+        build_tiny_vl_model if build else None,
+        cache_dir,
     )

@@ -93,7 +93,7 @@ class ChatFormat:
         if images:
             try:
                 processor = load_processor(self.tokenizer.name_or_path)
-                return expand_prompt(processor, text, images)
+                return expand_prompt(processor, text, images, "the observation")
             except ValueError as e:
                 raise EnvError(f"messages with images: {e}") from None
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -1,9 +1,14 @@
 """Checks of the run's config against the model's own config (its ``config.json``): the
 positions a row needs, what a vision-language model supports, and the attention heads a
-sequence-parallel group splits; and :data:`MODEL_CHECKS`, every check against the model,
-which preflight runs in order. Each failure is a :class:`ConfigError` naming the key; a
-model whose config cannot be read (a hub id offline) passes, and vLLM or transformers say
-what is wrong later.
+sequence-parallel group splits; and :data:`MODEL_CHECKS`, every check against the model's
+config, which preflight runs in order.
+
+Each check is given the model's config and reads nothing else: preflight runs them before
+Ray starts on the local ``config.json`` alone (:class:`rlframe.models.hf_config.ConfigJson`,
+no transformers import), and again with transformers' config while the workers start (a hub
+id, a tiny model built on first use, a field transformers derives). Each failure is a
+:class:`ConfigError` naming the key; a model whose config cannot be read (``None``: a hub id
+offline) passes what needs it, and vLLM or transformers say what is wrong later.
 
 A new model-family feature adds its check to :data:`MODEL_CHECKS` (in the module of the
 feature) instead of editing preflight.
@@ -12,23 +17,24 @@ feature) instead of editing preflight.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from rlframe.config import Config, ConfigError
 from rlframe.models.expert_parallel import check_expert_parallel
-from rlframe.models.hf_config import has_vision_tower, read_model_config
-from rlframe.models.lora_targets import check_lora_targets
-from rlframe.models.moe_routing import check_router_replay
+from rlframe.models.hf_config import has_vision_tower
+from rlframe.models.moe_routing import check_router_aux_loss, check_router_replay
 
-ModelCheck = Callable[[Config, str], None]
-"""A check of the run's config against the model at a path; raises ConfigError."""
+ModelCheck = Callable[[Config, str, Any], None]
+"""A check of the run's config against the model at a path, given that model's config (a
+transformers config, :class:`~rlframe.models.hf_config.ConfigJson`, or None where it cannot
+be read); raises ConfigError."""
 
 
-def check_sequence_length(cfg: Config, model_path: str) -> None:
+def check_sequence_length(cfg: Config, model_path: str, config: Any) -> None:
     """The longest prompt + response must fit the model's positions (vLLM refuses to start
     otherwise, after Ray). Multi-turn responses hold observations too."""
     from rlframe.config.agent import compute_response_width, is_multi_turn
 
-    config = read_model_config(model_path, cfg.model.trust_remote_code)
     if config is None:  # a model id whose config is not reachable: vLLM will say
         return
     # A vision-language model's positions are its language model's.
@@ -49,14 +55,13 @@ def check_sequence_length(cfg: Config, model_path: str) -> None:
         )
 
 
-def check_vision(cfg: Config, model_path: str) -> None:
+def check_vision(cfg: Config, model_path: str, config: Any) -> None:
     """What only a vision-language model has: ``model.freeze_vision`` needs a vision tower;
     its rows (images, mrope) have no Ulysses split or critic path yet, and the ``openai``
     agent's server does not put images in its rows (its engine calls would send image pads
     without their images); ``single_turn`` and ``multi_turn`` do. LoRA adapts its language
     model alone (:mod:`rlframe.models.lora_targets`): the vision tower stays as loaded whatever
     ``model.freeze_vision`` says."""
-    config = read_model_config(model_path, cfg.model.trust_remote_code)
     if config is None:
         return
     if not has_vision_tower(config):
@@ -74,7 +79,7 @@ def check_vision(cfg: Config, model_path: str) -> None:
             raise ConfigError(key, f"not supported yet for a vision-language model ({model_path})")
 
 
-def check_sequence_parallel(cfg: Config, model_path: str) -> None:
+def check_sequence_parallel(cfg: Config, model_path: str, config: Any) -> None:
     """Ulysses hands each rank of a group ``heads / size`` attention heads: the size must
     divide the model's heads (key/value heads are repeated as needed). Sliding-window layers
     are refused: the mask the exchange builds is the full causal one."""
@@ -83,10 +88,7 @@ def check_sequence_parallel(cfg: Config, model_path: str) -> None:
         "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size,
     }
     sizes = {k: v for k, v in sizes.items() if v > 1}
-    if not sizes:
-        return
-    config = read_model_config(model_path, cfg.model.trust_remote_code)
-    if config is None:
+    if not sizes or config is None:
         return
     config = getattr(config, "text_config", config)
     heads = getattr(config, "num_attention_heads", None)
@@ -110,12 +112,15 @@ MODEL_CHECKS: tuple[ModelCheck, ...] = (
     check_sequence_parallel,
     check_expert_parallel,
     check_router_replay,
-    check_lora_targets,
+    check_router_aux_loss,
 )
-"""Every check of the config against the model, in the order preflight runs them."""
+"""Every check of the config against the model's config, in the order preflight runs them
+(the LoRA targets, which build the model on the meta device, are
+:func:`rlframe.models.lora_targets.check_lora_targets`, run after these)."""
 
 
-def run_model_checks(cfg: Config, model_path: str) -> None:
-    """Run :data:`MODEL_CHECKS` against the model at ``model_path``."""
+def run_model_checks(cfg: Config, model_path: str, config: Any) -> None:
+    """Run :data:`MODEL_CHECKS` against the model at ``model_path``, whose config is
+    ``config``."""
     for check in MODEL_CHECKS:
-        check(cfg, model_path)
+        check(cfg, model_path, config)

@@ -4,8 +4,9 @@ run it tensor-parallel as before, so a wrong model would pass unseen)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlframe.config import Config, ConfigError
-from rlframe.models.hf_config import read_model_config
 
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 """Where a transformers config holds its routed experts per layer (Qwen-MoE; Mixtral and
@@ -18,13 +19,10 @@ def count_routed_experts(config: object) -> int:
     return max((getattr(config, key, None) or 0 for key in EXPERT_COUNT_KEYS), default=0)
 
 
-def check_expert_parallel(cfg: Config, model_path: str) -> None:
+def check_expert_parallel(cfg: Config, model_path: str, config: Any) -> None:
     """Raise ConfigError for ``rollout.expert_parallel`` on a model without experts. A model
-    whose config cannot be read here is left to the workers."""
-    if not cfg.rollout.expert_parallel:
-        return
-    config = read_model_config(model_path, cfg.model.trust_remote_code)
-    if config is None:
+    whose config cannot be read here (``config`` None) is left to the workers."""
+    if not cfg.rollout.expert_parallel or config is None:
         return
     if count_routed_experts(config) == 0:
         raise ConfigError(

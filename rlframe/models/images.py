@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,27 +173,43 @@ def load_processor(path: str) -> Any:
     return AutoProcessor.from_pretrained(path)
 
 
-def read_image_size(data: bytes) -> tuple[int, int]:
-    """(height, width) of encoded image bytes, from the header alone."""
+def read_image_size(data: bytes, where: str = "an image") -> tuple[int, int]:
+    """(height, width) of encoded image bytes, from the header, after PIL's integrity check
+    of the file (``verify``: no pixels decoded). Bytes that are no image PIL reads, or a
+    corrupted one, raise ValueError naming ``where``."""
     from PIL import Image
 
-    with Image.open(io.BytesIO(data)) as image:
-        return image.height, image.width
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            size = image.height, image.width
+            image.verify()
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = re.sub(r" <_io\.BytesIO object at 0x[0-9a-f]+>", "", reason)
+        raise ValueError(
+            f"{where} cannot be decoded ({len(data)} bytes): {type(e).__name__}: {reason}"
+        ) from None
+    return size
 
 
-def expand_prompt(processor: VisionProcessor, text: str, images: list[bytes]) -> list[int]:
+def expand_prompt(
+    processor: VisionProcessor, text: str, images: list[bytes], where: str = "the row"
+) -> list[int]:
     """The prompt's token ids with each image pad repeated to its image's token count, as
     the processor (and so vLLM, which runs the same one) expands it. The counts come from the
-    image sizes alone: no pixels are processed on the driver."""
+    image sizes alone: no pixels are processed on the driver. ``where`` names the row in
+    errors (an image that does not decode: :func:`read_image_size`)."""
     if not hasattr(processor, "image_processor"):
-        raise ValueError("the rows have images, the model no image processor (not a VLM)")
+        raise ValueError(f"{where}: has images, the model no image processor (not a VLM)")
     tokenizer = processor.tokenizer
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     pad = tokenizer.convert_tokens_to_ids(processor.image_token)
-    sizes = [read_image_size(b) for b in images]
+    sizes = [read_image_size(b, f"{where}: image {i}") for i, b in enumerate(images)]
     counts = processor._get_num_multimodal_tokens(image_sizes=sizes)["num_image_tokens"]
     if ids.count(pad) != len(counts):
-        raise ValueError(f"the prompt places {ids.count(pad)} images, the row has {len(counts)}")
+        raise ValueError(
+            f"{where}: the prompt places {ids.count(pad)} images, the row has {len(counts)}"
+        )
     expanded: list[int] = []
     it = iter(counts)
     for token in ids:

@@ -14,14 +14,14 @@ which changes nothing that is scored: the last token's hidden state predicts no 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from rlframe.core.names import RouterReplay
 
 if TYPE_CHECKING:  # the config package needs omegaconf, which the layout code's importers
     # (bench/gpu_check.py) go without
+    import torch
+
     from rlframe.config import Config
 
 NOT_RECORDED = -1
@@ -37,6 +37,8 @@ REPLAYABLE_MODEL_TYPES = frozenset({"qwen3_moe", "qwen2_moe", "olmoe", "mixtral"
 
 def left_pad_routed_experts(routing: torch.Tensor, extra: int) -> torch.Tensor:
     """``routing`` with ``extra`` unrecorded prompt positions in front (prompts padded wider)."""
+    import torch  # here: preflight imports the checks below before Ray, without torch
+
     pad = routing.new_full((routing.shape[0], extra, *routing.shape[2:]), NOT_RECORDED)
     return torch.cat([pad, routing], dim=1)
 
@@ -49,9 +51,31 @@ def compute_routing_agreement(first: torch.Tensor, second: torch.Tensor) -> floa
     return float(same[both].float().mean()) if both.any() else float("nan")
 
 
-def check_router_replay(cfg: Config, model_path: str) -> None:
-    """``algorithm.router_replay=rollout`` needs a model whose routers it can replay and an
-    engine that records routing on this machine; raise ConfigError naming the key."""
+def check_router_aux_loss(cfg: Config, model_path: str, config: Any) -> None:
+    """``algorithm.router_aux_loss_coef > 0`` needs routers to balance: on a dense model it
+    has no effect, refused as the other keys without effect are. A config that names experts
+    by a count (:data:`~rlframe.models.expert_parallel.EXPERT_COUNT_KEYS`) or a top-k
+    (``num_experts_per_tok``, what the trainer reads its routers' k from) is not dense."""
+    from rlframe.config import ConfigError
+    from rlframe.models.expert_parallel import count_routed_experts
+
+    coef = cfg.algorithm.router_aux_loss_coef
+    if coef == 0 or config is None:
+        return
+    text = getattr(config, "text_config", config)
+    if count_routed_experts(config) or getattr(text, "num_experts_per_tok", None):
+        return
+    raise ConfigError(
+        "algorithm.router_aux_loss_coef",
+        f"has no effect on a dense model ({model_path} has no routed experts), got {coef}; "
+        "set it 0",
+    )
+
+
+def check_router_replay(cfg: Config, model_path: str, config: Any) -> None:
+    """``algorithm.router_replay=rollout`` needs a model whose routers it can replay (read
+    from its ``config``; None: not readable here, left to the workers) and an engine that
+    records routing on this machine; raise ConfigError naming the key."""
     from rlframe.config import ConfigError, RolloutEngineName
     from rlframe.config.device import will_train_on_cuda
 
@@ -65,9 +89,6 @@ def check_router_replay(cfg: Config, model_path: str) -> None:
             "runs on CUDA only (Model Runner V2 needs Triton); on this machine use "
             "rollout.engine=hf, which records routing on CPU",
         )
-    from rlframe.models.hf_config import read_model_config
-
-    config = read_model_config(model_path, cfg.model.trust_remote_code)
     if config is None:
         return
     model_type = getattr(config, "model_type", "?")

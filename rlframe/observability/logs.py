@@ -48,9 +48,10 @@ HARMLESS = (
     "SIGTERM handler is not set because current thread is not the main thread",
 )
 
-QUIET_LOGGERS = ("httpx", "httpcore", "openai")
+QUIET_LOGGERS = ("httpx", "httpcore", "httpx2", "httpcore2", "openai")
 """Client libraries an agent of ``rollout.agent=openai`` calls the endpoint through: below
-WARNING only at ``trainer.log_level=debug``."""
+WARNING only at ``trainer.log_level=debug``. The openai package's transport is ``httpx``
+(``httpcore``) up to openai 2, ``httpx2`` (``httpcore2``) in openai 3."""
 
 CONSOLE_FORMAT = "%(levelname)s %(name)s: %(message)s"
 FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -1,7 +1,8 @@
 """The preflight checks of the agent (:mod:`rlframe.run.preflight` runs them while the workers
-start): ``rollout.agent`` loads; ``rollout.agent=openai`` has an entry function that loads and
-a server port that is free; a multi-turn ``agent.env`` builds and its observations fit the
-model's chat template. Each failure is a :class:`~rlframe.config.ConfigError` naming the key.
+start): ``rollout.agent`` loads; ``rollout.agent=openai`` has an entry function that loads
+(its fixed server port is checked free before Ray, :func:`check_server_port`); a multi-turn
+``agent.env`` builds and its observations fit the model's chat template. Each failure is a
+:class:`~rlframe.config.ConfigError` naming the key.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import socket
 
 from rlframe.config import Config, ConfigError
+from rlframe.config.agent import url_host
 from rlframe.config.checks import describe_load_error
 from rlframe.core.tokenizer import Tokenizer
 
@@ -71,7 +73,6 @@ def check_openai_entry(cfg: Config) -> None:
 
     if not cfg.agent.entry:
         raise ConfigError("agent.entry", "rollout.agent=openai needs the agent's function")
-    check_server_port(cfg.agent.server_host, cfg.agent.server_port)
     try:
         load_function(cfg.agent.entry)
     except Exception as e:
@@ -89,5 +90,6 @@ def check_server_port(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as e:
             raise ConfigError(
-                "agent.server_port", f"cannot listen on {host}:{port}: {e.strerror or e}"
+                "agent.server_port",
+                f"cannot listen on {url_host(host)}:{port}: {e.strerror or e}",
             ) from None

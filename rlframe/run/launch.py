@@ -125,20 +125,19 @@ class Started:
         self.logs.close()
 
 
-def run_training(cfg: Config) -> list[dict[str, float]]:
-    """Check the run's inputs, start or join Ray, place the workers, train, and tear
-    everything down. Returns the metrics of every step (also written to ``metrics.jsonl``).
+def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]]:
+    """Start or join Ray, place the workers, train, and tear everything down, checking the
+    rest of the run's inputs on the way. Returns the metrics of every step (also written to
+    ``metrics.jsonl``).
 
-    The checks overlap the start-up (:mod:`rlframe.run.preflight`): the run directory and the
-    pools' fit come before Ray; what the workers are built from (plug-ins, worker classes,
-    the model folder) is checked while Ray starts; the tokenizer and the prompts while the
-    workers construct. A check that fails stops whatever had started, and the run ends with
-    its one config-error line.
+    The checks overlap the start-up (:mod:`rlframe.run.preflight`): the run directory, the
+    pools' fit, the config against the model's ``config.json`` and a fixed port came before
+    (:func:`~rlframe.run.preflight.check_before_ray`, whose ``resume_from`` this is); what the
+    workers are built from (plug-ins, worker classes, the model folder) is checked while Ray
+    starts; the tokenizer and the prompts while the workers construct. A check that fails
+    stops whatever had started, and the run ends with its one config-error line.
     """
-    from rlframe.run.preflight import check_before_ray
-
     lock_run_dir(cfg.trainer.output_dir)  # held already when started from rlframe.main
-    resume_from = check_before_ray(cfg)
     # Before Ray starts: its start-up lines go to driver.log (logs/ is not a run file).
     logs = route_driver_logs(Path(cfg.trainer.output_dir), cfg.trainer.log_level)
     startup.DRIVER.mark("preflight")

@@ -1,4 +1,4 @@
-"""Checks of everything a run reads, on the driver, as Ray and the workers start.
+"""Checks of everything a run reads, on the driver, before and as Ray and the workers start.
 
 The schema (``rlframe/config/``) checks values and their combinations; this module checks
 what those values *point at*: registered names and users' plug-in files, worker classes,
@@ -14,16 +14,20 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlframe.config import Config, ConfigError, Device, Placement, first_line
 from rlframe.config.checks import describe_load_error
 from rlframe.config.device import count_local_gpus, will_start_local_ray, will_train_on_cuda
 from rlframe.core.tokenizer import Tokenizer, as_tokenizer
-from rlframe.data.prompts import PromptRecord
 from rlframe.models.checks import run_model_checks
-from rlframe.run.agent_preflight import check_agent
+from rlframe.models.hf_config import read_config_json, read_model_config
+from rlframe.models.lora_targets import check_lora_targets
+from rlframe.run.agent_preflight import check_agent, check_server_port
 from rlframe.state.run_dir import check_resume_processor
+
+if TYPE_CHECKING:
+    from rlframe.data.prompts import PromptRecord
 
 
 @dataclass
@@ -65,13 +69,34 @@ def check_run_inputs(cfg: Config) -> RunInputs:
 
 def check_before_ray(cfg: Config) -> Path | None:
     """The cheap checks a run makes before it starts Ray: the run directory (resumed or
-    refused, never overwritten; returns the checkpoint it continues from) and, for a Ray it
-    starts itself, that the worker pools fit the machine."""
+    refused, never overwritten; returns the checkpoint it continues from), for a Ray it
+    starts itself that the worker pools fit the machine, the config against a local model's
+    ``config.json`` (:func:`check_model_before_ray`) and a fixed agent server port."""
     from rlframe.state.checkpoint import resolve_resume
 
     resume_from = resolve_resume(cfg)
     check_local_pools(cfg)
+    check_model_before_ray(cfg)
+    if cfg.rollout.agent == "openai":
+        check_server_port(cfg.agent.server_host, cfg.agent.server_port)
     return resume_from
+
+
+def check_model_before_ray(cfg: Config) -> None:
+    """:data:`rlframe.models.checks.MODEL_CHECKS` on the fields of the model's local
+    ``config.json`` (a folder, or a tiny model already built in the cache): a file read, no
+    transformers, so a mistake against the model costs no Ray start. A hub id, a tiny model
+    not built yet, or a field only transformers fills in is checked again (with transformers'
+    config) while the workers start."""
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+
+    try:
+        path = resolve_tiny_vl_path(cfg.model.path, build=False)
+    except ValueError:
+        return  # a malformed tiny:N: resolve_model_files names it
+    config = read_config_json(path)
+    if config is not None:
+        run_model_checks(cfg, path, config)
 
 
 def check_worker_inputs(cfg: Config, resume_from: Path | None) -> WorkerInputs:
@@ -92,8 +117,10 @@ def check_driver_inputs(cfg: Config, found: WorkerInputs) -> RunInputs:
     model_path = found.model_path
     tokenizer = load_tokenizer(cfg, model_path)
     # The model's own limits go before the agent's chat template: they name the real limit
-    # where the template check would name a symptom.
-    run_model_checks(cfg, model_path)
+    # where the template check would name a symptom. Checked before Ray on config.json's own
+    # fields; here with transformers' config (what that could not read or derive).
+    run_model_checks(cfg, model_path, read_model_config(model_path, cfg.model.trust_remote_code))
+    check_lora_targets(cfg, model_path)
     if found.resume_from is not None:
         check_resume_processor(model_path, found.resume_from)
     check_agent(cfg, tokenizer)

@@ -95,6 +95,76 @@ def test_malformed_values_get_400_and_a_wrong_method_405(plain: Served) -> None:
     assert got.json()["error"]["type"] == "invalid_request_error"
 
 
+def assert_clean_4xx(response: httpx.Response, param: str | None = None) -> None:
+    """An OpenAI-shaped 400, one line, no traceback or colour codes in the body."""
+    assert response.status_code == 400, response.text[:2000]
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert param is None or error["param"] == param
+    assert "Traceback" not in response.text and "\x1b" not in response.text
+    assert "\n" not in error["message"]
+
+
+USER_JSON = json.dumps(USER)
+HOSTILE: dict[str, tuple[str, str | None]] = {
+    # past the parser's recursion (the fixture's body cap is 64 KiB)
+    "nested-30000": ("[" * 30000 + "]" * 30000, None),
+    "nested-100": ('{"messages": %s, "metadata": %s}' % (USER_JSON, "[" * 100 + "]" * 100), None),
+    "max_tokens-5001-digits": (
+        '{"messages": %s, "max_tokens": %s}' % (USER_JSON, "9" * 5001),
+        None,
+    ),
+    "temperature-400-digits": (
+        json.dumps({"messages": USER, "temperature": 10**400}),
+        "temperature",
+    ),
+    "content-null": (json.dumps({"messages": [{"role": "user", "content": None}]}), "messages"),
+    "content-ints": (json.dumps({"messages": [{"role": "user", "content": [1, 2]}]}), "messages"),
+    "content-object": (
+        json.dumps({"messages": [{"role": "user", "content": {"text": "1+1"}}]}),
+        "messages",
+    ),
+    "stop-ints": (json.dumps({"messages": USER, "stop": [1, 2]}), "stop"),
+    "stop-int": (json.dumps({"messages": USER, "stop": 7}), "stop"),
+    "tools-ints": (json.dumps({"messages": USER, "tools": [3]}), "tools"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_bodies_get_a_400_without_a_traceback(plain: Served, case: str) -> None:
+    """Issue 46: JSON nested 100,000 deep, a 5,001-digit max_tokens, ``content: null`` or a
+    list of ints were answered with 500s (the last two with a Ray traceback in the body)."""
+    key = plain.open().key
+    raw, param = HOSTILE[case]
+    assert_clean_4xx(post(plain, key, raw), param)
+    # The session and the server go on.
+    client = OpenAI(base_url=plain.server.base_url, api_key=key, max_retries=0)
+    reply = client.chat.completions.create(model="tiny", messages=USER, max_tokens=1)
+    assert reply.choices[0].message.role == "assistant"
+
+
+def test_an_engine_failure_is_a_one_line_500(
+    plain: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure past the checks (the engine's, through Ray) reaches the client as one line:
+    its type and first line, no traceback, no colour codes."""
+    key = plain.open().key
+
+    async def fail(*args: Any) -> Any:
+        raise RuntimeError(
+            "\x1b[36mray::RolloutWorker.generate()\x1b[39m (pid=1)\nTraceback (most recent "
+            'call last):\n  File "x.py", line 1, in generate\nValueError: boom'
+        )
+
+    monkeypatch.setattr(plain.server.batcher, "sample", fail)
+    response = post(plain, key, json.dumps({"messages": USER, "max_tokens": 1}))
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "server_error"
+    assert error["message"] == "RuntimeError: ray::RolloutWorker.generate() (pid=1)"
+    assert "Traceback" not in response.text and "\x1b" not in response.text
+
+
 def test_an_oversized_header_is_a_4xx_without_a_traceback(
     plain: Served, caplog: pytest.LogCaptureFixture
 ) -> None:

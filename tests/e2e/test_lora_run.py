@@ -62,6 +62,54 @@ def test_lora_checkpoint_holds_adapters_and_resumes_exactly(tmp_path: Path, stra
     assert mine["optim"]["state"] and all("lora_" in k for k in mine["optim"]["state"])
 
 
+ON_POLICY = [*LORA_SMALL, "actor.mini_batch_size=64", "actor.micro_batch_size=64"]
+"""One mini-batch of the step's 64 rows: an exactly on-policy update, which would take its own
+log-probs as the old ones and skip the old-log-prob pass."""
+
+
+def test_lora_dropout_keeps_the_sync_check_clean(tmp_path: Path) -> None:
+    """``model.lora.dropout=0.1`` with an exactly on-policy update: the old log-probs come from
+    the eval-mode pass, not from the update's own (dropout on), so the sync check reads the
+    true rollout/trainer gap and the run goes on past step 2 (issue 46: exit 76 there, with
+    lp_diff 4.8e-3)."""
+    out = tmp_path / "run"
+    run_recipe(
+        out,
+        *ON_POLICY,
+        "trainer.total_steps=3",
+        "trainer.save_every=0",
+        "model.lora.dropout=0.1",
+        recipe="grpo_tiny_lora",
+    )
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    print("LoRA dropout 0.1: lp_diff per step", [m["rollout/logprob_diff"] for m in metrics])
+    assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics), metrics
+    assert all("timing_s/old_logprob" in m for m in metrics)  # the pass ran
+
+
+def test_resume_that_turns_lora_dropout_on(tmp_path: Path) -> None:
+    """docs/long-runs.md: ``dropout`` may change on resume. Two steps without dropout, then the
+    same command with ``model.lora.dropout=0.1`` resumes and runs steps 3 and 4 with a clean
+    sync check."""
+    out = tmp_path / "run"
+    run_recipe(
+        out, *ON_POLICY, "trainer.save_every=2", "trainer.total_steps=2", recipe="grpo_tiny_lora"
+    )
+    result = run_recipe(
+        out,
+        *ON_POLICY,
+        "trainer.save_every=2",
+        "trainer.total_steps=4",
+        "model.lora.dropout=0.1",
+        recipe="grpo_tiny_lora",
+    )
+    assert "changed keys: model.lora.dropout 0.0 -> 0.1" in result.stderr
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    assert all(m["rollout/logprob_diff"] < 1e-4 for m in metrics[2:]), metrics[2:]
+
+
 def score(mode: str, source: Path, samples: Path, out: Path) -> torch.Tensor:
     script = str(REPO / "tests" / "e2e" / "export_logprobs.py")
     env = clean_env({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"})

@@ -32,14 +32,21 @@ def assert_config_error(result: CliResult, key: str, *texts: str, alone: bool = 
 
 
 def check_config_error(
-    *args: str, key: str, text: str, alone: bool = True, local_ray: bool = False
+    *args: str,
+    key: str,
+    text: str,
+    alone: bool = True,
+    local_ray: bool = False,
+    before_ray: bool = False,
 ) -> str:
     """Run ``args`` in-process and assert it stops on the config error of ``key`` (see
     :func:`assert_config_error`). The run joins a cluster (:data:`JOINING`) unless
-    ``local_ray``: then it would start its own, and RAY_ADDRESS must not be set."""
+    ``local_ray``: then it would start its own, and RAY_ADDRESS must not be set.
+    ``before_ray``: the error must come from the checks before Ray starts (the launcher, which
+    starts Ray, is never reached)."""
     if local_ray:
         assert "RAY_ADDRESS" not in os.environ, "a local-Ray check with RAY_ADDRESS set"
-    result = check_cli(*args, env=None if local_ray else JOINING)
+    result = check_cli(*args, env=None if local_ray else JOINING, before_ray=before_ray)
     line = assert_config_error(result, key, text, alone=alone)
     assert "ray-must-not-start" not in result.stderr + result.stdout
     return line

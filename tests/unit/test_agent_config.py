@@ -89,6 +89,30 @@ def test_loopback_hosts_need_nothing_more(host: str) -> None:
     assert AgentConfig(server_host=host).server_host == host
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_the_endpoint_url_reaches_the_server_on_ipv4_and_ipv6(host: str) -> None:
+    """agent.server_host=::1 is accepted (loopback), so the URL the agents get must reach
+    it: the IPv6 address in brackets (issue 46: http://::1:PORT/v1, an InvalidURL in every
+    episode). The openai client, as an agent calls it, gets the server's own 401 (no
+    episode's key) instead of a connection error."""
+    from openai import AuthenticationError, OpenAI
+
+    from rlframe.agent_server.app import AgentServer
+    from rlframe.data.tiny_model import build_tiny_tokenizer
+
+    cfg = Config(rollout=RolloutConfig(agent="openai"), agent=AgentConfig(server_host=host))
+    server = AgentServer(cfg, lambda batch: batch, build_tiny_tokenizer(), "tiny")
+    server.start()
+    try:
+        assert server.base_url == f"http://{'[::1]' if host == '::1' else host}:{server.port}/v1"
+        client = OpenAI(base_url=server.base_url, api_key="not-an-episode", max_retries=0)
+        with pytest.raises(AuthenticationError):
+            client.models.list()
+        client.close()
+    finally:
+        server.stop()
+
+
 def test_a_taken_server_port_fails_before_ray() -> None:
     import socket
 
@@ -104,6 +128,69 @@ def test_a_taken_server_port_fails_before_ray() -> None:
             check_server_port("127.0.0.1", port)
     check_server_port("127.0.0.1", port)  # free again
     check_server_port("127.0.0.1", 0)
+
+
+def test_the_installed_openai_clients_lines_stay_out_of_the_driver_log(tmp_path: Path) -> None:
+    """The openai package an agent imports, calling a local endpoint as an agent does: none
+    of its transport's per-request INFO lines reach driver.log (issue 46: 1,986 lines in two
+    steps, through ``httpx2`` / ``httpcore2``, which the quiet list did not name)."""
+    import json
+    import logging
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from openai import OpenAI
+
+    from rlframe.observability.logs import route_driver_logs
+
+    reply = {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": "4"},
+            }
+        ],
+    }
+
+    class Endpoint(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    root = logging.getLogger()
+    root_level = root.level
+    routing = route_driver_logs(tmp_path, "warning")
+    try:
+        root.setLevel(logging.DEBUG)  # whatever reaches the handlers, not the root's threshold
+        client = OpenAI(base_url=f"http://127.0.0.1:{server.server_port}/v1", api_key="x")
+        for _ in range(3):
+            answer = client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "2+2"}]
+            )
+            assert answer.choices[0].message.content == "4"
+        client.close()
+    finally:
+        routing.close()
+        root.setLevel(root_level)
+        server.shutdown()
+        server.server_close()
+    text = (tmp_path / "logs" / "driver.log").read_text()
+    assert "HTTP Request" not in text and "127.0.0.1" not in text, text[:2000]
 
 
 def test_the_agents_http_client_lines_stay_out_of_the_driver_log(tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def test_a_full_disk_ends_the_run_in_one_line_with_its_own_exit_status(
 
     out = small_disk / "run"
 
-    def train_until_full(cfg: Config) -> list[dict[str, float]]:
+    def train_until_full(cfg: Config, resume_from: Path | None) -> list[dict[str, float]]:
         tracker = Tracker(out, ["jsonl"], cfg.trainer.total_steps, cfg, "p", "e")
         tracker.log(1, {"reward/mean": 0.5})
         fill(small_disk)

@@ -12,6 +12,7 @@ import pytest
 from rlframe.config import Config, ConfigError, build_config
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.models.expert_parallel import check_expert_parallel
+from rlframe.models.hf_config import read_model_config
 from tests.harness import check_cli
 from tests.unit.cli_errors import assert_config_error, check_config_error
 from tests.unit.config_trees import build
@@ -172,6 +173,8 @@ def test_expert_parallel_needs_experts_and_an_engine_group() -> None:
         rollout={"n": 4, "expert_parallel": True, "tensor_parallel_size": 2},
         trainer={"procs_per_node": 2},
     )
-    check_expert_parallel(cfg, resolve_model_path("tiny-moe:0"))
+    moe = resolve_model_path("tiny-moe:0")
+    check_expert_parallel(cfg, moe, read_model_config(moe, False))
     with pytest.raises(ConfigError, match="rollout.expert_parallel: .* has no experts"):
-        check_expert_parallel(cfg, resolve_model_path("tiny:0"))
+        dense = resolve_model_path("tiny:0")
+        check_expert_parallel(cfg, dense, read_model_config(dense, False))

@@ -12,6 +12,7 @@ from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
 from rlframe.models.checks import check_vision
+from rlframe.models.hf_config import read_model_config
 from rlframe.models.lora_targets import (
     check_lora_targets,
     list_peft_targets,
@@ -116,7 +117,7 @@ def test_a_vision_language_model_takes_adapters_on_its_language_model_only() -> 
     assert not set(linears.names) & {"qkv", "proj", "fc1", "fc2"}
     lora = {"rank": 8, "sync": "adapter"}
     cfg = build(model={"path": "tiny-vl:0", "lora": lora}, trainer={"device": "cpu"})
-    check_vision(cfg, path)
+    check_vision(cfg, path, read_model_config(path, False))
     check_lora_targets(cfg, path, trains_on_cpu=True)
     cfg.model.lora.target_modules = ["q_proj", "fc1"]
     with pytest.raises(ConfigError, match=r"target_modules: \['fc1'\] are layers of the vision"):

@@ -12,6 +12,7 @@ from rlframe.config import ActorConfig, Config, ConfigError, DataConfig, ModelCo
 from rlframe.config.algorithm import AlgorithmConfig
 from rlframe.core.protocol import ROUTED_EXPERTS, Batch, as_column
 from rlframe.data.tiny_model import resolve_model_path
+from rlframe.models.hf_config import read_model_config
 from rlframe.models.moe_routing import (
     check_router_replay,
     compute_routing_agreement,
@@ -149,9 +150,11 @@ def make_config(**rollout: object) -> Config:
 
 def test_router_replay_refuses_a_dense_model(tmp_path: Path) -> None:
     cfg = make_config()
-    check_router_replay(cfg, resolve_model_path("tiny-moe:0", cache_dir=tmp_path))
+    moe = resolve_model_path("tiny-moe:0", cache_dir=tmp_path)
+    check_router_replay(cfg, moe, read_model_config(moe, False))
     with pytest.raises(ConfigError, match="algorithm.router_replay: .*no routed experts"):
-        check_router_replay(cfg, resolve_model_path("tiny:0", cache_dir=tmp_path))
+        dense = resolve_model_path("tiny:0", cache_dir=tmp_path)
+        check_router_replay(cfg, dense, read_model_config(dense, False))
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,25 @@ def test_pass_is_skipped_only_when_exactly_on_policy(mode: str) -> None:
     assert not needs_pass(stale)
 
 
+@pytest.mark.parametrize("mode", ["recompute", "decoupled"])
+def test_lora_dropout_runs_the_pass(mode: str) -> None:
+    """An exactly on-policy update with LoRA dropout on still runs the (eval-mode) pass: the
+    update's own log-probs carry the dropout mask, and the sync check compares the old
+    log-probs with the rollout's (issue 46: a false "weight sync broken" at step 2). Dropout
+    on adapters that are off (rank 0) changes nothing."""
+    cfg = make_config(mode)
+    cfg.model.lora.rank = 16
+    assert not needs_pass(cfg)
+    cfg.model.lora.dropout = 0.1
+    assert needs_pass(cfg)
+    cfg.model.lora.rank = 0
+    assert not needs_pass(cfg)
+    # The rollout's log-probs are the old policy: no pass, dropout or not.
+    rollout = make_config("rollout")
+    rollout.model.lora.rank, rollout.model.lora.dropout = 16, 0.1
+    assert not needs_pass(rollout)
+
+
 def test_rollout_never_runs_the_pass() -> None:
     cfg = make_config("rollout", epochs=2)
     cfg.rollout.max_staleness = 2

@@ -14,7 +14,12 @@ from rlframe.algorithms.router import (
     compute_load_balancing_loss,
     summarize_routing,
 )
+from rlframe.config import AlgorithmConfig, Config, ConfigError
+from rlframe.data.tiny_model import resolve_model_path
+from rlframe.models.hf_config import read_config_json, read_model_config
+from rlframe.models.moe_routing import check_router_aux_loss
 from tests.harness import check_cli
+from tests.unit.cli_errors import check_config_error
 
 LN3 = math.log(3.0)
 
@@ -63,3 +68,49 @@ def test_router_entropy_is_the_mean_over_real_tokens() -> None:
 def test_a_negative_coefficient_stops_before_ray() -> None:
     out = check_cli("+recipe=moe_tiny", "algorithm.router_aux_loss_coef=-0.01")
     assert out.returncode != 0 and "algorithm.router_aux_loss_coef" in out.stderr
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf"])
+def test_a_non_finite_coefficient_stops_before_ray(value: str) -> None:
+    """inf passed ``>= 0`` and every step logged ``grad nan`` (issue 46); nan was refused as
+    "must be >= 0". Every float key of the schema must be finite."""
+    check_config_error(
+        "+recipe=moe_tiny",
+        f"algorithm.router_aux_loss_coef={value}",
+        key="algorithm.router_aux_loss_coef",
+        text=f"must be a finite number, got {float(value)}",
+        before_ray=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "override", ["actor.lr=inf", "algorithm.entropy_coef=nan", "rollout.temperature=inf"]
+)
+def test_any_non_finite_float_key_is_refused(override: str) -> None:
+    key, value = override.split("=")
+    check_config_error(
+        "+recipe=grpo_tiny",
+        override,
+        key=key,
+        text=f"must be a finite number, got {float(value)}",
+        before_ray=True,
+    )
+
+
+def test_a_coefficient_without_routers_stops_before_ray() -> None:
+    """On the dense tiny:0 the load-balancing loss has nothing to balance: refused (before
+    Ray, from config.json) like the other keys without effect; the MoE model takes it."""
+    resolve_model_path("tiny:0")  # built: the check before Ray reads its config.json
+    check_config_error(
+        "+recipe=grpo_tiny",
+        "algorithm.router_aux_loss_coef=0.01",
+        key="algorithm.router_aux_loss_coef",
+        text="has no effect on a dense model",
+        before_ray=True,
+    )
+    dense, moe = resolve_model_path("tiny:0"), resolve_model_path("tiny-moe:0")
+    cfg = Config(algorithm=AlgorithmConfig(router_aux_loss_coef=0.01))
+    for read in (read_config_json, lambda path: read_model_config(path, False)):
+        check_router_aux_loss(cfg, moe, read(moe))
+        with pytest.raises(ConfigError, match="router_aux_loss_coef: has no effect"):
+            check_router_aux_loss(cfg, dense, read(dense))

@@ -10,6 +10,7 @@ import torch
 from rlframe.config import ConfigError, build_config
 from rlframe.core.sequence_layout import build_layout
 from rlframe.models.checks import check_sequence_parallel
+from rlframe.models.hf_config import read_model_config
 from rlframe.observability.logs import describe_mesh
 from tests.workers.layout_cases import make_batch
 
@@ -46,13 +47,23 @@ def test_sizes_that_do_not_divide_the_ranks_are_refused(overrides, key, text) ->
         config(**overrides)
 
 
+def test_a_critic_size_without_a_critic_is_refused() -> None:
+    """critic.sequence_parallel_size has no effect without a critic: refused like the other
+    keys without effect (issue 46: it ran silently)."""
+    with pytest.raises(ConfigError, match=r"^critic.sequence_parallel_size: has no effect"):
+        config(sp=1, critic={"sequence_parallel_size": 2})
+    with_critic = config(sp=1, critic={"sequence_parallel_size": 2}, algorithm={"advantage": "gae"})
+    assert with_critic.critic.enable and with_critic.critic.sequence_parallel_size == 2
+
+
 def test_sizes_that_do_not_divide_the_heads_are_refused() -> None:
     from rlframe.data.tiny_model import resolve_model_path
 
     path = resolve_model_path("tiny:0")  # 2 attention heads, 1 key/value head
-    check_sequence_parallel(config(sp=2), path)  # the key/value head is repeated
+    model = read_model_config(path, False)
+    check_sequence_parallel(config(sp=2), path, model)  # the key/value head is repeated
     with pytest.raises(ConfigError, match=r"^actor.sequence_parallel_size: 4 must divide .* 2 "):
-        check_sequence_parallel(config(sp=4, procs=4), path)
+        check_sequence_parallel(config(sp=4, procs=4), path, model)
 
 
 def test_startup_summary_shows_the_mesh() -> None:

@@ -4,6 +4,7 @@ rows with images (against transformers' own Qwen2-VL ``get_rope_index``)."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,78 @@ def test_geometry3k_prepare_writes_image_rows_the_tiny_vlm_reads(
 def test_vision_settings_fail_before_ray(recipe: str, override: str, key: str, text: str) -> None:
     outcome = check_cli(f"+recipe={recipe}", *override.split())
     assert_config_error(outcome, key, text, alone=False)
+
+
+def test_image_rows_on_a_text_model_name_the_missing_vision_tower(tmp_path: Path) -> None:
+    """A text-only model given rows with images: the cause is named (the model has no vision
+    tower), for a visual task and for a file (issue 46: "the tokenizer [has] no chat
+    template", a symptom)."""
+    from PIL import Image
+
+    line = assert_config_error(
+        check_cli("+recipe=grpo_tiny", "data.task=colour"), "data.task", "has no vision tower"
+    )
+    assert "chat template" not in line
+    image = io.BytesIO()
+    Image.new("RGB", (56, 56), "red").save(image, format="PNG")
+    (tmp_path / "red.png").write_bytes(image.getvalue())
+    rows = tmp_path / "rows.jsonl"
+    row = {"prompt": "colour?", "ground_truth": "r", "images": [str(tmp_path / "red.png")]}
+    rows.write_text("\n".join(json.dumps(row) for _ in range(20)))
+    line = assert_config_error(
+        check_cli(
+            "+recipe=grpo_tiny",
+            f"data.train_files=[{rows}]",
+            "data.batch_size=4",
+            "actor.mini_batch_size=64",
+            "actor.micro_batch_size=64",
+        ),
+        "data.train_files",
+        f"{rows} row 0: the row has images, but the model",
+        "has no vision tower",
+    )
+
+
+def flip(data: bytes, at: int) -> bytes:
+    return data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+
+
+@pytest.mark.parametrize("damage", ["random-bytes", "truncated", "corrupted"])
+def test_an_undecodable_image_is_one_line_naming_its_row(tmp_path: Path, damage: str) -> None:
+    """Row 3 of twenty holds an image PIL cannot read: one config-error line naming the file,
+    the row and the image (issue 46: a 47-line PIL.UnidentifiedImageError naming no row)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 64), "red").save(buffer, format="PNG")
+    good = buffer.getvalue()
+    bad = {
+        "random-bytes": bytes(range(256)) * 4,
+        "truncated": good[: len(good) // 2],
+        # The header reads, a pixel-data byte is flipped: PIL's integrity check sees it.
+        "corrupted": flip(good, good.index(b"IDAT") + 8),
+    }[damage]
+    (tmp_path / "good.png").write_bytes(good)
+    (tmp_path / "bad.png").write_bytes(bad)
+    rows = tmp_path / "rows.jsonl"
+    lines = []
+    for i in range(20):
+        image = tmp_path / ("bad.png" if i == 3 else "good.png")
+        row = {"prompt": "colour?", "ground_truth": "r", "images": [str(image)]}
+        lines.append(json.dumps(row))
+    rows.write_text("\n".join(lines))
+    result = check_cli(
+        "+recipe=vlm_tiny",
+        f"data.train_files=[{rows}]",
+        "data.batch_size=4",
+        "actor.mini_batch_size=32",
+        "actor.micro_batch_size=32",
+    )
+    line = assert_config_error(
+        result, "data.train_files", f"{rows} row 3: image 0 cannot be decoded", alone=False
+    )
+    print(line)
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_a_resume_with_another_processor_fails_before_ray(tmp_path: Path) -> None:
