@@ -28,7 +28,7 @@ TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "scripted_episodes.py"
         (
             "agent.env=chess",
             "agent.env: unknown environment 'chess'; registered: "
-            "['calculator', 'colour_quiz', 'guess_number']",
+            "['calculator', 'colour_quiz', 'guess_number', 'slow_guess']",
         ),
         (f"agent.env={TEMPLATE_LESS_ENV}:NoSuchEnv", "agent.env: has no function 'NoSuchEnv'"),
         ("+agent.env_kwargs.colour=red", "agent.env_kwargs: guess_number cannot be built with"),
