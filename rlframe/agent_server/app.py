@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -36,6 +35,14 @@ from rlframe.agent_server.guard import (
     plan_connection_cap,
 )
 from rlframe.agent_server.replies import ReplyBuilder
+from rlframe.agent_server.requests import (
+    HTTP_CODES,
+    MAX_JSON_DEPTH,
+    APIError,
+    check_params,
+    error_response,
+    measure_depth,
+)
 from rlframe.agent_server.sessions import Session, SessionRegistry
 from rlframe.agent_server.trajectory import Episode, normalize_message
 from rlframe.config import Config
@@ -44,43 +51,7 @@ from rlframe.core.protocol import Batch
 from rlframe.core.tokenizer import Tokenizer
 from rlframe.rollout.multi_turn import mix_seed
 
-ACCEPTED = {
-    "model", "messages", "tools", "tool_choice", "temperature", "max_tokens",
-    "max_completion_tokens", "stop", "n", "stream", "seed", "user", "top_p",
-    "parallel_tool_calls", "metadata", "store",
-}  # fmt: skip
 LINGER_S = 2.0
-ERROR_TYPES = {404: "not_found_error", 429: "rate_limit_error"}
-HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
-              413: "request_too_large", 431: "request_header_fields_too_large"}  # fmt: skip
-
-
-def error_type(status: int) -> str:
-    """OpenAI's ``error.type`` for an HTTP status: every other 4xx is the request's fault."""
-    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, code: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
-
-
-def error_response(status: int, message: str, code: str, param: str | None = None) -> web.Response:
-    body = {
-        "error": {
-            "message": message,
-            "type": error_type(status),
-            "param": param,
-            "code": code,
-        }
-    }
-    response = web.json_response(body, status=status)
-    if status == 408:  # the rest of a body that never came is not worth waiting for
-        response.force_close()
-    return response
-
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -110,39 +81,6 @@ def describe_server_error(error: BaseException) -> str:
     text = ANSI_ESCAPE.sub("", str(error)).strip()
     first = text.splitlines()[0] if text else ""
     return f"{type(error).__name__}: {first}"[:300]
-
-
-MAX_JSON_DEPTH = 64
-"""The deepest nesting of arrays and objects a body may have: a tool's JSON schema is a few
-levels deep; 100,000 levels would exhaust the parser's (and later the template's) recursion."""
-
-
-def measure_depth(value: Any) -> int:
-    """The nesting depth of a parsed JSON value (a scalar: 0), without recursion."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        children = (
-            node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        )
-        if children is None:
-            continue
-        deepest = max(deepest, depth)
-        if depth > MAX_JSON_DEPTH:
-            break
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
-
-
-def is_finite_number(value: Any) -> bool:
-    """A JSON number (not a bool) that is a finite float: an integer of thousands of digits
-    is not (float() overflows)."""
-    if type(value) not in (int, float):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
 
 
 class AgentServer:
@@ -297,7 +235,7 @@ class AgentServer:
             raise APIError(
                 400, f"the body is nested more than {MAX_JSON_DEPTH} levels deep", "invalid_json"
             )
-        self.check_params(body)
+        check_params(body, self.cfg.rollout.temperature, self.cfg.rollout.top_p)
         if self.in_flight >= self.agent.max_pending_requests:
             raise APIError(
                 429, f"{self.in_flight} requests are in progress, the most "
@@ -309,54 +247,6 @@ class AgentServer:
             return web.json_response(await self.complete(session, body))
         finally:
             self.in_flight -= 1
-
-    def check_params(self, body: Any) -> None:
-        if not isinstance(body, dict):
-            raise APIError(400, "the body must be a JSON object", "invalid_request")
-        for key in body:
-            if key not in ACCEPTED:
-                raise APIError(400, f"unsupported parameter {key!r}", "unsupported_parameter", key)
-        if body.get("n", 1) not in (1, None):
-            raise APIError(400, "only n=1 is supported", "unsupported_parameter", "n")
-        if body.get("stream"):
-            raise APIError(400, "streaming is not supported", "unsupported_parameter", "stream")
-        for key, value in (("temperature", self.cfg.rollout.temperature),
-                           ("top_p", self.cfg.rollout.top_p)):  # fmt: skip
-            given = body.get(key)
-            if given is not None and not is_finite_number(given):
-                raise APIError(400, f"{key} must be a number", "invalid_request", key)
-            if given is not None and abs(float(given) - value) > 1e-6:
-                raise APIError(
-                    400, f"{key}={given} differs from the run's rollout.{key}={value}, which "
-                    "the trainer's log-probs assume", "unsupported_parameter", key,
-                )  # fmt: skip
-        for key in ("max_tokens", "max_completion_tokens"):
-            cap = body.get(key)
-            if cap is not None and (type(cap) is not int or cap < 1):
-                raise APIError(400, f"{key} must be a positive integer", "invalid_request", key)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise APIError(
-                400, "'messages' must be a non-empty list", "invalid_request", "messages"
-            )
-        if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
-            raise APIError(400, "every message needs a 'role'", "invalid_request", "messages")
-        for m in messages:
-            check_content(m.get("content"))
-            check_tool_calls(m.get("tool_calls"))
-        tools = body.get("tools")
-        if tools is not None and not (
-            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-        ):
-            raise APIError(400, "'tools' must be a list of objects", "invalid_request", "tools")
-        stop = body.get("stop")
-        if stop is not None and not (
-            isinstance(stop, str)
-            or (isinstance(stop, list) and all(isinstance(x, str) for x in stop))
-        ):
-            raise APIError(
-                400, "'stop' must be a string or a list of strings", "invalid_request", "stop"
-            )
 
     async def complete(self, session: Session, body: dict[str, Any]) -> dict[str, Any]:
         episode = session.episode
@@ -441,35 +331,3 @@ class AgentServer:
                 "context_length_exceeded", "messages",
             )  # fmt: skip
         return allowed
-
-
-def check_content(content: Any) -> None:
-    """A message's ``content``: text, null (an assistant turn of tool calls), or a list of
-    content parts (objects; their ``text`` is read)."""
-    if content is None or isinstance(content, str):
-        return
-    if isinstance(content, list) and all(isinstance(part, dict) for part in content):
-        return
-    raise APIError(
-        400, "a message's 'content' must be a string, null or a list of content parts "
-        f"(objects), got {type(content).__name__}", "invalid_request", "messages",
-    )  # fmt: skip
-
-
-def check_tool_calls(calls: Any) -> None:
-    """A message's ``tool_calls``: absent, or a list of ``{"function": {"name": str,
-    "arguments": str | object}}`` (what the chat template reads)."""
-    if calls is None:
-        return
-    bad = APIError(
-        400, "'tool_calls' must be a list of {'id', 'type', 'function': {'name', 'arguments'}}",
-        "invalid_request", "messages",
-    )  # fmt: skip
-    if not isinstance(calls, list):
-        raise bad
-    for call in calls:
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise bad
-        if not isinstance(function.get("arguments", {}), str | dict):
-            raise bad
