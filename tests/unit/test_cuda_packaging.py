@@ -33,3 +33,17 @@ def test_cuda_image_is_ready_to_run_offline() -> None:
     assert re.search(r"apt-get install[^\n]*\\\n[^\n]*bubblewrap", image)
     assert "RUN vllm download-kernels" in image
     assert re.search(r"MAX_JOBS=\$\{MAX_JOBS\} pip install --no-build-isolation", image)
+
+
+def test_transformers_floor_is_the_line_the_code_needs() -> None:
+    """The code reads transformers 5's layouts (fused MoE experts, ``PreTrainedConfig``): an
+    older floor would let a CUDA install resolve a 4.x that fails at the first MoE sync."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    (pin,) = [r for r in project["dependencies"] if re.match(r"transformers\b", r)]
+    floor = re.fullmatch(r"transformers>=(\d+)\.(\d+)", pin)
+    assert floor is not None, pin
+    import transformers
+
+    installed = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+    assert (int(floor[1]), int(floor[2])) >= (5, 19), pin
+    assert installed >= (int(floor[1]), int(floor[2])), (pin, transformers.__version__)
