@@ -77,6 +77,15 @@ def check_vision(cfg: Config, model_path: str, config: Any) -> None:
     for key, used in unsupported.items():
         if used:
             raise ConfigError(key, f"not supported yet for a vision-language model ({model_path})")
+    if cfg.rollout.sleep_level == 2 and (cfg.model.freeze_vision or cfg.model.lora.enabled):
+        # Level 2 discards every weight of the sleeping engine; the push after waking skips a
+        # tower that does not train (frozen, or under LoRA), so images would be embedded with
+        # lost weights (the adapter sync's own guard, config/lora.py, covers the rest).
+        raise ConfigError(
+            "rollout.sleep_level",
+            "2 discards the vision tower's weights, which the sync after waking does not send "
+            "when the tower does not train (model.freeze_vision or LoRA): use 1",
+        )
 
 
 def check_sequence_parallel(cfg: Config, model_path: str, config: Any) -> None:

@@ -163,6 +163,13 @@ def test_geometry3k_prepare_writes_image_rows_the_tiny_vlm_reads(
         ),
         # The openai agent's server would send the image pads without their images.
         ("vlm_tiny", "rollout.agent=openai", "rollout.agent", "not supported"),
+        # Level 2 drops every weight; the sync after waking skips a tower that does not train.
+        (
+            "vlm_tiny",
+            "rollout.sleep_level=2 model.freeze_vision=true",
+            "rollout.sleep_level",
+            "discards the vision tower's weights",
+        ),
     ],
 )
 def test_vision_settings_fail_before_ray(recipe: str, override: str, key: str, text: str) -> None:
