@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlframe.config.checks import require, require_choice, require_positive
+from rlframe.config.rollout import RolloutConfig
 from rlframe.core.names import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
@@ -215,19 +216,16 @@ class AlgorithmConfig:
 
 
 def check_router_replay_setup(
-    router_replay: RouterReplay,
-    agent: str,
-    partial_chunk_tokens: int,
-    sequence_parallel_size: int,
-    engine: str,
-    top_p: float,
+    router_replay: RouterReplay, rollout: RolloutConfig, sequence_parallel_size: int
 ) -> None:
     """``algorithm.router_replay=rollout`` where the routing cannot reach the trainer whole:
     rows rebuilt by an agent (they carry no routing yet), responses continued over calls of
-    different weights (partial rollouts), tokens split across a sequence-parallel group, or
-    vLLM log-probs of another meaning."""
+    different weights (partial rollouts), tokens split across a sequence-parallel group, vLLM
+    log-probs of another meaning, or a vLLM engine over several ranks."""
     if router_replay is RouterReplay.off:
         return
+    agent, partial_chunk_tokens = rollout.agent, rollout.partial_chunk_tokens
+    engine, top_p = rollout.engine.value, rollout.top_p
     key, why = "algorithm.router_replay", "rollout carries each token's routing"
     require(
         agent == "single_turn",
@@ -257,4 +255,15 @@ def check_router_replay_setup(
         key,
         f"rollout with rollout.engine=vllm runs Model Runner V2, whose log-probs ignore "
         f"top-p: set rollout.top_p=1 (got {top_p})",
+    )
+    # vLLM keeps the captured routing on the first rank of a tensor-parallel group; under
+    # external_launcher every rank schedules, and the others' schedulers assert at the first
+    # token (read in vLLM 0.32's source; a GPU-only path).
+    require(
+        engine != "vllm" or (rollout.tensor_parallel_size == 1 and not rollout.expert_parallel),
+        key,
+        f"rollout with rollout.engine=vllm records routing on one rank per engine: "
+        f"rollout.tensor_parallel_size={rollout.tensor_parallel_size} and "
+        f"rollout.expert_parallel={rollout.expert_parallel} spread an engine over several; "
+        "set tensor_parallel_size=1",
     )

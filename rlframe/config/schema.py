@@ -68,14 +68,7 @@ class Config:
         check_adapter_sync(self.model.lora, self.rollout.engine.value, self.rollout.sleep_level)
         check_sync_gap(self.rollout, a.off_policy_correction)
         check_async(self.rollout, self.data.batch_size, self.trainer.total_steps)
-        check_router_replay_setup(
-            a.router_replay,
-            self.rollout.agent,
-            self.rollout.partial_chunk_tokens,
-            self.actor.sequence_parallel_size,
-            self.rollout.engine.value,
-            self.rollout.top_p,
-        )
+        check_router_replay_setup(a.router_replay, self.rollout, self.actor.sequence_parallel_size)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",

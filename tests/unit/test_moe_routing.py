@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from rlframe.config import ActorConfig, Config, ConfigError, DataConfig, ModelConfig, RolloutConfig
-from rlframe.config.algorithm import AlgorithmConfig
+from rlframe.config.algorithm import AlgorithmConfig, check_router_replay_setup
+from rlframe.core.names import RouterReplay
 from rlframe.core.protocol import ROUTED_EXPERTS, Batch, as_column
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.models.hf_config import read_model_config
@@ -184,3 +186,14 @@ def test_router_replay_with_vllm_on_cpu_stops_before_ray() -> None:
         key="algorithm.router_replay",
         text="CUDA only",
     )
+
+
+@pytest.mark.parametrize("spread", [{"tensor_parallel_size": 2}, {"expert_parallel": True}])
+def test_router_replay_refuses_a_vllm_engine_over_several_ranks(spread: dict) -> None:
+    """vLLM keeps the captured routing on an engine's first rank; the other ranks' schedulers
+    assert at the first token (GPU only), so the setting stops before Ray."""
+    rollout = RolloutConfig(engine="vllm", n=4, **{"tensor_parallel_size": 2, **spread})
+    with pytest.raises(ConfigError, match="algorithm.router_replay: .*one rank per engine"):
+        check_router_replay_setup(RouterReplay.rollout, rollout, 1)
+    check_router_replay_setup(RouterReplay.rollout, RolloutConfig(engine="vllm", n=4), 1)
+    check_router_replay_setup(RouterReplay.rollout, replace(rollout, engine="hf"), 1)
