@@ -93,6 +93,7 @@ def check_router_replay(cfg: Config, model_path: str, config: Any) -> None:
         return
     model_type = getattr(config, "model_type", "?")
     if model_type in REPLAYABLE_MODEL_TYPES:
+        check_every_layer_routed(config, model_path)
         return
     moe = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     what = "its router is not one rlframe replays" if moe else "it has no routed experts"
@@ -101,3 +102,22 @@ def check_router_replay(cfg: Config, model_path: str, config: Any) -> None:
         f"rollout replays a mixture-of-experts router's choices, but {model_path} "
         f"({model_type}): {what}; supported: {sorted(REPLAYABLE_MODEL_TYPES)}. Set it off",
     )
+
+
+def check_every_layer_routed(config: Any, model_path: str) -> None:
+    """Routing replay indexes the engine's routing by MoE layer, and vLLM returns it for every
+    decoder layer by absolute index: a model with dense layers among its MoE ones (Qwen-MoE's
+    ``mlp_only_layers`` or ``decoder_sparse_step > 1``) would replay one layer's routing into
+    another. Raise ConfigError naming ``algorithm.router_replay``."""
+    from rlframe.config import ConfigError
+
+    text = getattr(config, "text_config", None) or config
+    dense = list(getattr(text, "mlp_only_layers", None) or [])
+    step = getattr(text, "decoder_sparse_step", None) or 1
+    if dense or step > 1:
+        where = f"mlp_only_layers={dense}" if dense else f"decoder_sparse_step={step}"
+        raise ConfigError(
+            "algorithm.router_replay",
+            f"rollout replays routing in models whose every decoder layer is MoE; {model_path} "
+            f"has dense layers ({where}). Set it off",
+        )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -197,3 +198,15 @@ def test_router_replay_refuses_a_vllm_engine_over_several_ranks(spread: dict) ->
         check_router_replay_setup(RouterReplay.rollout, rollout, 1)
     check_router_replay_setup(RouterReplay.rollout, RolloutConfig(engine="vllm", n=4), 1)
     check_router_replay_setup(RouterReplay.rollout, replace(rollout, engine="hf"), 1)
+
+
+@pytest.mark.parametrize("dense", [{"mlp_only_layers": [0]}, {"decoder_sparse_step": 2}])
+def test_router_replay_refuses_a_model_with_dense_layers(tmp_path: Path, dense: dict) -> None:
+    cfg = make_config()
+    moe = resolve_model_path("tiny-moe:0", cache_dir=tmp_path)
+    config = copy.deepcopy(read_model_config(moe, False))  # the reader's cache stays intact
+    check_router_replay(cfg, moe, config)
+    for key, value in dense.items():
+        setattr(config, key, value)
+    with pytest.raises(ConfigError, match="algorithm.router_replay: .*has dense layers"):
+        check_router_replay(cfg, moe, config)
