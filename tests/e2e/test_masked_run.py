@@ -9,7 +9,9 @@ import pytest
 
 from tests.harness import REPO, mean_reward_gain, run_recipe
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
+# matrix: two 60-step runs (about 100 s in the default tier's .ci/run, over its budget); the
+# unit tests (tests/unit/test_masked_samples.py) hold every masking rule.
+pytestmark = [pytest.mark.slow, pytest.mark.matrix, pytest.mark.usefixtures("ray_cluster")]
 
 STEPS = 60
 """Enough for grpo_tiny's reward to grow several times over (the quickstart's 150 steps
