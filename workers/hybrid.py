@@ -14,6 +14,7 @@ from rlframe.config import Config
 from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.core.protocol import Batch
+from rlframe.rollout.turns import TurnRequest, TurnResult
 from workers.roles.rollout_role import RolloutRole
 from workers.sync.weight_sync import InProcessSink
 from workers.train_endpoints import TrainEndpoints
@@ -90,6 +91,17 @@ class HybridWorker(TrainEndpoints):
         if not prompts.meta.get("more_turns"):
             self.enter_train_mode()
         return out
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def open_stream(self) -> None:
+        """Rollout mode on every rank before the stream's requests come (waking may push
+        weights, a collective); the next training call ends it."""
+        self.enter_rollout_mode()
+
+    def serve(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        """One call of the request stream (:meth:`RolloutRole.serve`), made on this rank's
+        actor by :class:`rlframe.rollout.engine_client.EngineClient`."""
+        return self.rollout_role.serve(requests)
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> int:

@@ -14,6 +14,7 @@ from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.controller.worker import Worker
 from rlframe.core.protocol import Batch
+from rlframe.rollout.turns import TurnRequest, TurnResult
 from workers.roles.rollout_role import RolloutRole
 from workers.sync.weight_sync import BroadcastReceiver, WeightGroup
 
@@ -53,3 +54,11 @@ class RolloutWorker(Worker):
         """See :meth:`workers.roles.rollout_role.RolloutRole.generate` (the engine never sleeps
         here, so meta ``more_turns`` changes nothing)."""
         return self.rollout_role.generate(prompts)
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def open_stream(self) -> None:
+        """Nothing to do: this engine is always awake."""
+
+    def serve(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        """One call of the request stream (:meth:`RolloutRole.serve`)."""
+        return self.rollout_role.serve(requests)

@@ -27,6 +27,8 @@ class Group(Protocol):
 
     role: str
     world_size: int
+    actors: list[Any]
+    """The group's Ray actors, in rank order."""
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> CallHandle: ...
 
@@ -52,6 +54,8 @@ class HybridGroup(ActorGroup, Protocol):
 
     def generate(self, prompts: Batch) -> Batch: ...
 
+    def open_stream(self) -> list[None]: ...
+
     def sync_weights(self) -> list[int]: ...
 
 
@@ -67,6 +71,8 @@ class RolloutGroup(Group, Protocol):
     """Separate placement, rollout side: generates and receives weights."""
 
     def generate(self, prompts: Batch) -> Batch: ...
+
+    def open_stream(self) -> list[None]: ...
 
     def init_weight_group(self, spec: WeightGroupSpec) -> list[None]: ...
 

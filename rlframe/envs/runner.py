@@ -111,13 +111,18 @@ def run_env_calls(
     if not calls:
         return []
     outcomes = asyncio.run(run_all(calls, timeout_s, limit))
+    check_stuck_calls(max_stuck, timeout_s, getattr(calls[0][0], "__qualname__", "the env"))
+    return outcomes
+
+
+def check_stuck_calls(max_stuck: int, timeout_s: float, name: str) -> None:
+    """Raise EnvError when more than ``max_stuck`` abandoned sync calls (such as ``name``)
+    are still running."""
     stuck = count_stuck_calls()
     if stuck > max_stuck:
-        name = getattr(calls[0][0], "__qualname__", "the env")
         raise EnvError(
             f"{stuck} sync calls (such as {name}) that ran past agent.step_timeout_s="
             f"{timeout_s:g} are still running, more than agent.max_stuck_calls={max_stuck}: "
             "a thread cannot be stopped, so each one that hangs is kept for good; make the "
             "env or agent return (or make it async: a timed-out coroutine is cancelled)"
         )
-    return outcomes

@@ -33,7 +33,9 @@ from rlframe.core.protocol import SAMPLE_MASK, Batch
 from rlframe.core.registry import Registry
 from rlframe.core.tokenizer import Tokenizer
 from rlframe.envs.runner import count_stuck_calls
+from rlframe.rollout.batched_turns import BatchedTurns
 from rlframe.rollout.rows import generate_batch
+from rlframe.rollout.turns import TurnServer
 
 
 @dataclass
@@ -48,6 +50,15 @@ class AgentContext:
     resources: dict[str, Any] = field(default_factory=dict)
     """What an agent keeps across batches (the ``openai`` agent's server); each value with a
     ``stop()`` is stopped when the producer closes."""
+    engine: TurnServer | None = None
+    """The request stream to the engines (:class:`~rlframe.rollout.engine_client.EngineClient`
+    in a run); None: turns gathered into calls of ``generate``."""
+    turns: TurnServer = field(init=False)
+    """Where episodes send their turns: ``engine``, or :class:`BatchedTurns` over
+    ``generate``. Closed when the producer closes."""
+
+    def __post_init__(self) -> None:
+        self.turns = self.engine if self.engine is not None else BatchedTurns(self.generate)
 
 
 AgentFn = Callable[[Batch, AgentContext], Batch]

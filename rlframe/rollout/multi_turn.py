@@ -1,9 +1,11 @@
 """Multi-turn episodes: the model and an environment take turns, token in, token out.
 
-Per turn, every live trajectory's whole context (prompt + response so far) goes to the
-engine in ONE ``generate`` call, each row with what is left of its sampled-token budget as
-``max_tokens``; then the env steps of the turn run concurrently. The next context is the
-previous one + the sampled ids + the observation's ids from the chat template
+Each episode is a coroutine: it sends its whole context (prompt + response so far) to the
+engines as one request of the stream (:mod:`rlframe.rollout.turns`), with what is left of its
+sampled-token budget as ``max_tokens``, waits for that turn alone, steps its env, and goes on;
+no episode waits for another's turn or env call, and all of an episode's turns go to one
+engine replica (its prefix stays cached there). The next context is the previous one + the
+sampled ids + the observation's ids from the chat template
 (:class:`rlframe.envs.chat.ChatFormat`): nothing the model sampled is ever re-tokenised.
 
 An episode ends when the env says done, after ``agent.max_turns`` turns, when the budget
@@ -26,6 +28,8 @@ and the engine could not serve a context holding it beside real ones.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from typing import Any
 
 from rlframe.config.agent import compute_response_width
@@ -34,9 +38,10 @@ from rlframe.core.protocol import Batch
 from rlframe.envs import ChatFormat, EnvError, build_env_factory, get_tools
 from rlframe.envs.base import as_step_result, check_messages
 from rlframe.envs.chat import read_images
-from rlframe.envs.runner import CallOutcome, run_env_calls
+from rlframe.envs.runner import CallOutcome, check_stuck_calls, run_one
 from rlframe.rollout.agents import AGENTS, AgentContext
-from rlframe.rollout.rows import TokenRow, attach, collate, image_extras, sample_turns
+from rlframe.rollout.rows import TokenRow, add_turn_result, attach, collate, image_extras
+from rlframe.rollout.turns import TurnRequest, sample_turn
 
 STATS = (
     "env_reward",
@@ -74,6 +79,10 @@ def build_samples(prompts: Batch) -> list[dict[str, Any]]:
     ]
 
 
+EPISODES = itertools.count()
+"""Numbers the episodes of this process: an episode's number names its stream session."""
+
+
 class EpisodeRunner:
     """Runs the episodes of one batch of prompts; see the module docstring."""
 
@@ -83,47 +92,68 @@ class EpisodeRunner:
         self.agent = ctx.config.agent
         self.env_name = self.agent.env
         self.pad_id = int(prompts.meta["pad_token_id"])
-        self.stop_ids = set(int(t) for t in prompts.meta["stop_token_ids"])
+        self.stop_ids = tuple(int(t) for t in prompts.meta["stop_token_ids"])
+        meta = prompts.meta
+        self.temperature = 0.0 if meta.get("greedy") else meta.get("temperature")
+        """Greedy for ReMax's baseline, validation's own temperature, else the run's."""
         self.samples = build_samples(prompts)
         self.weights_version = 0
-        """The newest version a call of this batch ran with."""
+        """The newest version a turn of this batch ran with."""
         self.envs: list[Any] = []
-        self.done: set[int] = set()
-        """Rows whose episode ended."""
 
     def run(self) -> Batch:
         make_env = build_env_factory(self.env_name, self.agent.env_kwargs)
         self.envs = [make_env() for _ in range(len(self.prompts))]
-        resets = [(env.reset, (sample,)) for env, sample in zip(self.envs, self.samples)]
-        opening = self.call_envs(resets, "reset", list(range(len(self.envs))))
         self.chat = ChatFormat(self.ctx.tokenizer, tools=get_tools(self.envs[0]))
         self.end_of_turn_id = int(self.ctx.tokenizer.convert_tokens_to_ids(self.chat.end_of_turn))
-        rows = [self.start(i, outcome) for i, outcome in enumerate(opening)]
-        for turn in range(self.agent.max_turns):
-            live = [i for i in range(len(rows)) if i not in self.done]
-            if not live:
-                break
-            self.sample_turn(rows, live, turn)
-            self.step_envs(rows, live, turn)
+        self.ctx.turns.open()
+        rows = asyncio.run(self.run_all())
+        check_stuck_calls(self.agent.max_stuck_calls, self.agent.step_timeout_s, self.env_name)
         return self.assemble(rows)
+
+    async def run_all(self) -> list[TokenRow]:
+        """Every episode at once; the first that raises cancels the others and is raised."""
+        self.gate = asyncio.Semaphore(self.agent.max_concurrent_envs)
+        try:
+            async with asyncio.TaskGroup() as episodes:
+                tasks = [episodes.create_task(self.run_episode(i)) for i in range(len(self.envs))]
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        return [t.result() for t in tasks]
+
+    async def run_episode(self, i: int) -> TokenRow:
+        """One episode: reset, then turn and env step until it ends."""
+        session = f"episode-{next(EPISODES)}"
+        opening = await self.call_env(self.envs[i].reset, (self.samples[i],), "reset", i)
+        row, done = self.start(i, opening)
+        try:
+            for turn in range(self.agent.max_turns):
+                if done:
+                    break
+                await self.sample_turn(row, turn, session)
+                done = await self.step_env(row, i, turn)
+        finally:
+            self.ctx.turns.end_session(session)
+        return row
 
     # -- one turn ------------------------------------------------------------------------
 
-    def start(self, i: int, outcome: CallOutcome) -> TokenRow:
+    def start(self, i: int, outcome: CallOutcome) -> tuple[TokenRow, bool]:
+        """The episode's row, and whether it is over already (its reset failed)."""
         stats = {name: 0.0 for name in STATS}
         seed = int(self.prompts.column("seed")[i])
         if outcome.error is not None:
             # on_env_error=mask / fail_episode: nothing to sample from; keep the loader's
             # prompt. The reward stage masks the episode or scores it 0.
-            self.done.add(i)
             ids = self.prompts.tensor("prompt_ids")[i][
                 self.prompts.tensor("prompt_mask")[i].bool()
             ].tolist()
             stats["env_failed"] = 1.0
             images = self.samples[i].get("images", [])
-            return TokenRow(
+            row = TokenRow(
                 ids, seed=seed, finish_reason="env_error", row_extras=stats | self.carry(images)
             )
+            return row, True
         messages = check_messages(outcome.value, self.env_name, "reset")
         ids = self.chat.prompt_ids(messages)
         limit = self.cfg.data.max_prompt_length
@@ -133,60 +163,63 @@ class EpisodeRunner:
                 f"{len(ids)} tokens with the env's opening messages and tools, more than "
                 f"data.max_prompt_length={limit}"
             )
-        return TokenRow(ids, seed=seed, row_extras=stats | self.carry(read_images(messages)))
+        return TokenRow(ids, seed=seed, row_extras=stats | self.carry(read_images(messages))), False
 
     def carry(self, images: list[bytes]) -> dict[str, list[bytes]]:
         """The ``images`` extra of a row: present on every row when the prompts have images
         (the grid's column then replaces the prompts' one), else only on a row with some."""
         return {IMAGES: list(images)} if IMAGES in self.prompts else image_extras(images)
 
-    def sample_turn(self, rows: list[TokenRow], live: list[int], turn: int) -> None:
-        """One generate call for every live episode."""
+    async def sample_turn(self, row: TokenRow, turn: int, session: str) -> None:
+        """The episode's next turn, from the stream."""
         budget = self.cfg.rollout.max_tokens
         per_turn = self.agent.max_tokens_per_turn or budget
-        todo = [rows[i] for i in live]
-        seeds = [mix_seed(r.seed, turn) for r in todo]
-        caps = [min(per_turn, budget - r.sampled) for r in todo]
-        meta = dict(self.prompts.meta) | {"more_turns": True}
-        out = sample_turns(self.ctx.generate, todo, seeds, caps, meta)
-        self.weights_version = int(out.tensor("weights_version").max())
+        request = TurnRequest(
+            row.context,
+            mix_seed(row.seed, turn),
+            min(per_turn, budget - row.sampled),
+            self.stop_ids,
+            self.temperature,
+            tuple(row.row_extras.get(IMAGES, ())),
+        )
+        result = await sample_turn(self.ctx.turns, request, session)
+        add_turn_result(row, result)
+        self.weights_version = max(self.weights_version, result.weights_version)
 
-    def step_envs(self, rows: list[TokenRow], live: list[int], turn: int) -> None:
-        """Every live env sees its turn's text; the episodes that go on get the observation."""
-        steps = [(self.envs[i].step, (self.decode_turn(rows[i]),)) for i in live]
-        outcomes = self.call_envs(steps, "step", live, turn)
+    async def step_env(self, t: TokenRow, i: int, turn: int) -> bool:
+        """The env sees the turn's text; the episode goes on with the observation. Returns
+        whether the episode ended."""
+        outcome = await self.call_env(self.envs[i].step, (self.decode_turn(t),), "step", i, turn)
         budget = self.cfg.rollout.max_tokens
-        for i, outcome in zip(live, outcomes):
-            t, stats = rows[i], rows[i].row_extras
-            if outcome.error is not None:
-                stats["env_failed"] = 1.0
-                self.done.add(i)
-                continue
-            result = as_step_result(outcome.value, self.env_name)
-            stats["env_reward"] += result.reward
-            stats["agent_tool_calls"] += int(result.info.get("tool_calls", 0))
-            stats["agent_tool_errors"] += int(result.info.get("tool_errors", 0))
-            cut_off = t.finish_reason == "length"
-            images = read_images(result.observation) if not result.done else []
-            if (
-                result.done
-                or (cut_off and not self.agent.close_cut_turns)
-                or t.turns >= self.agent.max_turns
-                or t.sampled >= budget
-                or self.sampled_image_pad(t, images)
-            ):
-                self.done.add(i)
-                continue
-            # A cut turn is closed as the template closes a turn; the policy did not sample it.
-            close = [self.end_of_turn_id] if cut_off else []
-            obs, was_cut = self.chat.observation_ids(
-                result.observation, self.agent.max_obs_tokens - len(close)
-            )
-            t.add_observation(close + obs)
-            stats["agent_obs_cut"] += was_cut
-            if images:
-                t.row_extras.setdefault(IMAGES, []).extend(images)
-                stats["agent_obs_images"] += len(images)
+        stats = t.row_extras
+        if outcome.error is not None:
+            stats["env_failed"] = 1.0
+            return True
+        result = as_step_result(outcome.value, self.env_name)
+        stats["env_reward"] += result.reward
+        stats["agent_tool_calls"] += int(result.info.get("tool_calls", 0))
+        stats["agent_tool_errors"] += int(result.info.get("tool_errors", 0))
+        cut_off = t.finish_reason == "length"
+        images = read_images(result.observation) if not result.done else []
+        if (
+            result.done
+            or (cut_off and not self.agent.close_cut_turns)
+            or t.turns >= self.agent.max_turns
+            or t.sampled >= budget
+            or self.sampled_image_pad(t, images)
+        ):
+            return True
+        # A cut turn is closed as the template closes a turn; the policy did not sample it.
+        close = [self.end_of_turn_id] if cut_off else []
+        obs, was_cut = self.chat.observation_ids(
+            result.observation, self.agent.max_obs_tokens - len(close)
+        )
+        t.add_observation(close + obs)
+        stats["agent_obs_cut"] += was_cut
+        if images:
+            t.row_extras.setdefault(IMAGES, []).extend(images)
+            stats["agent_obs_images"] += len(images)
+        return False
 
     def sampled_image_pad(self, t: TokenRow, new_images: list[bytes]) -> bool:
         """Whether the row, which holds or would get images, has a sampled image pad."""
@@ -203,24 +236,21 @@ class EpisodeRunner:
             ids = ids[:-1]
         return self.ctx.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def call_envs(
-        self, calls: list[tuple[Any, tuple[Any, ...]]], method: str, rows: list[int], turn: int = -1
-    ) -> list[CallOutcome]:
-        agent = self.agent
-        outcomes = run_env_calls(
-            calls, agent.step_timeout_s, agent.max_concurrent_envs, agent.max_stuck_calls
-        )
-        if self.agent.on_env_error == "raise":
-            for row, outcome in zip(rows, outcomes):
-                if outcome.error is not None:
-                    where = f" at turn {turn + 1}" if turn >= 0 else ""
-                    raise EnvError(
-                        f"env {self.env_name} {method} failed on sample {row}{where} "
-                        f"({self.describe(row)}): {outcome.error}. Set "
-                        "agent.on_env_error=mask to leave such episodes out of training "
-                        "and go on."
-                    )
-        return outcomes
+    async def call_env(
+        self, fn: Any, args: tuple[Any, ...], method: str, row: int, turn: int = -1
+    ) -> CallOutcome:
+        """One env call under ``agent.step_timeout_s``, at most ``agent.max_concurrent_envs``
+        at once; a failure raises unless ``agent.on_env_error`` keeps the run going."""
+        outcome = await run_one(fn, args, self.agent.step_timeout_s, self.gate)
+        if outcome.error is not None and self.agent.on_env_error == "raise":
+            where = f" at turn {turn + 1}" if turn >= 0 else ""
+            raise EnvError(
+                f"env {self.env_name} {method} failed on sample {row}{where} "
+                f"({self.describe(row)}): {outcome.error}. Set "
+                "agent.on_env_error=mask to leave such episodes out of training "
+                "and go on."
+            )
+        return outcome
 
     def describe(self, row: int) -> str:
         prompt, truth = (

@@ -72,6 +72,7 @@ from rlframe.rollout.staleness import (
     select_step_groups,
 )
 from rlframe.rollout.state_json import add_missing_columns, decode_state, encode_state
+from rlframe.rollout.turns import TurnServer
 
 
 def run_now(fn: Callable[..., Any], *args: Any) -> Future[Any]:
@@ -91,6 +92,9 @@ class ExperienceProducer:
     rewards: the reward stage; closed by :meth:`close`.
     overlap: run calls in a driver thread, ahead while the trainer trains (a separate
         rollout pool at ``max_staleness >= 1``).
+    agent: the agent (default: ``rollout.agent`` from the registry).
+    engine: the request stream the agents' episodes use (default: their turns gathered into
+        calls of ``generate``); closed by :meth:`close`.
     """
 
     def __init__(
@@ -102,9 +106,10 @@ class ExperienceProducer:
         rewards: RewardStage,
         overlap: bool = False,
         agent: AgentFn | None = None,
+        engine: TurnServer | None = None,
     ) -> None:
         self.cfg, self.tokenizer, self.loader, self.rewards = cfg, tokenizer, loader, rewards
-        self.context = AgentContext(generate, tokenizer, cfg)
+        self.context = AgentContext(generate, tokenizer, cfg, engine=engine)
         self.agent = agent or AGENTS.get(cfg.rollout.agent)
         """``rlframe.agent_server.pick_agent``'s choice (the run passes it); a built-in or a
         user's agent by default."""
@@ -177,6 +182,7 @@ class ExperienceProducer:
         if self.reward_masks or self.env_masks:
             metrics |= collect_masking_metrics(self.counts, self.reward_masks, self.env_masks)
         metrics |= collect_agent_metrics(batch)
+        metrics |= self.context.turns.take_metrics()
         if self.k > 0:
             now = time.perf_counter()
             window, self.last_batch = now - self.last_batch, now
@@ -425,6 +431,7 @@ class ExperienceProducer:
         if self.thread is not None:
             self.thread.shutdown(wait=False, cancel_futures=True)
         self.rewards.close()
+        self.context.turns.close()
         for resource in self.context.resources.values():
             if hasattr(resource, "stop"):
                 resource.stop()

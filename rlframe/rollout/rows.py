@@ -23,6 +23,7 @@ import torch
 
 from rlframe.controller.reads import IMAGES
 from rlframe.core.protocol import ROUTED_EXPERTS, Batch
+from rlframe.rollout.turns import TurnResult
 
 
 @dataclass
@@ -256,6 +257,13 @@ def add_turns(rows: Sequence[TokenRow], out: Batch) -> None:
     ):
         extras = None if experts is None else take_routed_experts(row, experts, len(ids))
         row.add_turn(list(ids), list(logprobs), str(reason), int(version), extras)
+
+
+def add_turn_result(row: TokenRow, result: TurnResult) -> None:
+    """Append one streamed turn to ``row``, with its routed experts where recorded."""
+    experts = result.routed_experts
+    extras = None if experts is None else take_routed_experts(row, experts, len(result.ids))
+    row.add_turn(result.ids, result.logprobs, result.finish_reason, result.weights_version, extras)
 
 
 def take_routed_experts(

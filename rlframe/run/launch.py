@@ -83,7 +83,9 @@ def build_producer(
     trainer trains, at ``rollout.max_staleness >= 1``."""
     overlap = cfg.rollout.placement is Placement.separate and cfg.rollout.max_staleness > 0
     agent = pick_agent(cfg.rollout.agent)
-    producer = ExperienceProducer(cfg, workers.generate, tokenizer, loader, rewards, overlap, agent)
+    producer = ExperienceProducer(
+        cfg, workers.generate, tokenizer, loader, rewards, overlap, agent, workers.engine
+    )
     return producer, producer.track_sync(workers.sync_weights)
 
 

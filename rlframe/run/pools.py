@@ -27,6 +27,7 @@ from rlframe.controller.worker_group import WorkerGroup, wait_calls
 from rlframe.core.protocol import Batch
 from rlframe.core.registry import load_class
 from rlframe.observability import startup
+from rlframe.rollout.engine_client import EngineClient
 
 WorkerEnv = Callable[[int], dict[str, str]]
 """The environment of a pool's workers, given its CPUs per process."""
@@ -44,6 +45,8 @@ class Workers:
     """Moves the trained weights to the rollout engines; returns the new version."""
     push_current: Callable[[], int] | None
     """Separate placement: sends the current weights again (after start or a resume)."""
+    engine: EngineClient
+    """The request stream into the rollout engines (the ``generate`` group's)."""
 
 
 @dataclass
@@ -137,6 +140,7 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
             hybrid.generate,
             build_colocated_sync(hybrid),
             None,
+            connect_engines(cfg, hybrid),
         )
     group, cls = launch.start(
         train, "actor", resolve_actor_worker_cls(cfg.rollout, cfg.actor), launch.model_path
@@ -158,6 +162,18 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
         rollout.generate,
         sync,
         push,
+        connect_engines(cfg, rollout),
+    )
+
+
+def connect_engines(cfg: Config, group: roles.HybridGroup | roles.RolloutGroup) -> EngineClient:
+    """The request stream into ``group``'s engines (one replica per tensor-parallel group)."""
+    return EngineClient(
+        group.role,
+        group.actors,
+        cfg.rollout.tensor_parallel_size,
+        group.open_stream,
+        cfg.ray.call_timeout_s,
     )
 
 

@@ -3,6 +3,7 @@ the guess-the-number env on the driver."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 import pytest
@@ -12,7 +13,9 @@ from rlframe.config import Config
 from rlframe.core.protocol import Batch
 from rlframe.envs import ChatFormat
 from rlframe.rollout import AgentContext, run_single_turn
+from rlframe.rollout.engine_client import EngineClient
 from rlframe.rollout.multi_turn import mix_seed, run_episodes
+from rlframe.rollout.turns import TurnRequest, TurnResult
 from tests.ray.factories import prompts_for, tiny_config
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -59,10 +62,13 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(
     # Every engine call's input is the row's prompt + response so far, and what the engine
     # sampled sits unchanged, with its log-probs, right after it in the final response.
     seeds = [int(s) for s in prompts["seed"]]
-    for turn, (inputs, out) in enumerate(recorder.calls):
+    for inputs, out in recorder.calls:
         for j in range(len(inputs)):
             row = next(
-                r for r, s in enumerate(seeds) if mix_seed(s, turn) == int(inputs["seed"][j])
+                r
+                for r, s in enumerate(seeds)
+                for turn in range(3)
+                if mix_seed(s, turn) == int(inputs["seed"][j])
             )
             prompt = batch["prompt_ids"][row][batch["prompt_mask"][row].bool()].tolist()
             response = batch["response_ids"][row].tolist()
@@ -112,6 +118,72 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(
     plain = run_single_turn(prompts, AgentContext(group.generate, tokenizer, single_cfg))
     assert torch.equal(one["response_ids"][:, :6], plain["response_ids"])
     assert torch.equal(one["loss_mask"][:, :6], plain["loss_mask"])
+
+
+class RecordingServer:
+    """The engine client, recording which rank served each session's turns."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self.client = client
+        self.served: dict[str, list[int]] = {}
+
+    def open(self) -> None:
+        self.client.open()
+
+    def submit(self, request: TurnRequest, session: str) -> Future[TurnResult]:
+        future = self.client.submit(request, session)
+        future.add_done_callback(
+            lambda f: self.served.setdefault(session, []).append(f.result().rank)
+        )
+        return future
+
+    def end_session(self, session: str) -> None:
+        self.client.end_session(session)
+
+    def take_metrics(self) -> dict[str, float]:
+        return self.client.take_metrics()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def test_streamed_episodes_stay_on_one_replica_and_match_the_trainer(
+    tiny_hybrid_group, tiny_model_path: str
+) -> None:
+    """Episodes as coroutines through the request stream over 2 engine replicas: every turn
+    of an episode is served by the replica of its first turn, new episodes spread over both,
+    and the sampled log-probs are the trainer's."""
+    from transformers import AutoTokenizer
+
+    cfg = make_config(max_turns=3)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    group = tiny_hybrid_group(cfg)
+    server = RecordingServer(EngineClient(group.role, group.actors, 1, group.open_stream, 600))
+    try:
+        prompts = prompts_for(4, task="guess", tokenizer=tokenizer)
+        batch = run_episodes(prompts, AgentContext(group.generate, tokenizer, cfg, engine=server))
+        metrics = server.take_metrics()
+    finally:
+        server.close()
+    turns = batch["agent_turns"].tolist()
+    assert sorted(len(ranks) for ranks in server.served.values()) == sorted(turns)
+    assert max(turns) >= 2
+    assert all(len(set(ranks)) == 1 for ranks in server.served.values()), server.served
+    firsts = [ranks[0] for ranks in server.served.values()]
+    assert set(firsts) == {0, 1}
+    assert metrics["rollout/requests/replica_0"] + metrics["rollout/requests/replica_1"] == sum(
+        turns
+    )
+    trainer = group.compute_logprobs(batch)["old_logprobs"]
+    mask = batch["loss_mask"]
+    gap = float(((trainer - batch["rollout_logprobs"]).abs() * mask).max())
+    print(
+        f"streamed multi-turn x2 replicas: {len(firsts)} episodes, "
+        f"{firsts.count(0)}/{firsts.count(1)} on replica 0/1, {sum(turns):.0f} turns, "
+        f"prefix cache hit {metrics.get('rollout/prefix_cache_hit', float('nan')):.3f}, "
+        f"max |trainer - vLLM| log-prob {gap:.2e}"
+    )
+    assert gap < 1e-4
 
 
 def split_runs(positions: list[int]) -> list[list[int]]:

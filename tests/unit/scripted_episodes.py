@@ -70,6 +70,11 @@ class ScriptedPolicy:
             )
         return build_response(turns, 3)
 
+    def contexts_of(self, row: int) -> list[list[int]]:
+        """Row ``row``'s requests' contexts, turn by turn."""
+        prompt = self.prompts[row]
+        return [c for call in self.calls for c in call["contexts"] if c[: len(prompt)] == prompt]
+
 
 def make_config(env: str, n_prompts: int, max_tokens: int = 12, **agent: Any) -> Config:
     agent = {"max_turns": 4, "max_obs_tokens": 16} | agent

@@ -122,6 +122,7 @@ def test_launcher_builds_one_producer(placement: str, agent: str) -> None:
             engine.version += 1
             return engine.version
 
+    Workers.engine = None  # type: ignore[attr-defined]  # turns gathered into generate calls
     for k in (0, 1):
         cfg.rollout.max_staleness = k
         producer, sync = build_producer(cfg, Workers, TOKENIZER, base.loader, base.rewards)

@@ -495,15 +495,20 @@ def test_an_episode_whose_env_failed_is_masked_not_scored_zero(policy: str) -> N
         assert advantages_of(batch, cfg) == pytest.approx([0.75, -0.25, -0.25, -0.25], abs=1e-6)
 
 
-def crash_second_row(prompts: Batch) -> Batch:
-    """Each group's second row answers "2" (its env crashes), the others "1", "0", "0"."""
-    seen: dict[tuple[int, ...], int] = {}
-    turns = []
-    for context in prompts["prompt_tokens"]:
-        p = seen[tuple(context)] = seen.get(tuple(context), -1) + 1
-        ids = TOKENIZER("1200"[p % 4], add_special_tokens=False)["input_ids"]
-        turns.append((ids + [TOKENIZER.eos_token_id], [-1.0] * (len(ids) + 1), "stop"))
-    return build_response(turns, 0)
+def crash_second_row(seed: int) -> Callable[[Batch], Batch]:
+    """A policy whose episodes answer by their copy in the group (told by the row seed
+    :func:`build_prompt_batch` gives it, whatever order they reach the engine in): each
+    group's second row answers "2" (its env crashes), the others "1", "0", "0"."""
+    copy_of = {hash((seed, g, c)) & 0x7FFFFFFF: c for g in range(2) for c in range(4)}
+
+    def answer(prompts: Batch) -> Batch:
+        turns = []
+        for row_seed in prompts["seed"]:
+            ids = TOKENIZER("1200"[copy_of[int(row_seed)]], add_special_tokens=False)["input_ids"]
+            turns.append((ids + [TOKENIZER.eos_token_id], [-1.0] * (len(ids) + 1), "stop"))
+        return build_response(turns, 0)
+
+    return answer
 
 
 def test_the_producer_reports_agent_masked() -> None:
@@ -526,7 +531,7 @@ def test_the_producer_reports_agent_masked() -> None:
     ]
     producer = ExperienceProducer(
         cfg,
-        crash_second_row,
+        crash_second_row(cfg.trainer.seed),
         TOKENIZER,
         PromptLoader(records, 2, seed=0),
         RewardStage(cfg, TOKENIZER),

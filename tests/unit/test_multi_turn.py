@@ -71,9 +71,11 @@ def test_ids_concatenate_exactly_and_observations_are_masked() -> None:
     # Token in, token out: each turn's context is exactly the previous context + sampled +
     # observation ids.
     prompt0 = encode("a:")
-    assert policy.calls[0]["contexts"][0] == prompt0
-    assert policy.calls[1]["contexts"][0] == prompt0 + turns0[0] + obs0[0]
-    assert policy.calls[2]["contexts"][0] == prompt0 + turns0[0] + obs0[0] + turns0[1] + obs0[1]
+    assert policy.contexts_of(0) == [
+        prompt0,
+        prompt0 + turns0[0] + obs0[0],
+        prompt0 + turns0[0] + obs0[0] + turns0[1] + obs0[1],
+    ]
     assert all(call["meta"]["more_turns"] for call in policy.calls)
 
     assert batch["env_reward"].tolist() == [1.0, 0.0]

@@ -99,7 +99,7 @@ def test_reset_failure_fails_only_that_episode() -> None:
     cfg = make_config(env, 3, max_tokens=4, on_env_error="fail_episode")
     batch = run(cfg, policy, make_prompts(prompts, ["0"] * 3))
     # The failed row is never sampled; the others are.
-    assert len(policy.calls) == 1 and len(policy.calls[0]["contexts"]) == 2
+    assert [len(policy.contexts_of(row)) for row in range(3)] == [1, 0, 1]
     assert batch["env_failed"].tolist() == [0.0, 1.0, 0.0]
     assert batch["env_reward"].tolist() == [1.0, 0.0, 1.0]
     assert batch["agent_turns"].tolist() == [1.0, 0.0, 1.0]

@@ -24,15 +24,18 @@ from tests.unit.scripted_episodes import (
 
 
 class VersionedPolicy(ScriptedPolicy):
-    """The scripted policy behind an engine whose weights move on by one each turn (version
-    k + 1 samples turn k), and which records the seeds it is asked to sample with."""
+    """The scripted policy behind an engine whose weights move on by one each call (with one
+    episode, version k + 1 samples turn k), and which records the seeds each row (episode)
+    is asked to sample with, turn by turn."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.seeds: list[list[int]] = []
+        self.seeds: dict[int, list[int]] = {}
 
     def __call__(self, batch: Batch) -> Batch:
-        self.seeds.append([int(s) for s in batch["seed"]])
+        for context, seed in zip(batch["prompt_tokens"], batch["seed"], strict=True):
+            row = next(r for r, p in enumerate(self.prompts) if list(context[: len(p)]) == p)
+            self.seeds.setdefault(row, []).append(int(seed))
         out = super().__call__(batch)
         return out.with_tensors(weights_version=torch.full((len(out),), len(self.calls)))
 
@@ -57,11 +60,12 @@ def test_first_turn_samples_with_the_row_seed_later_turns_with_their_own() -> No
     rows = make_prompts(prompts, ["9"] * 3)
     run(make_config(GUESS, 3, env_kwargs=HINTS, max_turns=3), policy, rows)
     # Turn 1 samples what a single-turn rollout of the row would.
-    assert policy.seeds[0] == [int(s) for s in rows["seed"]]
-    later = policy.seeds[1] + policy.seeds[2]
+    first = [policy.seeds[row][0] for row in range(3)]
+    assert first == [int(s) for s in rows["seed"]]
+    later = [s for row in range(3) for s in policy.seeds[row][1:]]
     # Later turns: 31-bit seeds (what the engine takes), none repeating an earlier stream.
     assert all(0 <= s < 2**31 for s in later)
-    assert len(set(policy.seeds[0] + later)) == 9
+    assert len(set(first + later)) == 9
     # The same prompts sample the same seeds again: runs are reproducible.
     again = VersionedPolicy(prompts, [["1<eos>", "2<eos>", "3<eos>"]] * 3, width=12)
     run(make_config(GUESS, 3, env_kwargs=HINTS, max_turns=3), again, rows)

@@ -64,18 +64,21 @@ def test_an_observation_image_is_expanded_as_the_processor_expands_it(processor:
 
 
 class QuizPolicy:
-    """The engine: answers each turn with ``answers[turn]`` (one token, cut at 1, so the
-    runner closes it), recording every call's contexts and images."""
+    """The engine: answers each episode's turn k with ``answers[k]`` (one token, cut at 1, so
+    the runner closes it), recording every request's context and images by episode (told
+    apart by its prompt's image, which every request of the episode carries first)."""
 
     def __init__(self, answers: list[int]) -> None:
         self.answers = answers
-        self.calls: list[dict[str, Any]] = []
+        self.requests: dict[bytes, list[tuple[list[int], list[bytes]]]] = {}
 
     def __call__(self, batch: Batch) -> Batch:
-        images = batch["images"] if "images" in batch else [[]] * len(batch)
-        self.calls.append({"contexts": list(batch["prompt_tokens"]), "images": list(images)})
-        token = self.answers[len(self.calls) - 1]
-        return build_response([([token], [-0.5], "length")] * len(batch), 1)
+        turns = []
+        for context, images in zip(batch["prompt_tokens"], batch["images"], strict=True):
+            seen = self.requests.setdefault(images[0], [])
+            turns.append(([self.answers[len(seen)]], [-0.5], "length"))
+            seen.append((list(context), list(images)))
+        return build_response(turns, 1)
 
 
 def run_quiz(processor: Any, answers: list[int], rows: int = 2) -> tuple[Batch, QuizPolicy]:
@@ -118,13 +121,13 @@ def test_an_observation_image_joins_the_row_after_the_prompt_image(processor: An
         prompt_image = make_colour(random.Random(i))[2][0]
         env = ColourQuizEnv()
         env.reset({"prompt": "colour?", "ground_truth": "r", "images": [prompt_image]})
-        # Both engine calls and the grid carry the prompt's image, then the observation's.
-        assert policy.calls[0]["images"][i] == [prompt_image]
-        assert policy.calls[1]["images"][i] == [prompt_image, env.second]
+        # Both turns' requests and the grid carry the prompt's image, then the observation's.
+        (first, first_images), (second, second_images) = policy.requests[prompt_image]
+        assert first_images == [prompt_image]
+        assert second_images == [prompt_image, env.second]
         assert batch["images"][i] == [prompt_image, env.second]
-        # The second call continues the first: prompt + turn + close + the observation, whose
-        # pads are its image's.
-        first, second = policy.calls[0]["contexts"][i], policy.calls[1]["contexts"][i]
+        # The second request continues the first: prompt + turn + close + the observation,
+        # whose pads are its image's.
         obs = second[len(first) + 2 :]
         assert second[: len(first) + 2] == [*first, r, eos]
         expected, _ = ChatFormat(tokenizer).observation_ids(env.step("r").observation, 32)
@@ -140,6 +143,7 @@ def test_a_sampled_image_pad_ends_an_episode_with_images(processor: Any) -> None
     """The engine could not serve a context holding a pad that stands for no image."""
     r = processor.tokenizer.convert_tokens_to_ids("r")
     batch, policy = run_quiz(processor, [pad_of(processor), r], rows=1)
-    assert len(policy.calls) == 1 and batch["agent_turns"].tolist() == [1.0]
+    (requests,) = policy.requests.values()
+    assert len(requests) == 1 and batch["agent_turns"].tolist() == [1.0]
     assert len(batch["images"][0]) == 1 and batch["agent_obs_images"].tolist() == [0.0]
     assert torch.equal(batch["loss_mask"][0, :1], torch.ones(1))

@@ -38,6 +38,8 @@ class RolloutSample:
     """int16 [prompt + response - 1, MoE layers, top_k]: the experts each token fed through
     the model was routed to (see rlframe.models.moe_routing); None unless the engine records
     them."""
+    cached_tokens: int = -1
+    """Prompt tokens the engine's prefix cache held (-1: the engine does not say)."""
 
 
 class RolloutEngine(Protocol):
@@ -54,6 +56,25 @@ class RolloutEngine(Protocol):
     ) -> list[RolloutSample]:
         """One response per prompt; ``seeds[i]`` fixes prompt i's sampling. ``images[i]``:
         prompt i's images (encoded bytes), whose pads prompt i holds already expanded."""
+        ...
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        seed: int,
+        spec: SamplingSpec,
+        images: list[bytes] | None = None,
+    ) -> None:
+        """Queue one request of the stream; it joins the running batch at the next ``step``."""
+        ...
+
+    def step(self) -> list[tuple[str, RolloutSample]]:
+        """One engine step over every queued and running request; the requests it finished."""
+        ...
+
+    def has_unfinished(self) -> bool:
+        """Whether a request added is not finished yet."""
         ...
 
     def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:

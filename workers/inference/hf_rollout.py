@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 
 import torch
@@ -36,6 +37,8 @@ class HFRollout:
         self.shapes: dict[str, torch.Size] = {}
         # Forward hooks on the MoE routers: every sample then carries its routed experts.
         self.recorder = RoutingRecorder(self.model) if record_routing else None
+        self.queued: deque[tuple[str, list[int], int, SamplingSpec]] = deque()
+        """Streamed requests not served yet (``step`` serves one, whole)."""
 
     @torch.no_grad()
     def generate(
@@ -51,6 +54,29 @@ class HFRollout:
             self.generate_one(p, s, spec.for_row(i))
             for i, (p, s) in enumerate(zip(prompts, seeds, strict=True))
         ]
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        seed: int,
+        spec: SamplingSpec,
+        images: list[bytes] | None = None,
+    ) -> None:
+        if images:
+            raise NotImplementedError("rollout.engine=hf samples text prompts only: use vllm")
+        self.queued.append((request_id, prompt, seed, spec))
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[str, RolloutSample]]:
+        """No continuous batching here (a debugging engine): one queued request, whole."""
+        if not self.queued:
+            return []
+        request_id, prompt, seed, spec = self.queued.popleft()
+        return [(request_id, self.generate_one(prompt, seed, spec))]
+
+    def has_unfinished(self) -> bool:
+        return bool(self.queued)
 
     def generate_one(self, prompt: list[int], seed: int, spec: SamplingSpec) -> RolloutSample:
         generator = torch.Generator(device=self.device).manual_seed(seed)

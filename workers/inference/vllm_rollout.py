@@ -26,8 +26,9 @@ from workers.inference.vllm_lora import AdapterSlot, build_lora_engine_args
 from workers.inference.vllm_moe import forget_moe_kernels
 
 if TYPE_CHECKING:
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
-    from vllm.outputs import CompletionOutput
+    from vllm.outputs import CompletionOutput, RequestOutput
 
 CPU_MAX_NUM_SEQS = 256
 
@@ -75,6 +76,8 @@ class VLLMRollout:
         self.adapter = AdapterSlot(self.llm, served, path) if served is not None else None
         self.image_token_id = read_image_token_id(path)
         """A vision-language model's image token (None for a text model)."""
+        self.streamed: dict[str, list[int]] = {}
+        """The prompt of each streamed request not finished yet, by request id."""
 
     def generate(
         self,
@@ -83,38 +86,70 @@ class VLLMRollout:
         spec: SamplingSpec,
         images: list[list[bytes]] | None = None,
     ) -> list[RolloutSample]:
-        from vllm import SamplingParams
-
-        params = [
-            SamplingParams(
-                n=1,
-                temperature=spec.temperature,
-                top_p=spec.top_p,
-                max_tokens=spec.max_tokens_at(i),
-                stop_token_ids=list(spec.stop_token_ids),
-                logprobs=0,
-                seed=seed,
-                detokenize=False,
-            )
-            for i, seed in enumerate(seeds)
-        ]
+        params = [self.build_params(seed, spec.for_row(i)) for i, seed in enumerate(seeds)]
         outputs = self.llm.generate(
             build_token_prompts(prompts, images, self.image_token_id),
             params,
             use_tqdm=False,
             **self.lora_kwargs(),
         )
-        samples = []
-        for prompt, out in zip(prompts, outputs, strict=True):
-            c = out.outputs[0]
-            ids = list(c.token_ids)
-            if c.logprobs is None or out.prompt_token_ids is None:
-                raise RuntimeError("vLLM returned a sample without its log-probs or prompt")
-            check_prompt_ids(prompt, list(out.prompt_token_ids))
-            logprobs = [read_token_logprob(c.logprobs[i], t) for i, t in enumerate(ids)]
-            routing = self.read_routed_experts(c, len(out.prompt_token_ids), len(ids))
-            samples.append(RolloutSample(ids, logprobs, c.finish_reason or "length", routing))
-        return samples
+        return [self.read_sample(p, out) for p, out in zip(prompts, outputs, strict=True)]
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        seed: int,
+        spec: SamplingSpec,
+        images: list[bytes] | None = None,
+    ) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
+        params = self.build_params(seed, spec)
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # the finished turn alone
+        (token_prompt,) = build_token_prompts([prompt], [images or []], self.image_token_id)
+        lora = self.lora_kwargs().get("lora_request")
+        self.llm.llm_engine.add_request(request_id, token_prompt, params, lora_request=lora)
+        self.streamed[request_id] = prompt
+
+    def step(self) -> list[tuple[str, RolloutSample]]:
+        from vllm.outputs import RequestOutput
+
+        finished = []
+        for out in self.llm.llm_engine.step():
+            if out.finished and isinstance(out, RequestOutput):
+                prompt = self.streamed.pop(out.request_id)
+                finished.append((out.request_id, self.read_sample(prompt, out)))
+        return finished
+
+    def has_unfinished(self) -> bool:
+        return bool(self.llm.llm_engine.has_unfinished_requests())
+
+    def build_params(self, seed: int, spec: SamplingSpec) -> SamplingParams:
+        """One request's sampling: its seed and cap, log-probs of the sampled tokens."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=1,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            max_tokens=spec.max_tokens,
+            stop_token_ids=list(spec.stop_token_ids),
+            logprobs=0,
+            seed=seed,
+            detokenize=False,
+        )
+
+    def read_sample(self, prompt: list[int], out: RequestOutput) -> RolloutSample:
+        c = out.outputs[0]
+        ids = list(c.token_ids)
+        if c.logprobs is None or out.prompt_token_ids is None:
+            raise RuntimeError("vLLM returned a sample without its log-probs or prompt")
+        check_prompt_ids(prompt, list(out.prompt_token_ids))
+        logprobs = [read_token_logprob(c.logprobs[i], t) for i, t in enumerate(ids)]
+        routing = self.read_routed_experts(c, len(out.prompt_token_ids), len(ids))
+        cached = out.num_cached_tokens if out.num_cached_tokens is not None else -1
+        return RolloutSample(ids, logprobs, c.finish_reason or "length", routing, cached)
 
     def read_routed_experts(
         self, completion: CompletionOutput, prompt_len: int, response_len: int

@@ -18,7 +18,8 @@ from rlframe.config.agent import compute_response_width
 from rlframe.core.names import RouterReplay
 from rlframe.core.protocol import ROUTED_EXPERTS, Batch, as_column
 from rlframe.rollout.rows import build_response
-from workers.inference.base import RolloutEngine, SamplingSpec
+from rlframe.rollout.turns import TurnRequest, TurnResult
+from workers.inference.base import RolloutEngine, RolloutSample, SamplingSpec
 from workers.sync.sync_probe import (
     ProbeReading,
     StaleWeightsError,
@@ -65,12 +66,18 @@ def build_sampling_spec(prompts: Batch, cfg: Config) -> SamplingSpec:
     )
 
 
+STEPS_PER_CALL = 8
+"""Engine steps one ``serve`` call runs at most when none of them finishes a request: a
+request that arrives meanwhile waits that long to join, and each call is one Ray RPC. A count,
+not a time, so the ranks of a tensor-parallel engine step alike."""
+
+
 class RolloutRole:
     """Args: the run's config, the model directory, ``cuda`` or ``cpu``, and this process's
     rank in its pool (tensor-parallel ranks of one engine share a sampling seed)."""
 
     def __init__(self, cfg: Config, model_path: str, device: str, rank: int) -> None:
-        self.cfg = cfg
+        self.cfg, self.rank = cfg, rank
         self.engine = build_rollout_engine(cfg, model_path, device, rank)
         # The engine starts awake with the checkpoint's weights, which are version 0.
         self.awake = True
@@ -113,6 +120,42 @@ class RolloutRole:
         if self.cfg.algorithm.router_replay is RouterReplay.rollout:
             out.columns[ROUTED_EXPERTS] = as_column([s.routed_experts for s in samples])
         return out
+
+    def serve(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        """The stream's call: queue ``requests`` into the running batch, then step the engine
+        until a step finishes some request (or :data:`STEPS_PER_CALL` steps, or nothing is
+        left); the requests finished. Every rank of a tensor-parallel engine gets the same
+        calls, so they add and step alike."""
+        if not (self.awake and self.weights_valid):
+            raise RuntimeError("serve needs the rollout engine awake with loaded weights")
+        for r in requests:
+            spec = SamplingSpec(
+                max_tokens=r.max_tokens,
+                temperature=self.cfg.rollout.temperature
+                if r.temperature is None
+                else r.temperature,
+                top_p=self.cfg.rollout.top_p,
+                stop_token_ids=r.stop_ids,
+            )
+            self.engine.add_request(r.request_id, r.context, r.seed, spec, list(r.images))
+        finished: list[tuple[str, RolloutSample]] = []
+        for _ in range(STEPS_PER_CALL):
+            if finished or not self.engine.has_unfinished():
+                break
+            finished = self.engine.step()
+        return [
+            TurnResult(
+                request_id,
+                s.response_ids,
+                s.logprobs,
+                s.finish_reason,
+                self.weights_version,
+                s.cached_tokens,
+                s.routed_experts,
+                self.rank,
+            )
+            for request_id, s in finished
+        ]
 
     def verify_weights(self, probe: SyncProbe) -> None:
         """The receiver check after a sync: the engine's log-probs of the probe match the

@@ -1,0 +1,218 @@
+"""The driver's side of the request stream: turns in, one at a time, from any episode.
+
+Each engine replica (one rollout rank, or the ranks of one tensor-parallel group) has a
+:class:`ReplicaPump`: a driver thread that keeps one ``serve`` call in flight on it while
+requests wait or run there. A call hands the engine every request that arrived since the last
+one and returns as soon as an engine step finishes some (``RolloutRole.serve``), so a request
+joins the running batch within one call and leaves it when done: continuous batching across
+one Ray RPC per few engine steps, not one per request.
+
+Routing: a session (an episode) stays on the replica that served its first request, where its
+prefix is cached; a new session goes to the least-loaded replica (fewest requests in flight,
+then fewest live sessions). The client is thread-safe: episodes on any event loop (the agents'
+``asyncio.run``, the ``openai`` server's loop) await
+:func:`rlframe.rollout.turns.sample_turn` on it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rlframe.controller.worker_group import CallHandle
+from rlframe.rollout.turns import TurnRequest, TurnResult, settle
+
+
+@dataclass
+class ReplicaStats:
+    """One replica's counters since the last :meth:`EngineClient.take_metrics`."""
+
+    requests: int = 0
+    calls: int = 0
+    in_flight_sum: int = 0
+    """Requests in flight at each call, summed (over ``calls``: the mean)."""
+    context_tokens: int = 0
+    cached_tokens: int = 0
+    """Context tokens of requests whose engine reports its prefix-cache hits, and the hits."""
+
+
+@dataclass
+class ReplicaPump:
+    """One engine replica: its ranks' actors, its queue and the thread that serves it."""
+
+    index: int
+    ranks: list[int]
+    client: EngineClient
+    queue: list[tuple[TurnRequest, Future[TurnResult]]] = field(default_factory=list)
+    waiting: dict[str, tuple[Future[TurnResult], int]] = field(default_factory=dict)
+    """Requests handed to the engine and not finished, by id, with their context lengths."""
+    sessions: int = 0
+    stats: ReplicaStats = field(default_factory=ReplicaStats)
+    thread: threading.Thread | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.queue) + len(self.waiting)
+
+    def start(self) -> None:
+        name = f"rlframe-engine-replica-{self.index}"
+        self.thread = threading.Thread(target=self.run, daemon=True, name=name)
+        self.thread.start()
+
+    def run(self) -> None:
+        client = self.client
+        while True:
+            with client.lock:
+                while not (self.queue or self.waiting or client.closed):
+                    client.work.wait()
+                if client.closed:
+                    return
+                batch, self.queue = self.queue, []
+                for request, future in batch:
+                    self.waiting[request.request_id] = (future, len(request.context))
+                self.stats.calls += 1
+                self.stats.in_flight_sum += len(self.waiting)
+            try:
+                results = self.call([request for request, _ in batch])
+            except Exception as error:  # the engine's failure reaches every waiting episode
+                self.fail_all(error)
+                continue
+            self.finish(results)
+
+    def call(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        """One ``serve`` call on every rank of the replica (tensor-parallel ranks step
+        alike); the first rank's results."""
+        client = self.client
+        refs = {client.actors[rank].serve.remote(requests): rank for rank in self.ranks}
+        handle = CallHandle(client.role, "serve", refs, client.timeout_s, client.actors)
+        results: list[TurnResult] = handle.result()[0]
+        return results
+
+    def finish(self, results: list[TurnResult]) -> None:
+        with self.client.lock:
+            done = [(self.waiting.pop(r.request_id), r) for r in results]
+            for (_, context), r in done:
+                self.stats.requests += 1
+                if r.cached_tokens >= 0:
+                    self.stats.cached_tokens += r.cached_tokens
+                    self.stats.context_tokens += context
+        for (future, _), result in done:
+            settle(future, result)
+
+    def fail_all(self, error: Exception) -> None:
+        with self.client.lock:
+            self.client.failure = self.client.failure or error
+            futures = [f for f, _ in self.waiting.values()] + [f for _, f in self.queue]
+            self.waiting, self.queue = {}, []
+        for future in futures:
+            settle(future, error=error)
+
+
+class EngineClient:
+    """Args:
+    role: the worker group's role (for errors: ``rollout worker rank 1 failed in serve()``).
+    actors: the group's actors in rank order; ranks ``[g*tp, (g+1)*tp)`` hold replica ``g``.
+    tp: ranks per engine (``rollout.tensor_parallel_size``).
+    open_stream: puts every rank's engine in rollout mode (the group's ``open_stream``).
+    timeout_s: the longest one ``serve`` call may take (``ray.call_timeout_s``).
+    """
+
+    def __init__(
+        self,
+        role: str,
+        actors: list[Any],
+        tp: int,
+        open_stream: Callable[[], object],
+        timeout_s: float,
+    ) -> None:
+        self.role, self.actors, self.timeout_s = role, actors, timeout_s
+        self.open_stream = open_stream
+        self.lock = threading.Lock()
+        self.work = threading.Condition(self.lock)
+        self.closed = False
+        self.failure: Exception | None = None
+        """The first engine failure: every later request gets it too."""
+        self.routes: dict[str, ReplicaPump] = {}
+        """Session -> the replica that serves it."""
+        self.ids = itertools.count()
+        self.replicas = [
+            ReplicaPump(g, list(range(g * tp, (g + 1) * tp)), self)
+            for g in range(len(actors) // tp)
+        ]
+        for replica in self.replicas:
+            replica.start()
+
+    # -- requests --------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Wake every engine for a generation phase (blocking): before an agent's episodes."""
+        self.open_stream()
+
+    def submit(self, request: TurnRequest, session: str) -> Future[TurnResult]:
+        """Queue ``request`` on ``session``'s replica; its future result (thread-safe)."""
+        future: Future[TurnResult] = Future()
+        with self.lock:
+            if self.failure is not None:
+                future.set_exception(self.failure)
+                return future
+            replica = self.route(session)
+            request = replace(request, request_id=f"{next(self.ids)}")
+            replica.queue.append((request, future))
+            self.work.notify_all()
+        return future
+
+    def route(self, session: str) -> ReplicaPump:
+        """The session's replica; a new session goes to the least-loaded one (lock held)."""
+        replica = self.routes.get(session)
+        if replica is None:
+            replica = min(self.replicas, key=lambda r: (r.in_flight, r.sessions, r.index))
+            self.routes[session] = replica
+            replica.sessions += 1
+        return replica
+
+    def end_session(self, session: str) -> None:
+        """The session is over: its replica no longer counts it."""
+        with self.lock:
+            replica = self.routes.pop(session, None)
+            if replica is not None:
+                replica.sessions -= 1
+
+    def replica_of(self, session: str) -> int | None:
+        """The index of the replica serving ``session`` (None: no request yet)."""
+        with self.lock:
+            replica = self.routes.get(session)
+            return None if replica is None else replica.index
+
+    # -- metrics and shutdown ----------------------------------------------------------------
+
+    def take_metrics(self) -> dict[str, float]:
+        """Since the last call: ``rollout/prefix_cache_hit`` (the share of request context
+        tokens the engines' prefix caches held, where they report it) and per replica
+        ``rollout/requests/replica_<g>`` and ``rollout/in_flight/replica_<g>`` (the mean
+        requests in flight at its calls)."""
+        with self.lock:
+            stats = [r.stats for r in self.replicas]
+            for r in self.replicas:
+                r.stats = ReplicaStats()
+        if not any(s.requests for s in stats):
+            return {}
+        metrics: dict[str, float] = {}
+        context = sum(s.context_tokens for s in stats)
+        if context:
+            metrics["rollout/prefix_cache_hit"] = sum(s.cached_tokens for s in stats) / context
+        for g, s in enumerate(stats):
+            metrics[f"rollout/requests/replica_{g}"] = float(s.requests)
+            metrics[f"rollout/in_flight/replica_{g}"] = s.in_flight_sum / max(s.calls, 1)
+        return metrics
+
+    def close(self) -> None:
+        """Stop the pumps; requests still waiting fail."""
+        with self.lock:
+            self.closed = True
+            self.work.notify_all()
+        for replica in self.replicas:
+            replica.fail_all(RuntimeError("the engine client closed"))

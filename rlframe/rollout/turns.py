@@ -1,0 +1,98 @@
+"""The request stream's wire: one turn of one sequence into a rollout engine, and back.
+
+An episode (a coroutine on the driver) sends a :class:`TurnRequest` whenever it needs the
+model, and gets its :class:`TurnResult` when the engine finishes that sequence; the engine
+serves the requests of every episode at once with continuous batching
+(:mod:`rlframe.rollout.engine_client` on the driver, ``RolloutRole.serve`` on the worker).
+A :class:`TurnServer` is what an agent sends its requests to: the engine client, or
+:class:`rlframe.rollout.batched_turns.BatchedTurns` over a blocking batch ``generate``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """Continue ``context`` by at most ``max_tokens`` sampled tokens."""
+
+    context: list[int]
+    """The whole sequence so far (prompt, earlier turns, observations)."""
+    seed: int
+    """Fixes this request's sampling."""
+    max_tokens: int
+    stop_ids: tuple[int, ...]
+    """The turn ends after any of these tokens (kept in the result)."""
+    temperature: float | None = None
+    """None: the run's ``rollout.temperature``; 0: greedy (ReMax's baseline)."""
+    images: tuple[bytes, ...] = ()
+    """The encoded images whose (expanded) pads ``context`` holds, in order."""
+    request_id: str = ""
+    """Unique in the run; set by the client."""
+
+
+@dataclass
+class TurnResult:
+    """What the engine sampled for one :class:`TurnRequest`."""
+
+    request_id: str
+    ids: list[int]
+    logprobs: list[float]
+    """Log-prob of each sampled token under the distribution it was drawn from."""
+    finish_reason: str
+    """``stop`` (a stop id, kept in ``ids``) or ``length`` (``max_tokens`` reached)."""
+    weights_version: int
+    """The version of the weights that sampled every token of the turn."""
+    cached_tokens: int = 0
+    """Tokens of ``context`` the engine's prefix cache held (-1: not reported)."""
+    routed_experts: torch.Tensor | None = None
+    """int16 [context + ids - 1, MoE layers, top_k] with ``algorithm.router_replay=rollout``."""
+    rank: int = -1
+    """The rollout rank that served it (the first of its tensor-parallel group; -1: not
+    served through the stream)."""
+
+
+class TurnServer(Protocol):
+    """Where an agent's episodes send their turns (thread-safe)."""
+
+    def open(self) -> None:
+        """Make the engines ready for a generation phase (blocking): before the episodes."""
+        ...
+
+    def submit(self, request: TurnRequest, session: str) -> Future[TurnResult]:
+        """Queue ``request`` of ``session`` (an episode: its turns go to one engine)."""
+        ...
+
+    def end_session(self, session: str) -> None:
+        """``session`` sends no more requests."""
+        ...
+
+    def take_metrics(self) -> dict[str, float]:
+        """``rollout/*`` figures of the requests served since the last call."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def settle(
+    future: Future[TurnResult], result: TurnResult | None = None, error: Exception | None = None
+) -> None:
+    """Answer ``future`` unless its waiter gave up on it (a cancelled episode)."""
+    if not future.set_running_or_notify_cancel():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        assert result is not None
+        future.set_result(result)
+
+
+async def sample_turn(server: TurnServer, request: TurnRequest, session: str) -> TurnResult:
+    """``request`` served by ``server``, awaited from any event loop."""
+    return await asyncio.wrap_future(server.submit(request, session))
