@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         checkpoint = resolve_checkpoint(args.checkpoint)
         export_checkpoint(checkpoint, args.out_dir, getattr(torch, args.dtype), args.merge)
-    except (FileNotFoundError, KeyError) as e:
+    except (FileNotFoundError, KeyError, ValueError) as e:
         print(f"rlframe.export: {e}", file=sys.stderr)
         sys.exit(1)
     print(f"exported {checkpoint} -> {args.out_dir}")

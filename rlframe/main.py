@@ -211,7 +211,10 @@ def run(cfg: Config) -> None:
         sys.exit(2)
     except Interrupted as e:
         exit_interrupted(cfg, e)
-    launch(cfg, resume_from)
+    try:
+        launch(cfg, resume_from)
+    except Interrupted as e:  # while launch imports torch and Ray, before its own handling
+        exit_interrupted(cfg, e)
 
 
 def launch(cfg: Config, resume_from: Path | None) -> None:
@@ -294,15 +297,24 @@ def hydra_main(tree: DictConfig) -> None:
 
 def main() -> None:
     startup.begin_driver_clock()
+    from rlframe.run.interrupts import Interrupted, install_interrupt_handlers
+
+    # First: a Ctrl-C while Hydra composes the config is one line too, not a traceback.
+    install_interrupt_handlers()
     try:
-        check_override_keys(sys.argv[1:])
-        check_override_types(sys.argv[1:])
-        check_recipe_keys(sys.argv[1:])
-        register_configs()
-    except ConfigError as e:
-        print(f"rlframe: config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    hydra_main()
+        try:
+            check_override_keys(sys.argv[1:])
+            check_override_types(sys.argv[1:])
+            check_recipe_keys(sys.argv[1:])
+            register_configs()
+        except ConfigError as e:
+            print(f"rlframe: config error: {e}", file=sys.stderr)
+            sys.exit(2)
+        hydra_main()
+    except Interrupted as e:  # before the config was built: nothing was started or written
+        say_error("rlframe: interrupted before step 1 finished; the same command starts again")
+        sys.stdout.flush()
+        os._exit(e.exit_code)
 
 
 if __name__ == "__main__":

@@ -185,10 +185,20 @@ class ResourcePool:
         return ("127.0.0.1" if self.nnodes == 1 else host), port
 
     def find_free_port(self, rank: int) -> tuple[str, int]:
-        """The address of rank ``rank``'s node and a port that was free there a moment ago."""
-        return ray.get(
-            find_free_port.options(scheduling_strategy=self.scheduling(rank)).remote(), timeout=60
+        """The address of rank ``rank``'s node and a port that was free there a moment ago.
+
+        On the driver's own node (every single-node run) the driver binds the port itself:
+        a Ray task for it once aborted in Ray's core worker ("Mutex corrupt", 13 lines on the
+        console) and cost a worker process. On another node a task there finds it, retried
+        if its worker process dies."""
+        group, index = self.slots()[rank]
+        node = placement_group_table(group)["bundles_to_node_id"][index]
+        if node == ray.get_runtime_context().get_node_id():
+            return bind_free_port()
+        task = find_free_port_task.options(
+            scheduling_strategy=self.scheduling(rank), max_retries=PORT_TASK_RETRIES
         )
+        return cast(tuple[str, int], ray.get(task.remote(), timeout=60))
 
     def remove(self) -> None:
         for g in self.placement_groups:
@@ -267,10 +277,17 @@ def node_sort_key(group: PlacementGroup) -> tuple[str, str]:
     return addresses.get(node_id, ""), node_id
 
 
-@ray.remote(num_cpus=0)
-def find_free_port() -> tuple[str, int]:
-    """Runs on the target node: its address and a port that was free a moment ago."""
+PORT_TASK_RETRIES = 3
+"""Retries of the port task when its worker process dies (the task has no side effects)."""
+
+
+def bind_free_port() -> tuple[str, int]:
+    """This node's address and a port that was free on it a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         port: Any = s.getsockname()[1]
     return ray.util.get_node_ip_address(), int(port)
+
+
+find_free_port_task = ray.remote(num_cpus=0)(bind_free_port)
+""":func:`bind_free_port` run on another node."""

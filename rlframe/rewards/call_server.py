@@ -9,7 +9,9 @@ nearest built-in type, the ``repr`` of its arguments when they are plain, and it
 request carries a nonce the answer must echo, so answers written before a request cannot
 match it. The program's own stdin is empty and its prints go to stderr: it never sees the
 asserts or their expected values, and nothing it does here can make an assert pass except
-returning the right plain values.
+returning the right plain values. The prompt's helpers (``/sandbox/helpers.py``, empty
+without any) run in the program's namespace before it loads and again after, so the program
+can call them; the asserts never use these copies, but the reward worker's own.
 """
 
 from __future__ import annotations
@@ -64,8 +66,14 @@ def main() -> None:
         return
     module = importlib.util.module_from_spec(spec)
     sys.modules["solution"] = module
+    with open("/sandbox/helpers.py") as f:
+        helpers = compile(f.read(), "/sandbox/helpers.py", "exec")
     try:
+        # The prompt's helpers, before the program (it may call them as it loads, without a
+        # copy of its own) and again after it, over whatever the program bound to their names.
+        exec(helpers, vars(module))
         spec.loader.exec_module(module)
+        exec(helpers, vars(module))
     except BaseException as e:  # SystemExit too: the program ended before any call
         answers.write(json.dumps({"load_error": f"{type(e).__name__}: {e}"}) + "\n")
         return

@@ -153,10 +153,14 @@ def read_free_names(check: str) -> tuple[set[str], set[str]]:
     return free, free & called
 
 
-def build_scope(check: str, program_names: list[str], session: Session) -> dict[str, Any]:
+def build_scope(
+    check: str, program_names: list[str], session: Session, helpers: str = ""
+) -> dict[str, Any]:
     """The assert's globals: builtins, the standard modules it names (never called: a module
-    cannot be), and proxies for the program's names among the rest of its free names."""
-    free, called = read_free_names(check)
+    cannot be), the prompt's ``helpers`` (run here: trusted, like the assert), and proxies for
+    the program's names among the rest of its free names. The helpers' names are bound by
+    their own code, so they are never free and never reach the program."""
+    free, called = read_free_names(f"{helpers}\n{check}")
     scope: dict[str, Any] = {"__builtins__": builtins}
     defined = set(program_names)
     for name in sorted(free):
@@ -170,6 +174,8 @@ def build_scope(check: str, program_names: list[str], session: Session) -> dict[
                 pass
         if name in defined:
             scope[name] = Remote(session, ("name", name))
+    if helpers:
+        exec(compile(helpers, "<helpers>", "exec", optimize=0), scope)
     return scope
 
 
@@ -209,17 +215,19 @@ class Remote:
     __hash__ = None  # type: ignore[assignment]
 
 
-def run_assert_case(program: str, check: str, limits: SandboxLimits) -> bool:
-    """True when ``check`` runs to its end against the sandboxed program within the limits."""
+def run_assert_case(program: str, check: str, limits: SandboxLimits, helpers: str = "") -> bool:
+    """True when ``check`` runs to its end against the sandboxed program within the limits;
+    ``helpers``: the prompt's functions the check calls (see :func:`build_scope`)."""
     try:
         # optimize=0 whatever the interpreter's -O or PYTHONOPTIMIZE: an optimised compile drops
         # the assert statements, and every program would pass.
         code = compile(check, "<test case>", "exec", optimize=0)
+        compile(helpers, "<helpers>", "exec")
     except SyntaxError:
         return False
     with tempfile.TemporaryFile() as err:
         box = Sandbox(
-            {"main.py": program, "call_server.py": SERVER.read_text()},
+            {"main.py": program, "helpers.py": helpers, "call_server.py": SERVER.read_text()},
             f"{WORK}/call_server.py",
             limits,
             subprocess.PIPE,
@@ -227,19 +235,19 @@ def run_assert_case(program: str, check: str, limits: SandboxLimits) -> bool:
             err,
         )
         try:
-            return run_check(Session(box), check, code)
+            return run_check(Session(box), check, code, helpers)
         finally:
             box.close()
             for pipe in (box.proc.stdin, box.proc.stdout):
                 close_quietly(pipe)
 
 
-def run_check(session: Session, check: str, code: Any) -> bool:
+def run_check(session: Session, check: str, code: Any, helpers: str = "") -> bool:
     try:
         names = session.read_line().get("ready")
         if not isinstance(names, list):
             return False  # the program failed to load (or exited while loading)
-        exec(code, build_scope(check, [str(n) for n in names], session))
+        exec(code, build_scope(check, [str(n) for n in names], session, helpers))
     except Exception:  # CaseFailed, AssertionError, and whatever the assert raised
         return False
     return True

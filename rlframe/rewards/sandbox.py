@@ -13,7 +13,9 @@ The boundary is bubblewrap (``bwrap``, Debian's ``bubblewrap`` package). Every r
   sandbox);
 - no new user namespaces (:mod:`.sandbox_seccomp`: a seccomp filter refuses
   ``unshare``/``clone`` with ``CLONE_NEWUSER``, ``setns`` and ``clone3``), so the program
-  cannot give itself capabilities in a namespace of its own;
+  cannot give itself capabilities in a namespace of its own; nor the kernel keyring (the
+  same filter refuses ``add_key``, ``request_key``, ``keyctl``), which every sandbox's uid
+  would otherwise share;
 - as root, a switch to the unprivileged host uid/gid 65534 (``setpriv``) with no capabilities,
   no supplementary groups and ``no_new_privs``: permission bits apply even if a path leaks;
 - ``python -I -S``: no site-packages at all (no ``ray``, no ``torch``), unless the caller

@@ -1,4 +1,4 @@
-"""The sandbox's seccomp filter: no new user namespaces.
+"""The sandbox's seccomp filter: no new user namespaces, no kernel keyring.
 
 A user namespace gives its creator every capability inside it (mounts, more namespaces),
 which reopens the kernel surface the uid switch closed. bubblewrap loads this classic-BPF
@@ -7,12 +7,16 @@ it starts:
 
 - ``unshare`` and ``clone`` with ``CLONE_NEWUSER`` in their flags fail with EPERM;
 - ``setns`` fails with EPERM (nothing in the sandbox has a reason to join a namespace);
+- ``add_key``, ``request_key`` and ``keyctl`` fail with EPERM: the kernel keyring is not
+  namespaced by the sandbox's mounts or pid namespace, so every sandbox runs as the same uid
+  (65534) would share that uid's user keyring, and a key one sample's program wrote would be
+  read by a later sample's (and outlive both);
 - ``clone3`` fails with ENOSYS (its flags sit behind a pointer a filter cannot read; the C
   library then falls back to ``clone``, which the filter can check);
 - a system call of another ABI (32-bit ``int 0x80``, x32) fails with ENOSYS, since its
   numbers differ and would slip past the checks above.
 
-Everything else is allowed: the filter narrows one door, the namespaces, uid and limits
+Everything else is allowed: the filter narrows two doors, the namespaces, uid and limits
 of :mod:`rlframe.rewards.sandbox` do the rest.
 """
 
@@ -45,12 +49,14 @@ class SyscallTable:
     clone: int
     unshare: int
     setns: int
+    keyring: tuple[int, int, int]
+    """add_key, request_key, keyctl."""
     clone3: int = 435
 
 
 TABLES = {
-    "x86_64": SyscallTable(audit_arch=0xC000003E, clone=56, unshare=272, setns=308),
-    "aarch64": SyscallTable(audit_arch=0xC00000B7, clone=220, unshare=97, setns=268),
+    "x86_64": SyscallTable(0xC000003E, clone=56, unshare=272, setns=308, keyring=(248, 249, 250)),
+    "aarch64": SyscallTable(0xC00000B7, clone=220, unshare=97, setns=268, keyring=(217, 218, 219)),
 }
 
 
@@ -67,21 +73,25 @@ def build_filter(machine: str | None = None) -> bytes | None:
     deny = ERRNO | errno.EPERM
     missing = ERRNO | errno.ENOSYS
     # Jumps are relative: an offset j from instruction i lands on i + 1 + j.
+    add_key, request_key, keyctl = table.keyring
     program = [
         instruction(LOAD_WORD, ARCH),  # 0
         instruction(JUMP_EQ, table.audit_arch, 1, 0),  # 1: this ABI -> 3
         instruction(RETURN, missing),  # 2: another ABI
         instruction(LOAD_WORD, NR),  # 3
-        instruction(JUMP_GE, X32_SYSCALL_BIT, 9, 0),  # 4: x32 -> 14
-        instruction(JUMP_EQ, table.unshare, 4, 0),  # 5: -> 10
-        instruction(JUMP_EQ, table.clone, 3, 0),  # 6: -> 10
-        instruction(JUMP_EQ, table.clone3, 6, 0),  # 7: -> 14
-        instruction(JUMP_EQ, table.setns, 3, 0),  # 8: -> 12
-        instruction(RETURN, ALLOW),  # 9
-        instruction(LOAD_WORD, ARG0_LOW),  # 10: the flags of unshare or clone
-        instruction(JUMP_SET, CLONE_NEWUSER, 0, 1),  # 11: set -> 12, else -> 13
-        instruction(RETURN, deny),  # 12
-        instruction(RETURN, ALLOW),  # 13
-        instruction(RETURN, missing),  # 14
+        instruction(JUMP_GE, X32_SYSCALL_BIT, 12, 0),  # 4: x32 -> 17
+        instruction(JUMP_EQ, table.unshare, 7, 0),  # 5: -> 13
+        instruction(JUMP_EQ, table.clone, 6, 0),  # 6: -> 13
+        instruction(JUMP_EQ, table.clone3, 9, 0),  # 7: -> 17
+        instruction(JUMP_EQ, table.setns, 6, 0),  # 8: -> 15
+        instruction(JUMP_EQ, add_key, 5, 0),  # 9: -> 15
+        instruction(JUMP_EQ, request_key, 4, 0),  # 10: -> 15
+        instruction(JUMP_EQ, keyctl, 3, 0),  # 11: -> 15
+        instruction(RETURN, ALLOW),  # 12
+        instruction(LOAD_WORD, ARG0_LOW),  # 13: the flags of unshare or clone
+        instruction(JUMP_SET, CLONE_NEWUSER, 0, 1),  # 14: set -> 15, else -> 16
+        instruction(RETURN, deny),  # 15
+        instruction(RETURN, ALLOW),  # 16
+        instruction(RETURN, missing),  # 17
     ]
     return b"".join(program)

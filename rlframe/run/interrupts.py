@@ -83,8 +83,11 @@ def describe_position(output_dir: str | Path) -> tuple[str, str]:
     out = Path(output_dir)
     step = last_logged_step(out) + 1
     latest = find_latest_checkpoint(out) if out.is_dir() else None
-    if latest is not None:
-        saved = read_driver_state(latest)["step"]
+    try:
+        saved = None if latest is None else int(read_driver_state(latest)["step"])
+    except (OSError, ValueError, KeyError, TypeError):  # damaged: the resume will say which file
+        saved = None
+    if saved is not None:
         return f"at step {step}", f"the same command resumes from step {saved}"
     if step == 1:
         return "before step 1 finished", "the same command starts again"

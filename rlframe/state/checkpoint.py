@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from rlframe.state.checkpoint_layout import (
     find_latest_checkpoint,
     list_checkpoints,
 )
+from rlframe.state.checksums import find_damage, write_manifest
 from rlframe.state.run_dir import check_resume_changes, never_finished_a_step
 from rlframe.state.save_failures import describe_failed_save
 
@@ -42,7 +44,10 @@ def resolve_resume(cfg: Config) -> Path | None:
 
     An ``output_dir`` that already holds a run is never overwritten: with ``resume=auto`` the
     run continues from its latest checkpoint; with no checkpoint (or ``resume=never``) this
-    raises a ConfigError naming the folder and the choices.
+    raises a ConfigError naming the folder and the choices. A damaged checkpoint (a file
+    missing, cut short or changed since the save: :mod:`rlframe.state.checksums`) is refused
+    naming the file; under ``resume=auto`` the newest intact earlier one is resumed instead,
+    with a warning line.
     """
     out = Path(cfg.trainer.output_dir)
     resume = cfg.trainer.resume
@@ -52,11 +57,15 @@ def resolve_resume(cfg: Config) -> Path | None:
             raise ConfigError(
                 "trainer.resume", f"{path} is not a checkpoint (it has no {DRIVER_STATE})"
             )
+        damage = find_damage(path)
+        if damage is not None:
+            raise ConfigError("trainer.resume", f"{damage}: {path} cannot be resumed")
         return check_changes(cfg, check_seed(path, cfg.trainer.seed))
     if resume == "auto":
         latest = find_latest_checkpoint(out)
         if latest is not None:
-            return check_changes(cfg, check_seed(latest, cfg.trainer.seed))
+            intact = find_intact_checkpoint(latest)
+            return check_changes(cfg, check_seed(intact, cfg.trainer.seed))
     existing = [name for name in RUN_FILES if (out / name).exists()]
     if existing and never_finished_a_step(out):
         print(f"rlframe: reusing {out}: the run started there never finished a step", flush=True)
@@ -69,6 +78,34 @@ def resolve_resume(cfg: Config) -> Path | None:
             "(trainer.resume=auto or a path; saving needs trainer.save_every > 0)",
         )
     return None
+
+
+def find_intact_checkpoint(latest: Path) -> Path:
+    """``latest`` when it is whole; else the newest intact checkpoint of a lower step, with a
+    warning line naming the damaged file; ConfigError naming it when there is none."""
+    damage = find_damage(latest)
+    if damage is None:
+        return latest
+    step = read_step(latest)
+    for older in reversed(list_checkpoints(latest.parent)):
+        if read_step(older) < step and find_damage(older) is None:
+            print(
+                f"rlframe: warning: {damage}; resuming from the previous intact checkpoint "
+                f"{older} instead of {latest}",
+                file=sys.stderr,
+                flush=True,
+            )
+            return older
+    raise ConfigError(
+        "trainer.resume",
+        f"{damage}: {latest} cannot be resumed and no earlier checkpoint is intact; restore "
+        "the file, or choose a new trainer.output_dir",
+    )
+
+
+def read_step(checkpoint: Path) -> int:
+    """The step of a checkpoint folder, from its name (``step_00000050``)."""
+    return int(checkpoint.name.split("_")[1])
 
 
 def check_changes(cfg: Config, checkpoint: Path) -> Path:
@@ -217,6 +254,7 @@ class Checkpointer:
 
             export_checkpoint(tmp, tmp / HF_EXPORT)
         (tmp / DRIVER_STATE).write_text(json.dumps({"step": step, **driver_state}))
+        write_manifest(tmp)  # last: it lists every file above
         fsync_tree(tmp)
 
     def replace(self, tmp: Path, final: Path) -> None:

@@ -7,6 +7,7 @@ Layout of ``<trainer.output_dir>/checkpoints/``::
         actor/              every actor rank's shards (torch.distributed.checkpoint)
         critic/             the critic's, when there is one
         driver_state.json   step, experience (prompt loader), KL controller, tracker, seeds
+        checksums.json      every other file's size and SHA-256 (rlframe.state.checksums)
         hf_config/          model config and tokenizer, so an export needs nothing else
                             (under LoRA: lora_base.json, the base model and adapter settings)
         hf/                 a Hugging Face model, with trainer.export_hf=true

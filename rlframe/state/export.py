@@ -27,16 +27,21 @@ from rlframe.state.checkpoint_layout import (
     LORA_BASE,
     find_latest_checkpoint,
 )
+from rlframe.state.checksums import find_damage
 
 
 def resolve_checkpoint(path: Path) -> Path:
-    """A checkpoint folder as given, or the latest checkpoint of a run directory."""
-    if (path / DRIVER_STATE).is_file() or (path / "actor").is_dir():
-        return path
-    latest = find_latest_checkpoint(path)
-    if latest is None:
-        raise FileNotFoundError(f"{path} is neither a checkpoint nor a run directory with one")
-    return latest
+    """A checkpoint folder as given, or the latest checkpoint of a run directory; ValueError
+    naming the file when it is damaged (:mod:`rlframe.state.checksums`)."""
+    if not ((path / DRIVER_STATE).is_file() or (path / "actor").is_dir()):
+        latest = find_latest_checkpoint(path)
+        if latest is None:
+            raise FileNotFoundError(f"{path} is neither a checkpoint nor a run directory with one")
+        path = latest
+    damage = find_damage(path) if (path / DRIVER_STATE).is_file() else None
+    if damage is not None:
+        raise ValueError(f"{damage}: {path} cannot be exported")
+    return path
 
 
 def export_checkpoint(

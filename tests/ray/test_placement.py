@@ -69,3 +69,29 @@ def test_resources_in_use_make_it_wait_and_say_what_for(caplog: pytest.LogCaptur
     waiter = ResourcePool(nnodes=1, procs_per_node=2, device="cpu", cpus_per_proc=1, name="waiter")
     waiter.create(timeout_s=30)
     waiter.remove()
+
+
+def test_a_port_on_the_drivers_node_is_found_without_a_ray_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task for it once aborted in Ray's core worker ("Mutex corrupt", 13 console lines): on
+    the driver's node, which every rank of this one-node cluster is on, the driver binds it.
+    The task put in the module's place fails the test if it is ever submitted."""
+    from rlframe.controller import placement
+
+    @ray.remote(num_cpus=0)
+    def must_not_run() -> None:
+        raise AssertionError("a Ray task looked for a port on the driver's own node")
+
+    task = placement.find_free_port_task
+    pool = ResourcePool(nnodes=1, procs_per_node=2, device="cpu", cpus_per_proc=1)
+    pool.create(timeout_s=30)
+    try:
+        monkeypatch.setattr(placement, "find_free_port_task", must_not_run)
+        host, port = pool.find_free_port(1)
+        assert host == ray.util.get_node_ip_address() and 0 < port < 65536
+        assert pool.find_master_address()[0] == "127.0.0.1"
+    finally:
+        pool.remove()
+    # On another node the same function runs as a task there; it works as one.
+    assert ray.get(task.remote(), timeout=60)[0] == host

@@ -160,6 +160,39 @@ def test_no_user_namespace_can_be_made_inside() -> None:
     assert result.stdout.split() == ["1", "-1", "1", "thread", "0"]  # EPERM
 
 
+KEYRING_CALLS = (
+    "import ctypes, platform\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.syscall.restype = ctypes.c_long\n"
+    "ADD, REQUEST, CTL = {'x86_64': (248, 249, 250), 'aarch64': (217, 218, 219)}"
+    "[platform.machine()]\n"
+    "def call(*args):\n"
+    "    ctypes.set_errno(0)\n"
+    "    return libc.syscall(*args), ctypes.get_errno()\n"
+)
+
+
+def test_the_kernel_keyring_is_refused() -> None:
+    """Every sandbox runs as one uid, whose user keyring the kernel would share between them:
+    a key one sample's program adds must not be readable by a later sandbox."""
+    user_keyring = -4  # KEY_SPEC_USER_KEYRING
+    write = KEYRING_CALLS + (
+        f"print(*call(ADD, b'user', b'rlframe-secret', b'payload', 7, {user_keyring}))\n"
+        f"print(*call(CTL, 0, {user_keyring}, 0))\n"  # KEYCTL_GET_KEYRING_ID
+    )
+    read = KEYRING_CALLS + (
+        "key, err = call(REQUEST, b'user', b'rlframe-secret', None, 0)\n"
+        "buf = ctypes.create_string_buffer(64)\n"
+        "print(key, err, call(CTL, 11, key, buf, 64) if key > 0 else '', buf.value)\n"
+    )
+    wrote = run_python(write)
+    assert wrote.ok, wrote.stderr
+    assert wrote.stdout.split() == ["-1", "1", "-1", "1"]  # EPERM, EPERM
+    got = run_python(read)
+    assert got.ok, got.stderr
+    assert got.stdout.split() == ["-1", "1", "b''"]  # EPERM; no payload
+
+
 def test_a_killed_reward_worker_takes_its_sandbox_with_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
