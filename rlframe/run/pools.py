@@ -44,6 +44,8 @@ class Workers:
     """Moves the trained weights to the rollout engines; returns the new version."""
     push_current: Callable[[], int] | None
     """Separate placement: sends the current weights again (after start or a resume)."""
+    read_sync_check: Callable[[], list[dict[str, Any] | None]]
+    """Each rollout rank's receiver check of the last sync (the probe's verdict)."""
 
 
 @dataclass
@@ -137,6 +139,7 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
             hybrid.generate,
             build_colocated_sync(hybrid),
             None,
+            hybrid.read_sync_check,
         )
     group, cls = launch.start(
         train, "actor", resolve_actor_worker_cls(cfg.rollout, cfg.actor), launch.model_path
@@ -158,6 +161,7 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
         rollout.generate,
         sync,
         push,
+        rollout.read_sync_check,
     )
 
 
