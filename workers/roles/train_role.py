@@ -159,7 +159,9 @@ class TrainRole:
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, R] log-probs of the frozen reference policy."""
         if self.lora.enabled:
-            with adapters_disabled(self.actor.model):
+            # The reference's rows carry no routed experts (controller/reads.py: FORWARD), and
+            # the frozen base is no policy whose routing a rollout recorded.
+            with adapters_disabled(self.actor.model), self.actor.routing_freely():
                 return self.score_logprobs(self.actor, batch)
         if self.ref is None:
             raise RuntimeError(
