@@ -10,12 +10,14 @@ mode first.
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlframe.config import Config
 from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.core.protocol import Batch
 from rlframe.rollout.turns import TurnRequest, TurnResult
-from workers.roles.rollout_role import RolloutRole
+from workers.roles.rollout_role import RolloutRole, read_verdict
 from workers.sync.weight_sync import InProcessSink
 from workers.train_endpoints import TrainEndpoints
 
@@ -111,5 +113,10 @@ class HybridWorker(TrainEndpoints):
         probe = self.sync_probe()
         self.push_weights(version)
         if probe is not None:
-            self.rollout_role.verify_weights(probe)
+            self.rollout_role.check_sync(probe)
         return version
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def read_sync_check(self) -> dict[str, Any] | None:
+        """See :func:`workers.roles.rollout_role.read_verdict`."""
+        return read_verdict(self.rollout_role)

@@ -6,6 +6,8 @@ It receives the trainer's weights over the weight group both pools join
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from rlframe.config import Config
@@ -15,7 +17,7 @@ from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.controller.worker import Worker
 from rlframe.core.protocol import Batch
 from rlframe.rollout.turns import TurnRequest, TurnResult
-from workers.roles.rollout_role import RolloutRole
+from workers.roles.rollout_role import RolloutRole, read_verdict
 from workers.sync.weight_sync import BroadcastReceiver, WeightGroup
 
 
@@ -48,6 +50,11 @@ class RolloutWorker(Worker):
         if self.receiver is None:
             raise RuntimeError("receive_weights before init_weight_group")
         return self.receiver.pull(self.rollout_role)
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def read_sync_check(self) -> dict[str, Any] | None:
+        """See :func:`workers.roles.rollout_role.read_verdict`."""
+        return read_verdict(self.rollout_role)
 
     @dispatch(Dispatch.ROLLOUT_DP_SPLIT, reads=reads.GENERATE)
     def generate(self, prompts: Batch) -> Batch:

@@ -52,10 +52,13 @@ class TrainEndpoints(Worker):
 
     @property
     def verifies_sync(self) -> bool:
-        """LoRA syncs are where engines silently keep old weights: with
-        ``model.lora.verify_sync`` the receiver checks each one arrived."""
-        lora = self.train_role.lora
-        return lora.enabled and lora.verify_sync
+        """Every sync is checked by the receiver (the probe), in every placement and mode,
+        unless the sync check is off (``rollout.max_logprob_diff=0``) or, with LoRA,
+        ``model.lora.verify_sync=false``."""
+        cfg, lora = self.train_role.cfg, self.train_role.lora
+        if cfg.rollout.max_logprob_diff == 0:
+            return False
+        return lora.verify_sync if lora.enabled else True
 
     def sync_probe(self) -> SyncProbe | None:
         """The trainer's side of the check of a sync (:meth:`TrainRole.compute_sync_probe`),

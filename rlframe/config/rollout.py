@@ -99,13 +99,14 @@ class RolloutConfig:
     rollouts, every request runs to its end in one call. single_turn only (an episode of
     another agent is never cut)."""
     max_logprob_diff: float | None = None
-    """The sync check: the run stops (exit 76) when ``rollout/logprob_diff``, the mean absolute
-    gap between the engine's and the trainer's log-probs of the tokens sampled with the
-    weights the trainer holds (every token in lockstep, the fresh ones under
-    ``max_staleness``), exceeds this many nats: the engine is not sampling from the trained
-    weights, a weight sync is broken. null (default): by the model's dtype, 1e-3 in float32
-    and 0.05 in bfloat16, plus ln(1/top_p) (vLLM's log-probs are renormalised over
-    the nucleus, the trainer's are not); see docs/running.md, "The sync check". 0: off."""
+    """The sync check: the run stops (exit 76) when the engine is not sampling from the trained
+    weights. It reads the gap between the engine's and the trainer's log-probs of the tokens
+    sampled with the weights the trainer holds (``rollout/logprob_diff``, the mean, and
+    ``rollout/logprob_diff_row_max``, the largest row's mean) and a probe scored by both
+    after every sync. null (default): thresholds calibrated per run on the honest gap at
+    version 0, in the run's dtype (until then 1e-3 in float32 and 0.05 in bfloat16 on the
+    mean, plus ln(1/top_p)); a number: a fixed threshold on the mean, in nats; 0: off, the
+    probe included. See docs/running.md, "The sync check"."""
 
     def __post_init__(self) -> None:
         # Dataclasses built in Python (tests, user code) may pass plain strings.

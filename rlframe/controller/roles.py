@@ -58,6 +58,8 @@ class HybridGroup(ActorGroup, Protocol):
 
     def sync_weights(self) -> list[int]: ...
 
+    def read_sync_check(self) -> list[dict[str, Any] | None]: ...
+
 
 class TrainGroup(ActorGroup, Protocol):
     """Separate placement, training side: sends its weights to the rollout pool."""
@@ -77,6 +79,8 @@ class RolloutGroup(Group, Protocol):
     def init_weight_group(self, spec: WeightGroupSpec) -> list[None]: ...
 
     def receive_weights(self) -> list[int]: ...
+
+    def read_sync_check(self) -> list[dict[str, Any] | None]: ...
 
 
 class CriticGroup(Group, Protocol):

@@ -72,17 +72,32 @@ def compute_logprob_diffs(
     None (lockstep) every token is current and there is no stale metric. Otherwise a metric
     whose set has no tokens is left out: a step that trains only on stale tokens checks no
     sync, and must not read as a clean one.
+
+    ``rollout/logprob_diff_row_max`` is the largest per-row mean gap over the current tokens:
+    a corruption that hits few rows (one routed expert, the image rows) is diluted in the
+    mean and not in its rows'.
     """
     gap = (rollout_logprobs - trainer_logprobs).abs()
     mask = mask.bool()
     if trainer_version is None:
-        return {"rollout/logprob_diff": float(gap[mask].sum() / mask.sum().clamp(min=1))}
+        if not mask.any():
+            return {"rollout/logprob_diff": 0.0}
+        return {"rollout/logprob_diff": float(gap[mask].mean())} | compute_row_max(gap, mask)
     current = mask
     if token_versions is not None:
         current = mask & (token_versions == trainer_version)
     stale = mask & ~current
     sets = {"rollout/logprob_diff": current, "rollout/logprob_diff_stale": stale}
-    return {name: float(gap[s].mean()) for name, s in sets.items() if s.any()}
+    out = {name: float(gap[s].mean()) for name, s in sets.items() if s.any()}
+    return out | (compute_row_max(gap, current) if current.any() else {})
+
+
+def compute_row_max(gap: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """``rollout/logprob_diff_row_max``: the largest mean of ``gap`` over one row's ``mask``
+    tokens, among the rows that have any."""
+    counts = mask.sum(1)
+    rows = torch.where(mask, gap, 0.0).sum(1)[counts > 0] / counts[counts > 0]
+    return {"rollout/logprob_diff_row_max": float(rows.max())}
 
 
 def read_token_versions(batch: Batch) -> torch.Tensor | None:

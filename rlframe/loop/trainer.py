@@ -29,7 +29,7 @@ from rlframe.controller.roles import ActorGroup, CriticGroup
 from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.core.sequence_layout import balance_rows
 from rlframe.loop.step_metrics import collect_step_metrics
-from rlframe.loop.sync_check import check_sync_gap
+from rlframe.loop.sync_check import SyncCheck
 from rlframe.loop.validation import Validator
 from rlframe.observability.tracking import StageTimer, Tracker
 from rlframe.rollout import Producer
@@ -49,8 +49,10 @@ class Trainer:
         tracker: metrics and rollout logs.
         checkpointer: saves the run when due (None: never).
         validator: validation when due (None: never).
-        max_logprob_diff: the sync check's threshold in nats (None: off; see
-            :func:`rlframe.loop.sync_check.pick_max_logprob_diff`).
+        sync_check: the run's sync check (None: off; see
+            :class:`rlframe.loop.sync_check.SyncCheck`).
+        read_sync_check: each rollout rank's receiver check of the last sync (dicts, None
+            where none ran), read after every sync.
     """
 
     def __init__(
@@ -63,7 +65,8 @@ class Trainer:
         tracker: Tracker,
         checkpointer: Checkpointer | None = None,
         validator: Validator | None = None,
-        max_logprob_diff: float | None = None,
+        sync_check: SyncCheck | None = None,
+        read_sync_check: Callable[[], list[dict[str, Any] | None]] | None = None,
     ) -> None:
         self.cfg, self.actor, self.critic = cfg, actor, critic
         self.experience, self.sync_weights, self.tracker = experience, sync_weights, tracker
@@ -75,7 +78,12 @@ class Trainer:
         self.weights_version = 0
         """The version of the trainer's weights (the last sync's): what it scores batches with."""
         self.checkpointer, self.validator = checkpointer, validator
-        self.max_logprob_diff = max_logprob_diff
+        self.sync_check = sync_check or SyncCheck(None)
+        self.read_sync_check = read_sync_check
+        self.scored_with = 0
+        """The weights version the step's fresh tokens were scored with."""
+        self.probes: list[dict[str, Any] | None] = []
+        """The receiver checks of the step's sync."""
 
     def fit(self) -> list[dict[str, float]]:
         """Steps from the current one (0, or a resumed checkpoint's) to ``trainer.total_steps``;
@@ -88,12 +96,15 @@ class Trainer:
             self.tracker.log(0, self.validator.run())
         while self.step_count < t.total_steps:
             self.step_count += 1
+            self.probes = []
             metrics = self.step()
+            broken = self.sync_check.judge(self.step_count, metrics, self.scored_with, self.probes)
             if self.validator is not None and self.is_due(t.val_every):
                 metrics |= self.validator.run()
             self.tracker.log(self.step_count, metrics)
             history.append(metrics)
-            check_sync_gap(self.step_count, metrics, self.max_logprob_diff)
+            if broken is not None:
+                raise broken
             if self.checkpointer is not None and self.is_due(t.save_every):
                 self.checkpointer.save(self.step_count, self.state_dict())
         return history
@@ -113,11 +124,14 @@ class Trainer:
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "tracker": self.tracker.state_dict(),
             "weights_version": self.weights_version,
+            "sync_check_honest": self.sync_check.honest,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step_count = int(state["step"])
         self.weights_version = int(state.get("weights_version", 0))
+        # The honest gap measured at version 0; a resumed run has no version-0 tokens left.
+        self.sync_check.honest = state.get("sync_check_honest")
         self.experience.load_state_dict(state["experience"])
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.tracker.load_state_dict(state["tracker"])
@@ -127,7 +141,7 @@ class Trainer:
         with timer("step"):
             # gen, reward (and baseline): prompts -> rewarded responses, by the configured agent.
             batch, metrics = self.experience.next_batch()
-            scored_with = self.weights_version
+            scored_with = self.scored_with = self.weights_version
             batch = self.attach_old_logprobs(batch, timer)
             if self.use_ref:
                 with timer("ref"):
@@ -145,6 +159,8 @@ class Trainer:
                     batch, actor_metrics = self.update_actor(batch)
                 with timer("sync"):
                     self.weights_version = self.sync_weights()
+                    if self.read_sync_check is not None:
+                        self.probes = self.read_sync_check()
                 metrics |= actor_metrics
         self.log_rollouts(batch)
         metrics |= adv_metrics | self.collect_correction_metrics(batch)

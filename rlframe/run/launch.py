@@ -19,7 +19,7 @@ from rlframe.agent_server import pick_agent
 from rlframe.config import Config, Placement
 from rlframe.controller.cluster import describe_cluster, resolve_device
 from rlframe.data.loader import PromptLoader
-from rlframe.loop.sync_check import pick_max_logprob_diff
+from rlframe.loop.sync_check import SyncCheck
 from rlframe.loop.trainer import Trainer
 from rlframe.loop.validation import Validator
 from rlframe.observability import startup
@@ -261,7 +261,8 @@ def build_loop(
         tracker,
         checkpointer,
         validator,
-        pick_max_logprob_diff(cfg, device),
+        SyncCheck.for_run(cfg, device),
+        workers.read_sync_check,
     )
     return trainer, checkpointer
 

@@ -45,6 +45,8 @@ class Workers:
     """Moves the trained weights to the rollout engines; returns the new version."""
     push_current: Callable[[], int] | None
     """Separate placement: sends the current weights again (after start or a resume)."""
+    read_sync_check: Callable[[], list[dict[str, Any] | None]]
+    """Each rollout rank's receiver check of the last sync (the probe's verdict)."""
     engine: EngineClient
     """The request stream into the rollout engines (the ``generate`` group's)."""
 
@@ -140,6 +142,7 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
             hybrid.generate,
             build_colocated_sync(hybrid),
             None,
+            hybrid.read_sync_check,
             connect_engines(cfg, hybrid),
         )
     group, cls = launch.start(
@@ -162,6 +165,7 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
         rollout.generate,
         sync,
         push,
+        rollout.read_sync_check,
         connect_engines(cfg, rollout),
     )
 

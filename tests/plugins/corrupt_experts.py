@@ -20,7 +20,7 @@ from rlframe.controller.dispatch import Dispatch, dispatch
 from workers.hybrid import HybridWorker
 from workers.roles.rollout_role import RolloutRole
 from workers.rollout_worker import RolloutWorker
-from workers.sync.sync_probe import SyncProbe
+from workers.sync.sync_probe import ProbeVerdict, SyncProbe
 from workers.sync.weight_sync import InProcessSink
 
 EXPERT = re.compile(r"^model\.layers\.0\.mlp\.experts\.([01])\.")
@@ -56,8 +56,8 @@ class CorruptingRollout:
             weights if self.kind is None else corrupt_stream(weights, self.kind), version
         )
 
-    def verify_weights(self, probe: SyncProbe) -> None:
-        self.role.verify_weights(probe)
+    def check_sync(self, probe: SyncProbe) -> ProbeVerdict:
+        return self.role.check_sync(probe)
 
 
 class CorruptExpertsHybridWorker(HybridWorker):

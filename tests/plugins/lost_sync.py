@@ -20,7 +20,7 @@ from rlframe.controller.dispatch import Dispatch, dispatch
 from workers.hybrid import HybridWorker
 from workers.roles.rollout_role import RolloutRole
 from workers.rollout_worker import RolloutWorker
-from workers.sync.sync_probe import SyncProbe
+from workers.sync.sync_probe import ProbeVerdict, SyncProbe
 from workers.sync.weight_sync import InProcessSink
 
 LOST_VERSION = 2
@@ -44,8 +44,8 @@ class LosingRollout:
             pass
         self.role.weights_version = version
 
-    def verify_weights(self, probe: SyncProbe) -> None:
-        self.role.verify_weights(probe)
+    def check_sync(self, probe: SyncProbe) -> ProbeVerdict:
+        return self.role.check_sync(probe)
 
 
 class LostSyncHybridWorker(HybridWorker):

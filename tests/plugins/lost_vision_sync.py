@@ -21,7 +21,7 @@ from rlframe.models.hf_config import is_vision_tower_name
 from workers.hybrid import HybridWorker
 from workers.roles.rollout_role import RolloutRole
 from workers.rollout_worker import RolloutWorker
-from workers.sync.sync_probe import SyncProbe
+from workers.sync.sync_probe import ProbeVerdict, SyncProbe
 from workers.sync.weight_sync import InProcessSink
 
 LOST_VERSION = 2
@@ -41,8 +41,8 @@ class VisionLosingRollout:
             weights = ((n, t) for n, t in weights if not is_vision_tower_name(n))
         self.role.load_weights(weights, version)
 
-    def verify_weights(self, probe: SyncProbe) -> None:
-        self.role.verify_weights(probe)
+    def check_sync(self, probe: SyncProbe) -> ProbeVerdict:
+        return self.role.check_sync(probe)
 
 
 class LostVisionHybridWorker(HybridWorker):

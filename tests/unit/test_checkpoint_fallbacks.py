@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from rlframe.config import Config, ConfigError, ModelConfig, TrainerConfig
+from rlframe.loop.sync_check import SyncCheck
 from rlframe.state.checkpoint import (
     Checkpointer,
     find_latest_checkpoint,
@@ -215,7 +216,7 @@ def run_loop(tmp_path: Path, **trainer: Any) -> tuple[list[int], list[int], Path
     loop.cfg = make_config(tmp_path, **trainer)
     loop.step_count = 0
     loop.tracker = RecordingTracker()
-    loop.max_logprob_diff = None  # the sync check reads rollout/logprob_diff; none here
+    loop.sync_check, loop.probes, loop.scored_with = SyncCheck(None), [], 0
     loop.validator = CountingValidator()
     loop.checkpointer = Checkpointer(tmp_path, 100, {}, lambda d: d.mkdir(), export_hf=False)
     loop.fit()

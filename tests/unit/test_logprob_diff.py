@@ -18,7 +18,11 @@ VERSIONS = torch.tensor([[3, 4, 4], [4, 4, 4]])
 
 def test_lockstep_counts_every_token() -> None:
     out = compute_logprob_diffs(ROLLOUT, TRAINER, MASK, VERSIONS, None)
-    assert out == {"rollout/logprob_diff": pytest.approx(0.75 / 5)}
+    # Rows' means: 0.5 / 3 and 0.25 / 2 (the padded 9 counts in neither).
+    assert out == {
+        "rollout/logprob_diff": pytest.approx(0.75 / 5),
+        "rollout/logprob_diff_row_max": pytest.approx(0.5 / 3),
+    }
 
 
 def test_async_splits_by_the_trainer_version() -> None:
@@ -27,11 +31,13 @@ def test_async_splits_by_the_trainer_version() -> None:
     assert out == {
         "rollout/logprob_diff": pytest.approx(0.75 / 4),
         "rollout/logprob_diff_stale": 0.0,
+        "rollout/logprob_diff_row_max": pytest.approx(0.5 / 2),  # row 0's current tokens
     }
     out = compute_logprob_diffs(ROLLOUT, TRAINER, MASK, VERSIONS, 3)
     assert out == {
         "rollout/logprob_diff": 0.0,
         "rollout/logprob_diff_stale": pytest.approx(0.75 / 4),
+        "rollout/logprob_diff_row_max": 0.0,
     }
 
 
@@ -40,7 +46,10 @@ def test_a_set_without_tokens_is_left_out() -> None:
     out = compute_logprob_diffs(ROLLOUT, TRAINER, MASK, VERSIONS, 5)
     assert out == {"rollout/logprob_diff_stale": pytest.approx(0.75 / 5)}
     out = compute_logprob_diffs(ROLLOUT, TRAINER, MASK, torch.full_like(VERSIONS, 5), 5)
-    assert out == {"rollout/logprob_diff": pytest.approx(0.75 / 5)}
+    assert out == {
+        "rollout/logprob_diff": pytest.approx(0.75 / 5),
+        "rollout/logprob_diff_row_max": pytest.approx(0.5 / 3),
+    }
 
 
 def test_token_versions_from_a_row_column() -> None:

@@ -13,7 +13,11 @@ from rlframe.config import ConfigError
 from rlframe.loop.sync_check import (
     FP32_MAX_LOGPROB_DIFF,
     HALF_MAX_LOGPROB_DIFF,
+    ROW_FACTOR,
+    TOKEN_MEAN_FACTOR,
+    BrokenProbeError,
     BrokenSyncError,
+    SyncCheck,
     check_sync_gap,
     describe_broken_sync,
     pick_max_logprob_diff,
@@ -111,7 +115,7 @@ def test_a_failing_step_is_logged_not_saved(tmp_path: Path) -> None:
     loop.cfg = build(trainer={"output_dir": str(tmp_path), "total_steps": 4, "save_every": 1})
     loop.step_count, loop.validator, loop.tracker = 0, None, GapTracker()
     loop.checkpointer = Checkpointer(tmp_path, 10, {}, lambda d: d.mkdir(), export_hf=False)
-    loop.max_logprob_diff = 1e-3
+    loop.sync_check, loop.probes, loop.scored_with = SyncCheck(1e-3, calibrate=False), [], 1
     with pytest.raises(BrokenSyncError) as caught:
         loop.fit()
     assert loop.tracker.logged == [1, 2, 3]
@@ -120,3 +124,66 @@ def test_a_failing_step_is_logged_not_saved(tmp_path: Path) -> None:
     line = describe_broken_sync(caught.value, tmp_path)
     assert "step 3 is logged" in line and "checkpoint of step 2 is intact" in line, line
     assert "rollout.max_logprob_diff=0" in line
+
+
+HONEST = 1.04e-3
+"""The bf16 honest token mean measured on tiny-moe:0 (tests/workers/test_sync_check_bf16.py)."""
+
+
+def test_the_thresholds_are_calibrated_at_version_0_in_the_runs_dtype() -> None:
+    """bf16: before calibration the token mean has the dtype's fixed 0.05; the step scored
+    with version 0 measures the honest gap, and later steps stop at a multiple of it plus
+    the fp32 floor, on the mean and on the largest row's mean."""
+    check = SyncCheck.for_run(build(model={"path": "tiny:0", "dtype": "bfloat16"}), "cpu")
+    assert check.limits() == {"rollout/logprob_diff": HALF_MAX_LOGPROB_DIFF}
+    step1 = {"rollout/logprob_diff": HONEST, "rollout/logprob_diff_row_max": 0.03}
+    assert check.judge(1, step1, 0, []) is None  # the row statistic waits for calibration
+    assert check.honest == HONEST
+    limits = check.limits()
+    assert limits == {
+        "rollout/logprob_diff": pytest.approx(TOKEN_MEAN_FACTOR * HONEST + 1e-3),
+        "rollout/logprob_diff_row_max": pytest.approx(ROW_FACTOR * HONEST + 1e-3),
+    }
+    # Two swapped experts of 8 (measured): mean 0.011, largest row 0.021.
+    swapped = {"rollout/logprob_diff": 0.011, "rollout/logprob_diff_row_max": 0.021}
+    error = check.judge(5, swapped, 4, [])
+    assert isinstance(error, BrokenSyncError) and error.statistic == "rollout/logprob_diff"
+    assert swapped["rollout/sync_check"] == pytest.approx(0.011 / limits["rollout/logprob_diff"])
+    # A corruption of a few rows: the mean stays honest, one row's mean does not.
+    few_rows = {"rollout/logprob_diff": 2e-3, "rollout/logprob_diff_row_max": 0.3}
+    error = check.judge(6, few_rows, 5, [])
+    assert error is not None and error.statistic == "rollout/logprob_diff_row_max"
+    honest = {"rollout/logprob_diff": 2.0e-3, "rollout/logprob_diff_row_max": 1.1e-2}
+    assert check.judge(7, honest, 6, []) is None
+    assert 0.4 < honest["rollout/sync_check"] < 1
+
+
+def test_a_broken_first_step_is_no_calibration() -> None:
+    check = SyncCheck.for_run(build(model={"path": "tiny:0", "dtype": "bfloat16"}), "cpu")
+    assert check.judge(1, {"rollout/logprob_diff": 0.3}, 0, []) is not None
+    assert check.honest is None
+
+
+def test_fp32_keeps_its_fixed_threshold_and_a_set_value_is_not_calibrated() -> None:
+    check = SyncCheck.for_run(build(model={"path": "tiny:0"}), "cpu")
+    check.judge(1, {"rollout/logprob_diff": 3e-7, "rollout/logprob_diff_row_max": 1e-6}, 0, [])
+    assert check.limits()["rollout/logprob_diff"] == pytest.approx(1e-3, rel=1e-5)
+    fixed = SyncCheck.for_run(build(rollout={"n": 4, "max_logprob_diff": 0.2}), "cpu")
+    fixed.judge(1, {"rollout/logprob_diff": 1e-3, "rollout/logprob_diff_row_max": 0.5}, 0, [])
+    assert fixed.honest is None and fixed.limits() == {"rollout/logprob_diff": 0.2}
+
+
+def test_the_probe_checks_a_step_without_fresh_tokens() -> None:
+    """Separate placement at max_staleness=1: no fresh token, the probe's verdict is the
+    check; the worst rank's is logged, a failed one stops the run with its reason."""
+    check = SyncCheck.for_run(build(model={"path": "tiny:0"}), "cpu")
+    metrics = {"rollout/logprob_diff_stale": 0.1}
+    ok = {"version": 3, "ratio": 0.2, "error": None}
+    assert check.judge(3, metrics, 2, [ok, None]) is None
+    assert metrics["rollout/sync_check"] == metrics["rollout/sync_probe"] == 0.2
+    stale = {"version": 3, "ratio": 0.1, "error": "stale weights after the sync of version 3"}
+    error = check.judge(3, {}, 2, [ok, stale])
+    assert isinstance(error, BrokenProbeError) and "stale weights" in str(error)
+    assert str(error).startswith("weight sync broken at step 3: rollout/sync_probe")
+    off = SyncCheck(None)
+    assert off.judge(3, metrics, 2, [stale]) is None

@@ -44,3 +44,31 @@ def test_attention_adapters_train_and_sync_merged(moe_path: str, one_rank_group:
     gap, moved = (after - probe.logprobs).abs().max(), (after - first).abs().max()
     print(f"tiny-moe:0 LoRA merged sync: probe gap {float(gap):.3g}, moved {float(moved):.3g}")
     assert float(gap) < 1e-4 < 1e-2 < float(moved)
+
+
+def test_lora_reference_under_router_replay_routes_freely(
+    moe_path: str, one_rank_group: None
+) -> None:
+    """Desk check item 1 of issue 45: LoRA + algorithm.router_replay=rollout + a KL term. The
+    reference is the policy engine with adapters off, whose rows carry no routed experts: it
+    scores as a separate reference engine does (its own routing), not by replay, which
+    raised at the first reference pass."""
+    import torch
+
+    from rlframe.config import AlgorithmConfig
+
+    cfg = make_lora_config(rank=8)
+    cfg.model.path = "tiny-moe:0"
+    cfg.algorithm = AlgorithmConfig(kl_coef=0.1, router_replay="rollout")
+    train = build_role(moe_path, cfg)
+    assert train.actor.replay is not None
+    batch = make_batch()
+    ref = train.compute_ref_logprobs(batch)
+    assert train.actor.replay is not None  # replay is back on for the policy's passes
+    # Adapters start at zero: the reference is the base, which the policy equals by its own
+    # routing too (scored with replay off, as a plain engine would).
+    with train.actor.routing_freely():
+        policy = train.compute_logprobs(batch)
+    mask = batch["response_mask"].bool()
+    assert torch.isfinite(ref[mask]).all()
+    assert torch.equal(ref[mask], policy[mask])

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import asdict
+from typing import Any
 
 import torch
 
@@ -22,10 +24,12 @@ from rlframe.rollout.turns import TurnRequest, TurnResult
 from workers.inference.base import RolloutEngine, RolloutSample, SamplingSpec
 from workers.sync.sync_probe import (
     ProbeReading,
+    ProbeVerdict,
     StaleWeightsError,
     SyncProbe,
-    check_probe,
+    derive_mean_tolerance,
     derive_probe_tolerance,
+    judge_probe,
     pick_probe_tolerance,
 )
 from workers.training.model_build import pick_dtype
@@ -88,7 +92,11 @@ class RolloutRole:
         self.last_probe: ProbeReading | None = None
         """The probe readings after the last verified sync."""
         self.probe_tolerance = pick_probe_tolerance(self.dtype)
-        """The broken-sync tolerance: the dtype's floor until noise is measured."""
+        """The broken-sync tolerance of one token: the dtype's floor until noise is measured."""
+        self.mean_tolerance: float | None = None
+        """The broken-sync tolerance of the probe's mean gap, once noise is measured."""
+        self.last_verdict: ProbeVerdict | None = None
+        """The receiver check of the last sync, for the driver (``read_sync_check``)."""
 
     def generate(self, prompts: Batch) -> Batch:
         """One sampled turn per row, in one engine call (the wire of
@@ -158,28 +166,40 @@ class RolloutRole:
         ]
 
     def verify_weights(self, probe: SyncProbe) -> None:
+        """The receiver check after a sync (:meth:`check_sync`), raising
+        :class:`~workers.sync.sync_probe.StaleWeightsError` (naming what the engine serves)
+        when it fails."""
+        verdict = self.check_sync(probe)
+        if verdict.error is not None:
+            raise StaleWeightsError(verdict.error)
+
+    def check_sync(self, probe: SyncProbe) -> ProbeVerdict:
         """The receiver check after a sync: the engine's log-probs of the probe match the
-        trainer's (raises :class:`~workers.sync.sync_probe.StaleWeightsError`, naming what the
-        engine serves, when it still serves the previous version). At version 0 (the
-        checkpoint's weights on both sides, adapters still zero) it measures the noise
-        instead, which the tolerance is derived from."""
+        trainer's, and moved when the trainer's did. At version 0 (the checkpoint's weights on
+        both sides, adapters still zero) it measures the noise instead, which the tolerances
+        are derived from. The verdict is kept for the driver (:attr:`last_verdict`)."""
         if self.weights_version == 0 and self.last_probe is None:
             self.calibrate_probe(probe)
-            return
-        engine = torch.tensor(self.engine.compute_prompt_logprobs(probe.ids))
-        check_probe(
-            engine,
-            probe.logprobs,
-            self.weights_version,
-            self.last_probe,
-            self.probe_tolerance,
-            self.engine.describe_weights(),
-        )
-        self.last_probe = ProbeReading(self.weights_version, engine, probe.logprobs)
+            verdict = ProbeVerdict(0, 0.0, None)
+        else:
+            engine = torch.tensor(self.engine.compute_prompt_logprobs(probe.ids))
+            verdict = judge_probe(
+                engine,
+                probe.logprobs,
+                self.weights_version,
+                self.last_probe,
+                self.probe_tolerance,
+                self.engine.describe_weights(),
+                self.mean_tolerance,
+            )
+            if verdict.error is None:
+                self.last_probe = ProbeReading(self.weights_version, engine, probe.logprobs)
+        self.last_verdict = verdict
+        return verdict
 
     def calibrate_probe(self, probe: SyncProbe) -> None:
         """Measure the trainer-engine probe gap with the same weights on both sides (the
-        checkpoint's, before any update) and derive the sync check's tolerance from it."""
+        checkpoint's, before any update) and derive the sync check's tolerances from it."""
         engine = torch.tensor(self.engine.compute_prompt_logprobs(probe.ids))
         noise = engine - probe.logprobs
         ceiling = 10 * pick_probe_tolerance(self.dtype)
@@ -190,6 +210,7 @@ class RolloutRole:
                 "before any update: they did not load the same model"
             )
         self.probe_tolerance = derive_probe_tolerance(noise, self.dtype)
+        self.mean_tolerance = derive_mean_tolerance(noise, self.dtype)
         self.last_probe = ProbeReading(self.weights_version, engine, probe.logprobs)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
@@ -210,3 +231,11 @@ class RolloutRole:
         self.engine.wake_up(tags)
         if tags is None or "kv_cache" in tags:
             self.awake = True
+
+
+def read_verdict(role: RolloutRole) -> dict[str, Any] | None:
+    """The receiver check of the last sync as plain values for the driver (``version``,
+    ``ratio``, ``error``; see :class:`~workers.sync.sync_probe.ProbeVerdict`), or None when
+    no sync was checked yet. Read once: a later read without a sync in between gives None."""
+    verdict, role.last_verdict = role.last_verdict, None
+    return None if verdict is None else asdict(verdict)

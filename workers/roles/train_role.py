@@ -23,6 +23,7 @@ from rlframe.algorithms.off_policy import OldLogprobs, pick_old_logprobs
 from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
 from rlframe.algorithms.router import compute_load_balancing_loss, summarize_routing
 from rlframe.config import ActorConfig, Config
+from rlframe.config.agent import compute_response_width
 from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.core.names import RouterReplay
 from rlframe.core.protocol import Batch, UpdateResult
@@ -30,6 +31,7 @@ from rlframe.core.sequence_layout import SequenceLayout, build_layout
 from workers.model_hooks.router_logits import find_router_spec, record_router_logits
 from workers.model_hooks.vision import ImageEncoder, build_image_encoder
 from workers.sync.sync_probe import (
+    PROBE_LENGTH,
     SyncProbe,
     build_probe_ids,
     compute_trainer_probe,
@@ -157,7 +159,9 @@ class TrainRole:
     def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
         """[B, R] log-probs of the frozen reference policy."""
         if self.lora.enabled:
-            with adapters_disabled(self.actor.model):
+            # The reference's rows carry no routed experts (controller/reads.py: FORWARD), and
+            # the frozen base is no policy whose routing a rollout recorded.
+            with adapters_disabled(self.actor.model), self.actor.routing_freely():
                 return self.score_logprobs(self.actor, batch)
         if self.ref is None:
             raise RuntimeError(
@@ -328,8 +332,15 @@ class TrainRole:
     def compute_sync_probe(self) -> SyncProbe:
         """The trainer's log-probs of the fixed probe, for the receiver check of a sync."""
         config = self.actor.model.config
+        # No longer than the engine's context (vLLM refuses a prompt that fills it).
+        r = self.cfg.rollout
+        context = self.cfg.data.max_prompt_length + compute_response_width(
+            r.max_tokens, r.agent, self.cfg.agent
+        )
         ids = build_probe_ids(
-            int(config.get_text_config().vocab_size), list_vision_token_ids(config)
+            int(config.get_text_config().vocab_size),
+            list_vision_token_ids(config),
+            min(PROBE_LENGTH, context - 1),
         )
         return SyncProbe(ids, compute_trainer_probe(self.actor.model, ids, self.device))
 

@@ -27,7 +27,7 @@ from torch import nn
 from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.models.hf_config import is_vision_tower_name
 from workers.model_hooks.weight_names import model_type_of, to_engine_tensors
-from workers.sync.sync_probe import SyncProbe
+from workers.sync.sync_probe import ProbeVerdict, SyncProbe
 from workers.training.dtensor_gather import full_tensor
 
 WeightBucket = list[tuple[str, torch.Tensor]]
@@ -39,8 +39,8 @@ class RolloutReceiver(Protocol):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Replace the engine's weights in place and record their version."""
 
-    def verify_weights(self, probe: SyncProbe) -> None:
-        """The receiver check after a sync (raises when the engine serves stale weights)."""
+    def check_sync(self, probe: SyncProbe) -> ProbeVerdict:
+        """The receiver check after a sync: its verdict, kept for the driver to read."""
 
 
 class WeightSource:
@@ -260,13 +260,15 @@ class BroadcastReceiver:
 
     def pull(self, rollout: RolloutReceiver) -> int:
         """Load one whole push into ``rollout``, then run the receiver check when the push
-        carried a probe; returns the version it carried."""
+        carried a probe (its verdict stays in the rollout role for the driver to read: a
+        failed check stops the run there, with the step logged); returns the version it
+        carried."""
         first = self.receive_header()
         self.end: BucketHeader | None = first if first.is_end else None
         rollout.load_weights(self.iter_tensors(first), first.version)
         probe = self.end.read_probe() if self.end is not None else None
         if probe is not None:
-            rollout.verify_weights(probe)
+            rollout.check_sync(probe)
         return first.version
 
     def receive_header(self) -> BucketHeader:

@@ -9,8 +9,8 @@ every rank must walk the weights in the same order (:class:`workers.sync.weight_
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -134,6 +134,16 @@ class FSDPEngine:
     def replaying(self, layout: SequenceLayout) -> AbstractContextManager[None]:
         """See :func:`workers.model_hooks.router_replay.replay_layout`."""
         return replay_layout(self.replay, layout)
+
+    @contextmanager
+    def routing_freely(self) -> Iterator[None]:
+        """Forwards routed by the model's own routers, no replay: the LoRA reference (adapters
+        off) scores as a separate reference engine does, and its rows carry no routing."""
+        replay, self.replay = self.replay, None
+        try:
+            yield
+        finally:
+            self.replay = replay
 
     def compute_token_values(self, layout: SequenceLayout) -> torch.Tensor:
         """[N] value-head outputs at the positions that predict the selected tokens (critic)."""
