@@ -49,7 +49,7 @@ SERVER = "openai_server"
 def get_server(ctx: AgentContext) -> AgentServer:
     """The run's server, started on the first batch."""
     if SERVER not in ctx.resources:
-        server = AgentServer(ctx.config, ctx.generate, ctx.tokenizer, ctx.config.model.path)
+        server = AgentServer(ctx.config, ctx.turns, ctx.tokenizer, ctx.config.model.path)
         server.start()
         ctx.resources[SERVER] = server
         print(f"rlframe: {server.describe()}", file=sys.stderr, flush=True)
@@ -68,7 +68,8 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     """The ``openai`` agent (picked by :func:`rlframe.agent_server.pick_agent`); see the
     module docstring."""
     server = get_server(ctx)
-    server.batcher.meta = dict(prompts.meta)
+    server.sample_like(prompts.meta)
+    ctx.turns.open()
     if "openai_entry" not in ctx.resources:
         ctx.resources["openai_entry"] = load_function(ctx.config.agent.entry)
     entry = ctx.resources["openai_entry"]
@@ -87,6 +88,7 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
     finally:
         for s in sessions:
             server.sessions.close(s.key)
+            ctx.turns.end_session(s.key)
     batch = assemble(prompts, ctx, sessions, outcomes)
     if len(batch) > len(prompts) and ctx.config.algorithm.dynamic_sampling:
         raise EnvError(

@@ -26,7 +26,6 @@ from typing import Any
 
 from aiohttp import web
 
-from rlframe.agent_server.batching import GenerateBatcher
 from rlframe.agent_server.guard import (
     BACKLOG,
     ConnectionGuard,
@@ -47,9 +46,9 @@ from rlframe.agent_server.sessions import Session, SessionRegistry
 from rlframe.agent_server.trajectory import Episode, normalize_message
 from rlframe.config import Config
 from rlframe.config.agent import compute_response_width, is_loopback, url_host
-from rlframe.core.protocol import Batch
 from rlframe.core.tokenizer import Tokenizer
 from rlframe.rollout.multi_turn import mix_seed
+from rlframe.rollout.turns import TurnRequest, TurnServer, sample_turn
 
 LINGER_S = 2.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -84,17 +83,21 @@ def describe_server_error(error: BaseException) -> str:
 
 
 class AgentServer:
-    """Args: the run's config, the engine's generate, the tokenizer, the model's name."""
+    """Args: the run's config, the request stream to the engines, the tokenizer, the model's
+    name. Each chat completion is one request of the stream, sent as it arrives; a session's
+    requests go to one engine replica."""
 
     def __init__(
-        self, cfg: Config, generate: Callable[[Batch], Batch], tokenizer: Tokenizer, model_name: str
+        self, cfg: Config, turns: TurnServer, tokenizer: Tokenizer, model_name: str
     ) -> None:
         self.cfg, self.tokenizer, self.model_name = cfg, tokenizer, model_name
         self.agent = cfg.agent
         self.sessions = SessionRegistry()
-        self.batcher = GenerateBatcher(
-            generate, self.sessions.count, self.agent.batch_wait_ms / 1000
-        )
+        self.turns = turns
+        self.stop_ids: tuple[int, ...] = ()
+        self.temperature: float | None = None
+        """The batch's sampling (:meth:`sample_like`): its stop ids; greedy for ReMax's
+        baseline, validation's temperature, else (None) the run's."""
         self.replies = ReplyBuilder(tokenizer, self.agent.tool_parser)
         self.width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, self.agent)
         self.in_flight = 0
@@ -183,7 +186,12 @@ class AgentServer:
             asyncio.run_coroutine_threadsafe(self.close_sockets(), self.loop).result(10)
             self.loop.call_soon_threadsafe(self.loop.stop)
         logging.getLogger("aiohttp.server").removeFilter(self.quiet)
-        self.batcher.close()
+
+    def sample_like(self, meta: dict[str, Any]) -> None:
+        """Sample the next batch's episodes as its meta says (stop ids, ``greedy``,
+        ``temperature``): the log-probs the trainer assumes."""
+        self.stop_ids = tuple(int(t) for t in meta["stop_token_ids"])
+        self.temperature = 0.0 if meta.get("greedy") else meta.get("temperature")
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -268,7 +276,8 @@ class AgentServer:
         session.calls += 1
         episode.begin(plan)
         try:
-            turn = await self.batcher.sample(plan.context, max_tokens, seed)
+            request = TurnRequest(plan.context, seed, max_tokens, self.stop_ids, self.temperature)
+            turn = await sample_turn(self.turns, request, session.key)
         finally:
             episode.end(plan)
         if session.closed:

@@ -16,9 +16,9 @@ import re
 import uuid
 from typing import Any
 
-from rlframe.agent_server.batching import Turn
 from rlframe.core.tokenizer import Tokenizer, read_eos_id
 from rlframe.envs.tool_parsers import TOOL_PARSERS
+from rlframe.rollout.turns import TurnResult
 
 TOOL_CALL_TEXT = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
 
@@ -36,7 +36,7 @@ class ReplyBuilder:
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def cut_at_stop(self, turn: Turn, stops: list[str]) -> tuple[int, str] | None:
+    def cut_at_stop(self, turn: TurnResult, stops: list[str]) -> tuple[int, str] | None:
         """(tokens kept, text before the stop string) at the first stop string, or None."""
         for k in range(1, len(turn.ids) + 1):
             text = self.decode(turn.ids[:k])
@@ -46,7 +46,7 @@ class ReplyBuilder:
         return None
 
     def build(
-        self, turn: Turn, body: dict[str, Any], tools: list[dict[str, Any]] | None
+        self, turn: TurnResult, body: dict[str, Any], tools: list[dict[str, Any]] | None
     ) -> tuple[KeptTurn, dict[str, Any], str]:
         ids, logprobs = turn.ids, turn.logprobs
         finish_reason = "length" if turn.finish_reason == "length" else "stop"

@@ -88,9 +88,6 @@ class AgentConfig:
     left): past it, the oldest one with no request in progress is closed."""
     tool_parser: str = "hermes"
     """Tool-call parser for the server's replies (:mod:`rlframe.envs.tool_parsers`)."""
-    batch_wait_ms: float = 20.0
-    """Longest wait, after a request arrives, for other sessions' requests to share its
-    engine call (no wait once every open session has one queued)."""
     max_pending_requests: int = 1024
     """Requests the server holds at once; more get HTTP 429."""
     max_request_bytes: int = 4 * 1024 * 1024
@@ -117,9 +114,6 @@ class AgentConfig:
             0 <= self.server_port < 65536,
             "agent.server_port",
             f"must be in [0, 65535], got {self.server_port}",
-        )
-        require(
-            self.batch_wait_ms >= 0, "agent.batch_wait_ms", f"must be >= 0: {self.batch_wait_ms}"
         )
         require_positive(self.max_pending_requests, "agent.max_pending_requests")
         require_positive(self.server_header_timeout_s, "agent.server_header_timeout_s")

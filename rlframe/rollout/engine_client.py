@@ -40,12 +40,35 @@ class ReplicaStats:
     """Context tokens of requests whose engine reports its prefix-cache hits, and the hits."""
 
 
+Serve = Callable[[list[TurnRequest]], list[TurnResult]]
+"""One ``serve`` call on an engine replica (blocking): new requests in, finished ones out."""
+
+
+def connect_ray_replicas(role: str, actors: list[Any], tp: int, timeout_s: float) -> list[Serve]:
+    """A ``serve`` per engine replica of a worker group: ranks ``[g*tp, (g+1)*tp)`` hold
+    replica ``g``; a call goes to every rank of it (tensor-parallel ranks step alike) and
+    returns the first rank's results, or raises the WorkerError naming the rank that failed
+    (``rollout worker rank 1 failed in serve()``) or did not answer within ``timeout_s``."""
+
+    def connect(ranks: list[int]) -> Serve:
+        def serve(requests: list[TurnRequest]) -> list[TurnResult]:
+            refs = {actors[rank].serve.remote(requests): rank for rank in ranks}
+            results: list[TurnResult] = CallHandle(role, "serve", refs, timeout_s, actors).result()[
+                0
+            ]
+            return results
+
+        return serve
+
+    return [connect(list(range(g * tp, (g + 1) * tp))) for g in range(len(actors) // tp)]
+
+
 @dataclass
 class ReplicaPump:
-    """One engine replica: its ranks' actors, its queue and the thread that serves it."""
+    """One engine replica: its ``serve``, its queue and the thread that serves it."""
 
     index: int
-    ranks: list[int]
+    serve: Serve
     client: EngineClient
     queue: list[tuple[TurnRequest, Future[TurnResult]]] = field(default_factory=list)
     waiting: dict[str, tuple[Future[TurnResult], int]] = field(default_factory=dict)
@@ -77,20 +100,11 @@ class ReplicaPump:
                 self.stats.calls += 1
                 self.stats.in_flight_sum += len(self.waiting)
             try:
-                results = self.call([request for request, _ in batch])
-            except Exception as error:  # the engine's failure reaches every waiting episode
+                results = self.serve([request for request, _ in batch])
+            except Exception as error:  # the call's failure reaches every request it carried
                 self.fail_all(error)
                 continue
             self.finish(results)
-
-    def call(self, requests: list[TurnRequest]) -> list[TurnResult]:
-        """One ``serve`` call on every rank of the replica (tensor-parallel ranks step
-        alike); the first rank's results."""
-        client = self.client
-        refs = {client.actors[rank].serve.remote(requests): rank for rank in self.ranks}
-        handle = CallHandle(client.role, "serve", refs, client.timeout_s, client.actors)
-        results: list[TurnResult] = handle.result()[0]
-        return results
 
     def finish(self, results: list[TurnResult]) -> None:
         with self.client.lock:
@@ -105,7 +119,6 @@ class ReplicaPump:
 
     def fail_all(self, error: Exception) -> None:
         with self.client.lock:
-            self.client.failure = self.client.failure or error
             futures = [f for f, _ in self.waiting.values()] + [f for _, f in self.queue]
             self.waiting, self.queue = {}, []
         for future in futures:
@@ -114,35 +127,22 @@ class ReplicaPump:
 
 class EngineClient:
     """Args:
-    role: the worker group's role (for errors: ``rollout worker rank 1 failed in serve()``).
-    actors: the group's actors in rank order; ranks ``[g*tp, (g+1)*tp)`` hold replica ``g``.
-    tp: ranks per engine (``rollout.tensor_parallel_size``).
+    replicas: each engine replica's ``serve`` (:func:`connect_ray_replicas` for a worker
+        group; an in-process ``RolloutRole.serve`` in tests).
     open_stream: puts every rank's engine in rollout mode (the group's ``open_stream``).
-    timeout_s: the longest one ``serve`` call may take (``ray.call_timeout_s``).
     """
 
     def __init__(
-        self,
-        role: str,
-        actors: list[Any],
-        tp: int,
-        open_stream: Callable[[], object],
-        timeout_s: float,
+        self, replicas: list[Serve], open_stream: Callable[[], object] = lambda: None
     ) -> None:
-        self.role, self.actors, self.timeout_s = role, actors, timeout_s
         self.open_stream = open_stream
         self.lock = threading.Lock()
         self.work = threading.Condition(self.lock)
         self.closed = False
-        self.failure: Exception | None = None
-        """The first engine failure: every later request gets it too."""
         self.routes: dict[str, ReplicaPump] = {}
         """Session -> the replica that serves it."""
         self.ids = itertools.count()
-        self.replicas = [
-            ReplicaPump(g, list(range(g * tp, (g + 1) * tp)), self)
-            for g in range(len(actors) // tp)
-        ]
+        self.replicas = [ReplicaPump(g, serve, self) for g, serve in enumerate(replicas)]
         for replica in self.replicas:
             replica.start()
 
@@ -156,8 +156,8 @@ class EngineClient:
         """Queue ``request`` on ``session``'s replica; its future result (thread-safe)."""
         future: Future[TurnResult] = Future()
         with self.lock:
-            if self.failure is not None:
-                future.set_exception(self.failure)
+            if self.closed:
+                future.set_exception(RuntimeError("the engine client closed"))
                 return future
             replica = self.route(session)
             request = replace(request, request_id=f"{next(self.ids)}")

@@ -27,7 +27,7 @@ from rlframe.controller.worker_group import WorkerGroup, wait_calls
 from rlframe.core.protocol import Batch
 from rlframe.core.registry import load_class
 from rlframe.observability import startup
-from rlframe.rollout.engine_client import EngineClient
+from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 
 WorkerEnv = Callable[[int], dict[str, str]]
 """The environment of a pool's workers, given its CPUs per process."""
@@ -172,12 +172,9 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
 
 def connect_engines(cfg: Config, group: roles.HybridGroup | roles.RolloutGroup) -> EngineClient:
     """The request stream into ``group``'s engines (one replica per tensor-parallel group)."""
+    tp, timeout = cfg.rollout.tensor_parallel_size, cfg.ray.call_timeout_s
     return EngineClient(
-        group.role,
-        group.actors,
-        cfg.rollout.tensor_parallel_size,
-        group.open_stream,
-        cfg.ray.call_timeout_s,
+        connect_ray_replicas(group.role, group.actors, tp, timeout), group.open_stream
     )
 
 

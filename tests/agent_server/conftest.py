@@ -28,6 +28,7 @@ from rlframe.data.tiny_model import (
     resolve_model_path,
     save_model_atomically,
 )
+from rlframe.rollout.engine_client import EngineClient
 from tests.unit.chatml_tokenizer import build_chatml_tokenizer
 from workers.roles.rollout_role import RolloutRole
 
@@ -71,11 +72,8 @@ class Served:
 
 def serve(cfg: Config, model_path: str, tokenizer: Any) -> AgentServer:
     role = RolloutRole(cfg, model_path, "cpu", 0)
-    server = AgentServer(cfg, role.generate, tokenizer, "tiny")
-    server.batcher.meta = {
-        "stop_token_ids": [tokenizer.eos_token_id],
-        "pad_token_id": tokenizer.pad_token_id,
-    }
+    server = AgentServer(cfg, EngineClient([role.serve]), tokenizer, "tiny")
+    server.sample_like({"stop_token_ids": [tokenizer.eos_token_id]})
     server.start()
     return server
 

@@ -17,6 +17,7 @@ from rlframe.data.tiny_model import resolve_model_path
 from rlframe.envs import EnvError
 from rlframe.rewards.stage import combine_rewards
 from rlframe.rollout import AgentContext
+from rlframe.rollout.engine_client import EngineClient
 from tests.agent_server.conftest import make_config
 from workers.roles.rollout_role import RolloutRole
 
@@ -36,7 +37,8 @@ def run(entry: str, dynamic_sampling: bool = False, **agent: Any) -> tuple[Batch
         "stop_token_ids": [tokenizer.eos_token_id],
         "pad_token_id": tokenizer.pad_token_id,
     }
-    ctx = AgentContext(RolloutRole(cfg, path, "cpu", 0).generate, tokenizer, cfg)
+    role = RolloutRole(cfg, path, "cpu", 0)
+    ctx = AgentContext(role.generate, tokenizer, cfg, engine=EngineClient([role.serve]))
     try:
         return prompts, pick_agent("openai")(prompts, ctx)
     finally:

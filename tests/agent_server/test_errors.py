@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import socket
+import time
 from typing import Any
 
 import httpx
@@ -13,6 +14,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from rlframe.rollout.engine_client import EngineClient
 from tests.agent_server.conftest import Served
 
 USER = [{"role": "user", "content": "1+1=?"}]
@@ -150,19 +152,21 @@ def test_an_engine_failure_is_a_one_line_500(
     its type and first line, no traceback, no colour codes."""
     key = plain.open().key
 
-    async def fail(*args: Any) -> Any:
+    def fail(requests: list[Any]) -> Any:
         raise RuntimeError(
-            "\x1b[36mray::RolloutWorker.generate()\x1b[39m (pid=1)\nTraceback (most recent "
-            'call last):\n  File "x.py", line 1, in generate\nValueError: boom'
+            "\x1b[36mray::RolloutWorker.serve()\x1b[39m (pid=1)\nTraceback (most recent "
+            'call last):\n  File "x.py", line 1, in serve\nValueError: boom'
         )
 
-    monkeypatch.setattr(plain.server.batcher, "sample", fail)
+    failing = EngineClient([fail])
+    monkeypatch.setattr(plain.server, "turns", failing)
     response = post(plain, key, json.dumps({"messages": USER, "max_tokens": 1}))
     assert response.status_code == 500
     error = response.json()["error"]
     assert error["type"] == "server_error"
-    assert error["message"] == "RuntimeError: ray::RolloutWorker.generate() (pid=1)"
+    assert error["message"] == "RuntimeError: ray::RolloutWorker.serve() (pid=1)"
     assert "Traceback" not in response.text and "\x1b" not in response.text
+    failing.close()
 
 
 def test_an_oversized_header_is_a_4xx_without_a_traceback(
@@ -186,8 +190,14 @@ def test_an_oversized_header_is_a_4xx_without_a_traceback(
 def test_too_many_concurrent_requests_get_429(plain: Served) -> None:
     keys = [plain.open().key for _ in range(3)]
     agent = plain.server.agent
-    limit, wait = agent.max_pending_requests, plain.server.batcher.wait_s
-    agent.max_pending_requests, plain.server.batcher.wait_s = 1, 1.0
+    limit, turns = agent.max_pending_requests, plain.server.turns
+    engine = turns.replicas[0].serve
+
+    def slow(requests: list[Any]) -> Any:  # the first request is still in progress at the third
+        time.sleep(1.0)
+        return engine(requests)
+
+    agent.max_pending_requests, plain.server.turns = 1, EngineClient([slow])
 
     async def call(key: str) -> Any:
         client = openai.AsyncOpenAI(base_url=plain.server.base_url, api_key=key, max_retries=0)
@@ -202,7 +212,8 @@ def test_too_many_concurrent_requests_get_429(plain: Served) -> None:
     try:
         results = asyncio.run(all_at_once())
     finally:
-        agent.max_pending_requests, plain.server.batcher.wait_s = limit, wait
+        plain.server.turns.close()
+        agent.max_pending_requests, plain.server.turns = limit, turns
     limited = [r for r in results if isinstance(r, openai.RateLimitError)]
     assert len(limited) == 2 and all(r.status_code == 429 for r in limited)
     assert sum(not isinstance(r, Exception) for r in results) == 1

@@ -25,6 +25,7 @@ from openai import OpenAI
 from rlframe.agent_server.app import AgentServer
 from rlframe.agent_server.guard import RateLimitedLog, count_open_fds
 from rlframe.data.tiny_model import resolve_model_path
+from rlframe.rollout.engine_client import EngineClient
 from tests.agent_server.conftest import Served, make_config
 from tests.flood import FLOOD
 from workers.roles.rollout_role import RolloutRole
@@ -47,11 +48,8 @@ def engine() -> tuple[RolloutRole, Any]:
 @contextmanager
 def started(engine: tuple[RolloutRole, Any], **agent: Any) -> Iterator[Served]:
     role, tokenizer = engine
-    server = AgentServer(make_config(**agent), role.generate, tokenizer, "tiny")
-    server.batcher.meta = {
-        "stop_token_ids": [tokenizer.eos_token_id],
-        "pad_token_id": tokenizer.pad_token_id,
-    }
+    server = AgentServer(make_config(**agent), EngineClient([role.serve]), tokenizer, "tiny")
+    server.sample_like({"stop_token_ids": [tokenizer.eos_token_id]})
     try:
         server.start()
         yield Served(server, tokenizer)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from rlframe.agent_server.batching import Turn
 from rlframe.agent_server.replies import ReplyBuilder
 from rlframe.agent_server.trajectory import Episode, normalize_message
+from rlframe.rollout.turns import TurnResult
 from tests.agent_server.calculator_tool import TOOLS
 from tests.unit.chatml_tokenizer import build_chatml_tokenizer
 
@@ -19,7 +19,7 @@ def test_a_tool_call_reply_sent_back_continues_the_row_with_the_sampled_ids() ->
     tokenizer = build_chatml_tokenizer()
     eos = tokenizer.eos_token_id
     sampled = tokenizer.encode("Let me compute. " + CALL, add_special_tokens=False) + [eos]
-    turn = Turn(sampled, [-0.5] * len(sampled), "stop", 3)
+    turn = TurnResult("0", sampled, [-0.5] * len(sampled), "stop", 3)
     kept, reply, finish_reason = ReplyBuilder(tokenizer, "hermes").build(turn, {}, TOOLS)
     assert finish_reason == "tool_calls" and reply["content"] == "Let me compute."
     (call,) = reply["tool_calls"]
@@ -47,7 +47,7 @@ def test_a_tool_call_reply_sent_back_continues_the_row_with_the_sampled_ids() ->
 def test_stop_strings_cut_the_turn_after_the_token_that_completes_them() -> None:
     tokenizer = build_chatml_tokenizer()
     ids = tokenizer.encode("12+30=42", add_special_tokens=False)
-    turn = Turn(ids, [-1.0] * len(ids), "length", 0)
+    turn = TurnResult("0", ids, [-1.0] * len(ids), "length", 0)
     kept, reply, finish_reason = ReplyBuilder(tokenizer, "hermes").build(
         turn, {"stop": ["=", "zz"]}, None
     )

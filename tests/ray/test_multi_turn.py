@@ -13,7 +13,7 @@ from rlframe.config import Config
 from rlframe.core.protocol import Batch
 from rlframe.envs import ChatFormat
 from rlframe.rollout import AgentContext, run_single_turn
-from rlframe.rollout.engine_client import EngineClient
+from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 from rlframe.rollout.multi_turn import mix_seed, run_episodes
 from rlframe.rollout.turns import TurnRequest, TurnResult
 from tests.ray.factories import prompts_for, tiny_config
@@ -158,7 +158,8 @@ def test_streamed_episodes_stay_on_one_replica_and_match_the_trainer(
     cfg = make_config(max_turns=3)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
     group = tiny_hybrid_group(cfg)
-    server = RecordingServer(EngineClient(group.role, group.actors, 1, group.open_stream, 600))
+    replicas = connect_ray_replicas(group.role, group.actors, 1, 600)
+    server = RecordingServer(EngineClient(replicas, group.open_stream))
     try:
         prompts = prompts_for(4, task="guess", tokenizer=tokenizer)
         batch = run_episodes(prompts, AgentContext(group.generate, tokenizer, cfg, engine=server))
