@@ -8,10 +8,11 @@ in turn (native, openai, native, ...); the figure is ``timing_s/gen``, median of
 ``--steps`` of each run, and the openai/native ratio of each round.
 
 Beside it, where the product's functions are still there, the engine calls of each stage
-(count, rows per call, seconds inside them), measured in the run: the native agent makes one
-call per turn; the openai agent's requests are gathered by ``agent_server/batching.py``.
+(count, rows per call, seconds inside them) used to be printed; since the request stream
+(issue 41) both agents send each turn as one request, and each step prints the stream's
+requests and the mean requests in flight at each engine call instead.
 
-    python bench/openai_vs_native.py [--steps 4] [--rounds 1] [--per-call]
+    python bench/openai_vs_native.py [--steps 4] [--rounds 1]
 
 For the endpoint alone (overhead per call, sessions sustained) see ``bench/openai_endpoint.py``.
 """
@@ -26,47 +27,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from agent_latency import (  # noqa: E402
-    Clock,
-    load_average,
-    median,
-    multi_turn_clock,
-    run_in_process,
-    start_ray,
-)
+from agent_latency import load_average, median, run_in_process, start_ray  # noqa: E402
 
 AGENTS = {"native": "agent_tiny", "openai": "openai_agent_tiny"}
 
 
-def openai_clock() -> Clock:
-    """The ``openai`` agent's stage and the batcher's engine calls."""
-    from rlframe.agent_server import agent, batching
-
-    return Clock(
-        (agent, "run_openai_episodes"),
-        {"engine": ((batching.GenerateBatcher, "run"), lambda batcher, group: len(group))},
-    )
-
-
-def summarise(
-    name: str, metrics: list[dict[str, Any]], clock: Clock | None, per_call: bool
-) -> float:
-    """Print the run's steps; returns its median ``timing_s/gen`` over steps 2 on."""
+def summarise(name: str, metrics: list[dict[str, Any]]) -> float:
+    """Print the run's steps, with the request stream's figures; returns its median
+    ``timing_s/gen`` over steps 2 on."""
     for m in metrics:
-        line = (
+        print(
             f"  {name} step {m['step']}: gen {m['timing_s/gen']:.2f} s, step "
-            f"{m['timing_s/step']:.2f} s, reward {m['reward/mean']:.3f}"
+            f"{m['timing_s/step']:.2f} s, reward {m['reward/mean']:.3f}; "
+            f"{m.get('rollout/requests/replica_0', 0):.0f} requests, "
+            f"{m.get('rollout/in_flight/replica_0', 0):.1f} in flight per engine call"
         )
-        if clock is not None:
-            seconds, calls, rows = clock.totals(m["step"] - 1, "engine")
-            line += (
-                f"; {calls} engine calls, {rows / max(calls, 1):.1f} rows per call, "
-                f"{seconds:.2f} s in them"
-            )
-            if per_call:
-                each = clock.steps[m["step"] - 1]["engine"]
-                line += "\n    calls (rows, s): " + ", ".join(f"{n} {t:.2f}" for t, n in each)
-        print(line)
     return median([m["timing_s/gen"] for m in metrics[1:]])
 
 
@@ -74,24 +49,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--per-call", action="store_true", help="print every engine call")
     args = parser.parse_args()
     if args.steps < 2:
         parser.error("--steps must be at least 2 (step 1 is warm-up)")
     start_ray()
     print(f"openai_agent_tiny vs agent_tiny, {args.steps} steps, load {load_average()}")
-    clocks = {"native": multi_turn_clock, "openai": openai_clock}
     ratios = []
     with tempfile.TemporaryDirectory(prefix="openai-vs-native-") as tmp:
         for r in range(args.rounds):
             gen = {}
             for name, recipe in AGENTS.items():
-                clock = clocks[name]()
-                with clock.installed() as timed:
-                    metrics = run_in_process(
-                        recipe, Path(tmp) / f"{name}{r}", [f"trainer.total_steps={args.steps}"]
-                    )
-                gen[name] = summarise(name, metrics, clock if timed else None, args.per_call)
+                metrics = run_in_process(
+                    recipe, Path(tmp) / f"{name}{r}", [f"trainer.total_steps={args.steps}"]
+                )
+                gen[name] = summarise(name, metrics)
             ratios.append(gen["openai"] / gen["native"])
             print(
                 f"round {r + 1}: median timing_s/gen of steps 2-{args.steps}: native "
