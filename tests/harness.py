@@ -34,8 +34,17 @@ from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-VARYING = ("timing_s/", "perf/", "startup_s/")
-"""Wall-clock figures: everything else a step logs must match bit for bit between runs."""
+VARYING = (
+    "timing_s/",
+    "perf/",
+    "startup_s/",
+    "rollout/requests/",
+    "rollout/in_flight/",
+    "rollout/prefix_cache_hit",
+)
+"""Wall-clock figures, and the request stream's scheduling figures (which requests ran in a
+step's window, beside which others: a resumed run served some before its checkpoint):
+everything else a step logs must match bit for bit between runs."""
 
 
 @dataclass

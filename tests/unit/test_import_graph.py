@@ -110,7 +110,11 @@ def test_the_walk_finds_a_circle_when_there_is_one() -> None:
     graph["rlframe.state.checkpoint_layout"] = graph["rlframe.state.checkpoint_layout"] | {
         "rlframe.state.export"
     }
-    assert ["rlframe.state.checkpoint_layout", "rlframe.state.export"] in find_circles(graph)
+    # export imports checkpoint_layout (directly or through checksums): the new edge closes it.
+    circles = find_circles(graph)
+    assert any(
+        {"rlframe.state.checkpoint_layout", "rlframe.state.export"} <= set(c) for c in circles
+    )
 
 
 def fold_into_folders(graph: dict[str, set[str]]) -> dict[str, set[str]]:
