@@ -114,7 +114,6 @@ def check_expert_parallel_setup(cfg: Config) -> None:
         (not cfg.model.lora.enabled, "LoRA (model.lora.rank > 0)"),
         (cfg.actor.sequence_parallel_size == 1, "sequence parallelism"),
         (cfg.algorithm.router_replay == RouterReplay.off, "routing replay"),
-        (cfg.trainer.save_every == 0, "checkpoints (trainer.save_every > 0)"),
     ):
         require(
             off,

@@ -94,7 +94,8 @@ class ActorConfig:
     experts / E of them whole (their gradients and optimizer state too), and each token is
     sent (all-to-all) to the rank that holds its expert and back. Dense parameters stay
     FSDP2-sharded over all ranks. Must divide the ranks and the model's experts per layer;
-    not with LoRA, sequence parallelism, routing replay or checkpoints yet (docs/moe.md).
+    not with LoRA, sequence parallelism or routing replay yet (docs/moe.md). Checkpoints
+    hold the whole experts and resume at any expert-parallel size.
     The reference, if any, is built the same way. 1 = off."""
 
     def __post_init__(self) -> None:

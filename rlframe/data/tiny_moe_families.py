@@ -67,6 +67,10 @@ those its config class knows."""
 FAMILY_FIELDS: dict[str, dict[str, Any]] = {
     # vLLM reads head_dim from the config, which transformers derives for GLM-4-MoE.
     "glm4_moe": {"head_dim": 64},
+    # vLLM's Llama 4 applies the routing weight before the expert, which it runs for top-1 only.
+    "llama4_text": {"num_experts_per_tok": 1},
+    # vLLM reads the rotary width from the config; transformers derives it.
+    "minimax_m2": {"rotary_dim": 32},
     # DBRX nests its attention and MLP sizes.
     "dbrx": {
         "attn_config": {"kv_n_heads": 1, "rope_theta": 10000.0},

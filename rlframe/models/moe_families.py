@@ -28,6 +28,8 @@ MOE_FAMILIES: dict[str, str] = {
     "granitemoe_swa": "GraniteMoeSWAForCausalLM",
     "exaone_moe": "ExaoneMoeForCausalLM",
     "cohere2_moe": "Cohere2MoeForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "llama4_text": "Llama4ForCausalLM",
 }
 """model_type -> the architecture vLLM serves it as; each checked end to end on CPU."""
 
@@ -54,6 +56,29 @@ REFUSED_MOE_FAMILIES: dict[str, Refusal] = {
     "deepseek_v3": Refusal(
         "vLLM 0.32's CPU attention for its latent (MLA) heads takes bf16/fp16 weights only",
         cpu_only=True,
+    ),
+    "axk1": Refusal(
+        "vLLM 0.32's CPU attention for its latent (MLA) heads takes bf16/fp16 weights only",
+        cpu_only=True,
+    ),
+    "deepseek_v32": Refusal("vLLM 0.32 has no sparse attention on CPU", cpu_only=True),
+    "glm_moe_dsa": Refusal("vLLM 0.32 has no sparse attention on CPU", cpu_only=True),
+    "qwen3_5_moe_text": Refusal(
+        "vLLM 0.32's CPU gated delta-net attention runs in bf16 only", cpu_only=True
+    ),
+    "laguna": Refusal(
+        "vLLM 0.32's CPU MoE router supports softmax scoring only (Laguna's is sigmoid)",
+        cpu_only=True,
+    ),
+    "ernie4_5_moe": Refusal(
+        "vLLM 0.32 keeps the e_score_correction_bias it loaded through an in-place reload, and "
+        "transformers trains it: after a sync that moves it the engine's log-probs are 0.27 off",
+        cpu_only=False,
+    ),
+    "dbrx": Refusal(
+        "vLLM 0.32's DBRX loader does not read the expert layout transformers 5.19 saves "
+        "(KeyError 'blocks.0.ffn.experts.w13_weight' on the saved model)",
+        cpu_only=False,
     ),
     "qwen3_next": Refusal(
         "vLLM 0.32's CPU gated delta-net attention runs in bf16 only", cpu_only=True

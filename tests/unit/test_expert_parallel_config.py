@@ -30,7 +30,6 @@ def config(ep: int = 2, procs: int = 2, **extra: dict) -> object:
         ({"ep": 0}, "must be > 0"),
         ({"model": {"lora": {"rank": 4}}}, "does not work with LoRA"),
         ({"actor": {"expert_parallel_size": 2, "sequence_parallel_size": 2}}, "sequence parallel"),
-        ({"trainer": {"procs_per_node": 2, "cpus_per_proc": 1, "save_every": 5}}, "checkpoints"),
     ],
 )
 def test_what_expert_parallelism_cannot_do_is_refused(overrides: dict, text: str) -> None:

@@ -7,6 +7,8 @@ gradient scale or an expert summed twice moves it by a fraction of its size."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -78,3 +80,88 @@ def test_expert_parallel_gives_the_gradient_of_whole_experts(moe_path: str, tmp_
         worst = max(worst, float((got - want).abs().max()) / scale / torch.finfo().eps)
         assert_same_gradient(got, want, ulps=GRADIENT_ULPS)
     print(f"EP 2 vs EP 1: largest gap {worst:.1f} fp32 ulps over {len(whole)} parameters")
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (DTensor) optimizer moment."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def save_and_resume(case: dict, model_path: str, rank: int, world_size: int) -> dict[str, object]:
+    """Train one step at EP 2 and save; load that checkpoint at EP 2 and at EP 1: each
+    parameter (whole) and each expert's optimizer moments as saved."""
+    from workers.train_worker import TrainWorker
+    from workers.training.checkpointing import load_engine, save_engine
+    from workers.training.fsdp import full_tensor
+
+    def build(ep: int):
+        cfg = make_config(world_size=world_size, kl_coef=0.0, micro=4, ep=ep)
+        return TrainWorker(cfg, model_path, "cpu").train_role
+
+    def whole(engine) -> dict[str, torch.Tensor]:
+        plan = engine.ep
+        return {
+            name: (plan.gather(p) if plan is not None and plan.holds(p) else full_tensor(p))
+            .detach()
+            .clone()
+            for name, p in engine.model.named_parameters()
+        }
+
+    trained = build(2)
+    trained.update(make_batch().chunk(world_size)[rank])
+    save_engine(trained.actor, Path(case["dir"]) / "actor")
+    want = whole(trained.actor)
+    moments = {
+        i: local(state["exp_avg"]).clone()
+        for i, state in enumerate(trained.actor.optimizer.state.values())
+    }
+    results: dict[str, object] = {"want": want}
+    for ep in (2, 1):
+        resumed = build(ep)
+        load_engine(resumed.actor, Path(case["dir"]) / "actor")
+        results[f"ep{ep}"] = whole(resumed.actor)
+        if ep == 2:
+            got = [local(state["exp_avg"]) for state in resumed.actor.optimizer.state.values()]
+            results["moments_equal"] = len(got) == len(moments) and all(
+                torch.equal(got[i], v) for i, v in moments.items()
+            )
+    return results
+
+
+@pytest.mark.slow
+def test_a_checkpoint_at_ep_2_resumes_at_ep_2_and_at_ep_1_and_exports(
+    moe_path: str, tmp_path: Path
+) -> None:
+    """Saved at EP 2, loaded at EP 2 and at EP 1: every parameter (whole) and every AdamW
+    moment as saved; exported (one process, DCP reads the experts' slices whole), it loads in
+    transformers with the trained weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from rlframe.state.checkpoint_layout import HF_CONFIG
+    from rlframe.state.export import export_checkpoint
+
+    out = tmp_path / "state.pt"
+    case = {"dir": str(tmp_path / "ckpt")}
+    mp.start_processes(
+        run_rank,
+        args=(2, free_port(), moe_path, [case], str(out), save_and_resume),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    (result,) = torch.load(out)
+    assert result["moments_equal"]
+    want = result["want"]
+    assert any(".experts." in name for name in want)
+    for ep in ("ep2", "ep1"):
+        for name, tensor in want.items():
+            assert torch.equal(result[ep][name], tensor), f"{ep}: {name}"
+    checkpoint = Path(case["dir"])
+    AutoConfig.from_pretrained(moe_path).save_pretrained(checkpoint / HF_CONFIG)
+    AutoTokenizer.from_pretrained(moe_path).save_pretrained(checkpoint / HF_CONFIG)
+    exported = AutoModelForCausalLM.from_pretrained(export_checkpoint(checkpoint, tmp_path / "hf"))
+    written = exported.state_dict()
+    for name, tensor in want.items():
+        assert torch.equal(written[name], tensor), f"export: {name}"

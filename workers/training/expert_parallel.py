@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 
 @dataclass
@@ -58,6 +59,7 @@ class ExpertParallel:
         if world % size:
             raise ValueError(f"actor.expert_parallel_size={size} must divide the {world} ranks")
         mesh = init_device_mesh(device, (world // size, size), mesh_dim_names=("replica", "expert"))
+        self.mesh = mesh
         self.size = size
         self.world = world
         self.group = mesh.get_group("expert")
@@ -100,6 +102,17 @@ class ExpertParallel:
         """Whether a ``state_dict`` tensor is (a view of) one of this rank's expert slices:
         known by its storage, whatever wrappers put in its name."""
         return any(tensor.data_ptr() == p.data_ptr() for p in self.params())
+
+    def param_names(self, model: nn.Module) -> set[str]:
+        """The fully qualified names of this rank's expert parameters in ``model``."""
+        held = {id(p) for p in self.params()}
+        return {name for name, p in model.named_parameters() if id(p) in held}
+
+    def as_global(self, tensor: torch.Tensor) -> DTensor:
+        """An expert slice (or its optimizer state) as the slice of the whole [experts, ...]
+        tensor it is, without a copy: what a sharded checkpoint writes and reads, so that it
+        loads at another expert-parallel size too (DCP reshards)."""
+        return DTensor.from_local(tensor, self.mesh, [Replicate(), Shard(0)], run_check=False)
 
     # -- the forward ------------------------------------------------------------------
 
