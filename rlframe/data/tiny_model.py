@@ -78,12 +78,8 @@ def resolve_model_path(path: str, cache_dir: Path | None = None, build: bool = T
     """A loadable model directory: ``tiny:<seed>``, ``tiny-lora:<seed>`` and
     ``tiny-moe:<seed>`` are built on first use (``build=False``: their cached folder, built or
     not), anything else is kept (``tiny-vl:<seed>``:
-    :func:`rlframe.data.tiny_vl_model.resolve_tiny_vl_path`; ``tiny-moe-<model_type>:<seed>``:
-    :mod:`rlframe.data.tiny_moe_families`)."""
-    if path.startswith(TINY_MOE_FAMILY_PREFIX):
-        from rlframe.data.tiny_moe_families import resolve_tiny_moe_family
-
-        return resolve_tiny_moe_family(path, cache_dir, build)
+    :func:`rlframe.data.tiny_vl_model.resolve_tiny_vl_path`, which also resolves
+    ``tiny-moe-<model_type>:<seed>``)."""
     if path.startswith(TINY_MOE_PREFIX):
         return resolve_tiny_build(
             path,

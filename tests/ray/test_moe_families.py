@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlframe.data.tiny_model import resolve_model_path
+from rlframe.data.tiny_moe_families import resolve_tiny_moe_family
 from rlframe.models.moe_families import MOE_FAMILIES
 from rlframe.rollout.rows import generate_batch
 from tests.ray.factories import TinyGroups, logprob_gap, prompts_for, tiny_config
@@ -42,7 +42,7 @@ def family_params() -> list[object]:
 @pytest.mark.parametrize("family", family_params())
 def test_weight_sync_of_each_moe_family(family: str, tmp_path: Path) -> None:
     name = f"tiny-moe-{family}:0"
-    groups = TinyGroups(resolve_model_path(name, cache_dir=tmp_path))
+    groups = TinyGroups(resolve_tiny_moe_family(name, cache_dir=tmp_path))
     try:
         cfg = tiny_config(1, model={"path": groups.model_path})
         group = groups(cfg)

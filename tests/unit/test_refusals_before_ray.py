@@ -105,7 +105,7 @@ def built_models() -> None:
     """The tiny models are built (once, then cached) by the first run that uses them, while
     Ray starts; the checks before Ray read a built one's config.json."""
     resolve_model_path("tiny:0")
-    resolve_model_path("tiny-moe-gpt_oss:0")
+    resolve_tiny_vl_path("tiny-moe-gpt_oss:0")
     resolve_tiny_vl_path("tiny-vl:0")
 
 

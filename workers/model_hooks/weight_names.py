@@ -110,18 +110,23 @@ def check_streamable(model: PreTrainedModel) -> None:
 class ModelSlots:
     """Where each checkpoint (engine) tensor lands in a transformers model's own parameters:
     the inverse of :class:`CheckpointLayout`, for an engine that holds the transformers model
-    itself (the hf engine). The layout is run once on an index tensor of each parameter, so
-    any split, slice or transpose of it maps back to the elements it came from; a parameter
-    that reaches the checkpoint unchanged keeps no index."""
+    itself (the hf engine). A parameter the layout only renames (found on the meta device, at
+    no cost) is copied whole; for one it converts (fused experts), the layout is run once on an
+    index tensor of it, so any split, slice or transpose maps back to the elements it came
+    from."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         layout = CheckpointLayout(model)
         self.slots: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
         for name, param in model.state_dict().items():
+            shape = torch.empty(param.shape, device="meta")
+            renamed = list(layout.to_engine_tensors(name, shape))
+            if len(renamed) == 1 and renamed[0][1] is shape:
+                self.slots[renamed[0][0]] = (param, None)
+                continue
             index = torch.arange(param.numel()).view(param.shape)
             for engine_name, taken in layout.to_engine_tensors(name, index):
-                same = engine_name == to_engine_name(name) and torch.equal(taken, index)
-                self.slots[engine_name] = (param, None if same else taken.reshape(-1))
+                self.slots[engine_name] = (param, taken.reshape(-1))
 
     @torch.no_grad()
     def load(self, engine_name: str, tensor: torch.Tensor) -> None:
