@@ -6,7 +6,7 @@ trainer's to 1e-4, where the engine before the sync was visibly stale.
 
 Mixtral runs in the default tier: its checkpoint renames the MoE block
 (``block_sparse_moe.experts.{e}.w1``), the case that stopped at the first sync with a vLLM
-error about an unknown module name (126 s here under load). The other families (1-2 min each
+error about an unknown module name (20 s quiet, 126 s under load). The other families (1-2 min each
 here) run in ``matrix``: 6 passed on 2026-11-29 (gap 4.8e-7 each).
 """
 
