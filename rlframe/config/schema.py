@@ -30,7 +30,7 @@ from rlframe.config.sections import (
     TrainerConfig,
     ValConfig,
 )
-from rlframe.core.names import GROUP_RELATIVE, NEEDS_CRITIC
+from rlframe.core.names import GROUP_RELATIVE, NEEDS_CRITIC, RouterReplay
 
 
 @dataclass
@@ -69,6 +69,7 @@ class Config:
         check_sync_gap(self.rollout, a.off_policy_correction)
         check_async(self.rollout, self.data.batch_size, self.trainer.total_steps)
         check_router_replay_setup(a.router_replay, self.rollout, self.actor.sequence_parallel_size)
+        check_expert_parallel_setup(self)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",
@@ -101,6 +102,23 @@ class Config:
             "critic.sequence_parallel_size",
             f"has no effect without a critic (critic.enable=false, algorithm.advantage="
             f"{self.algorithm.advantage}), got {self.critic.sequence_parallel_size}; leave it 1",
+        )
+
+
+def check_expert_parallel_setup(cfg: Config) -> None:
+    """What ``actor.expert_parallel_size`` > 1 does not combine with yet (docs/moe.md)."""
+    ep = cfg.actor.expert_parallel_size
+    if ep == 1:
+        return
+    for off, what in (
+        (not cfg.model.lora.enabled, "LoRA (model.lora.rank > 0)"),
+        (cfg.actor.sequence_parallel_size == 1, "sequence parallelism"),
+        (cfg.algorithm.router_replay == RouterReplay.off, "routing replay"),
+    ):
+        require(
+            off,
+            "actor.expert_parallel_size",
+            f"{ep} does not work with {what} yet: set it 1, or turn that off",
         )
 
 
@@ -144,15 +162,16 @@ def check_batch_sizes(cfg: Config) -> None:
         f"{mini} must be a multiple of the number of ranks, trainer.nnodes * "
         f"trainer.procs_per_node = {world}",
     )
-    for key, size in (
-        ("actor.sequence_parallel_size", cfg.actor.sequence_parallel_size),
-        ("critic.sequence_parallel_size", cfg.critic.sequence_parallel_size),
+    for key, size, mesh in (
+        ("actor.sequence_parallel_size", cfg.actor.sequence_parallel_size, "data x sequence"),
+        ("critic.sequence_parallel_size", cfg.critic.sequence_parallel_size, "data x sequence"),
+        ("actor.expert_parallel_size", cfg.actor.expert_parallel_size, "replica x expert"),
     ):
         require(
             world % size == 0,
             key,
             f"{size} must divide the number of ranks, trainer.nnodes * trainer.procs_per_node "
-            f"= {world} (the ranks form a data x sequence mesh)",
+            f"= {world} (the ranks form a {mesh} mesh)",
         )
     budget = cfg.actor.max_tokens_per_micro_batch
     if budget > 0:

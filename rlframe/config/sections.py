@@ -88,10 +88,20 @@ class ActorConfig:
     a data x sequence mesh of (world / S) x S; the batch-size keys keep their meaning per
     data-parallel group. Must divide the ranks and the model's attention heads. Training
     only: the rollout is unaffected."""
+    expert_parallel_size: int = 1
+    """Expert parallelism of the policy's training (a mixture-of-experts model): groups of
+    this many consecutive ranks split each MoE layer's routed experts, every rank holding
+    experts / E of them whole (their gradients and optimizer state too), and each token is
+    sent (all-to-all) to the rank that holds its expert and back. Dense parameters stay
+    FSDP2-sharded over all ranks. Must divide the ranks and the model's experts per layer;
+    not with LoRA, sequence parallelism or routing replay yet (docs/moe.md). Checkpoints
+    hold the whole experts and resume at any expert-parallel size.
+    The reference, if any, is built the same way. 1 = off."""
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "actor.lr")
         require_positive(self.sequence_parallel_size, "actor.sequence_parallel_size")
+        require_positive(self.expert_parallel_size, "actor.expert_parallel_size")
         require(
             self.logprob_chunk_size >= 0,
             "actor.logprob_chunk_size",

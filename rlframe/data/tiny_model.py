@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 TINY_PREFIX = "tiny:"
 TINY_LORA_PREFIX = "tiny-lora:"
 TINY_MOE_PREFIX = "tiny-moe:"
+TINY_MOE_FAMILY_PREFIX = "tiny-moe-"
+"""``tiny-moe-<model_type>:<seed>``: another MoE family (:mod:`rlframe.data.tiny_moe_families`)."""
 MOE_EXPERTS = 8
 """Routed experts per layer of ``tiny-moe:<seed>``."""
 MOE_TOP_K = 2
@@ -63,7 +65,9 @@ TINY_VL_PREFIX = "tiny-vl:"
 
 
 def is_tiny_model(path: str) -> bool:
-    return path.startswith((TINY_PREFIX, TINY_LORA_PREFIX, TINY_MOE_PREFIX, TINY_VL_PREFIX))
+    return path.startswith(
+        (TINY_PREFIX, TINY_LORA_PREFIX, TINY_MOE_PREFIX, TINY_MOE_FAMILY_PREFIX, TINY_VL_PREFIX)
+    )
 
 
 def default_cache_dir() -> Path:
@@ -74,7 +78,8 @@ def resolve_model_path(path: str, cache_dir: Path | None = None, build: bool = T
     """A loadable model directory: ``tiny:<seed>``, ``tiny-lora:<seed>`` and
     ``tiny-moe:<seed>`` are built on first use (``build=False``: their cached folder, built or
     not), anything else is kept (``tiny-vl:<seed>``:
-    :func:`rlframe.data.tiny_vl_model.resolve_tiny_vl_path`)."""
+    :func:`rlframe.data.tiny_vl_model.resolve_tiny_vl_path`, which also resolves
+    ``tiny-moe-<model_type>:<seed>``)."""
     if path.startswith(TINY_MOE_PREFIX):
         return resolve_tiny_build(
             path,

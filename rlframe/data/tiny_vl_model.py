@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, cast
 
 from rlframe.data.tiny_model import (
     CHARACTERS,
+    TINY_MOE_FAMILY_PREFIX,
     TINY_VL_PREFIX,
     TinyModelSpec,
     build_tiny_tokenizer,
@@ -21,6 +22,7 @@ from rlframe.data.tiny_model import (
     resolve_tiny_build,
     save_model_atomically,
 )
+from rlframe.data.tiny_moe_families import resolve_tiny_moe_family
 
 if TYPE_CHECKING:
     from transformers import (
@@ -159,8 +161,12 @@ TINY_VL_KEY = [CHARACTERS, list(VISION_TOKENS), CHAT_TEMPLATE, MIN_PIXELS, MAX_P
 
 def resolve_tiny_vl_path(path: str, cache_dir: Path | None = None, build: bool = True) -> str:
     """The cached folder of ``tiny-vl:<seed>`` (built on first use; ``build=False``: the
-    folder, built or not); any other path as :func:`rlframe.data.tiny_model.resolve_model_path`
-    resolves it."""
+    folder, built or not); ``tiny-moe-<model_type>:<seed>`` as
+    :func:`rlframe.data.tiny_moe_families.resolve_tiny_moe_family`; any other path as
+    :func:`rlframe.data.tiny_model.resolve_model_path` resolves it. The driver resolves every
+    ``model.path`` here."""
+    if path.startswith(TINY_MOE_FAMILY_PREFIX):
+        return resolve_tiny_moe_family(path, cache_dir, build)
     if not path.startswith(TINY_VL_PREFIX):
         return resolve_model_path(path, cache_dir, build)
     return resolve_tiny_build(

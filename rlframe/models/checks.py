@@ -22,6 +22,7 @@ from typing import Any
 from rlframe.config import Config, ConfigError
 from rlframe.models.expert_parallel import check_expert_parallel
 from rlframe.models.hf_config import has_vision_tower
+from rlframe.models.moe_families import check_moe_family
 from rlframe.models.moe_routing import check_router_aux_loss, check_router_replay
 
 ModelCheck = Callable[[Config, str, Any], None]
@@ -119,6 +120,7 @@ MODEL_CHECKS: tuple[ModelCheck, ...] = (
     check_vision,
     check_sequence_length,
     check_sequence_parallel,
+    check_moe_family,
     check_expert_parallel,
     check_router_replay,
     check_router_aux_loss,

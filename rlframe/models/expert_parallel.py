@@ -1,6 +1,7 @@
-"""``rollout.expert_parallel`` points at a mixture-of-experts model: checked on the driver
-before Ray starts, from the model's config (vLLM refuses nothing for a dense model and would
-run it tensor-parallel as before, so a wrong model would pass unseen)."""
+"""``rollout.expert_parallel`` and ``actor.expert_parallel_size`` point at a mixture-of-experts
+model: checked on the driver before Ray starts, from the model's config (vLLM refuses nothing
+for a dense model and would run it tensor-parallel as before, so a wrong model would pass
+unseen), and the trainer's expert groups split the experts evenly."""
 
 from __future__ import annotations
 
@@ -20,12 +21,25 @@ def count_routed_experts(config: object) -> int:
 
 
 def check_expert_parallel(cfg: Config, model_path: str, config: Any) -> None:
-    """Raise ConfigError for ``rollout.expert_parallel`` on a model without experts. A model
-    whose config cannot be read here (``config`` None) is left to the workers."""
-    if not cfg.rollout.expert_parallel or config is None:
+    """Raise ConfigError for ``rollout.expert_parallel`` or ``actor.expert_parallel_size`` > 1
+    on a model without experts, or for an expert-parallel size that does not divide the
+    experts. A model whose config cannot be read here (``config`` None) is left to the
+    workers."""
+    if config is None:
         return
-    if count_routed_experts(config) == 0:
+    experts = count_routed_experts(config)
+    if cfg.rollout.expert_parallel and experts == 0:
         raise ConfigError(
             "rollout.expert_parallel",
             f"{model_path} has no experts (a dense model): set it false",
+        )
+    ep = cfg.actor.expert_parallel_size
+    if ep > 1 and experts == 0:
+        raise ConfigError(
+            "actor.expert_parallel_size", f"{model_path} has no experts (a dense model): set it 1"
+        )
+    if ep > 1 and experts % ep:
+        raise ConfigError(
+            "actor.expert_parallel_size",
+            f"{ep} must divide the model's {experts} experts per layer ({model_path})",
         )

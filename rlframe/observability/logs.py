@@ -284,6 +284,9 @@ def describe_mesh(cfg: Config, world_size: int) -> str:
     """The training ranks as data x sequence groups (``actor.sequence_parallel_size``)."""
     sp = cfg.actor.sequence_parallel_size
     text = f"{world_size // sp} data x {sp} sequence (training)"
+    ep = cfg.actor.expert_parallel_size
+    if ep > 1:
+        text += f"; experts {world_size // ep} replica x {ep} expert"
     if cfg.critic.enable and cfg.critic.sequence_parallel_size != sp:
         critic_sp = cfg.critic.sequence_parallel_size
         text += f"; critic {world_size // critic_sp} data x {critic_sp} sequence"

@@ -2,7 +2,7 @@
 vision-language sync test.
 
 The push of ``LOST_VERSION`` arrives whole except the vision tower and merger
-(``model.visual.*``): the engine keeps its previous vision tower while the language model and
+(``visual.*``): the engine keeps its previous vision tower while the language model and
 the version move on. A loader that skipped the vision names, or a sync that only walked the
 language model, looks like this; ``rollout/logprob_diff`` must show it (the text-only sync
 probe cannot). Load them with ``actor.worker_cls=`` (colocated) or ``rollout.worker_cls=``

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from rlframe.data.tiny_model import MOE_EXPERTS, resolve_model_path
 from rlframe.state.checkpoint_layout import HF_CONFIG
-from workers.model_hooks.weight_names import to_engine_tensors, to_model_tensor
+from workers.model_hooks.weight_names import CheckpointLayout, ModelSlots
 from workers.sync.weight_sync import iter_full_tensors
 
 
@@ -51,23 +51,27 @@ def test_an_engine_holding_the_fused_model_loads_the_sent_experts(moe_path: Path
     with torch.no_grad():
         for param in source.parameters():
             param.add_(torch.randn_like(param))
-        params = target.state_dict()
+        slots = ModelSlots(target)
         for name, tensor in iter_full_tensors(source):
-            to_model_tensor(params, name).copy_(tensor)
+            slots.load(name, tensor)
     for (name, want), got in zip(source.state_dict().items(), target.state_dict().values()):
         assert torch.equal(want, got), name
     with pytest.raises(KeyError):
-        to_model_tensor(params, "model.layers.0.mlp.experts.0.w9.weight")
+        slots.load("model.layers.0.mlp.experts.0.w9.weight", torch.zeros(1))
 
 
-def test_other_fused_layouts_travel_as_they_are() -> None:
-    fused = torch.randn(MOE_EXPERTS, 8, 4)
-    # gpt-oss and qwen3-vl-moe checkpoints are fused on disk (in another layout): unsplit.
-    name = "model.layers.0.mlp.experts.gate_up_proj"
-    assert [n for n, _ in to_engine_tensors(name, fused, "gpt_oss")] == [name]
-    split = dict(to_engine_tensors(f"_orig_mod.{name}", fused, "qwen3_moe"))
+def test_wrapper_segments_are_dropped_before_the_layout(moe_path: Path) -> None:
+    model = load_model(moe_path)
+    layout = CheckpointLayout(model)
+    fused = model.state_dict()["model.layers.0.mlp.experts.gate_up_proj"]
+    split = dict(
+        layout.to_engine_tensors("_orig_mod.model.layers.0.mlp.experts.gate_up_proj", fused)
+    )
     assert len(split) == 2 * MOE_EXPERTS
-    assert torch.equal(split["model.layers.0.mlp.experts.3.up_proj.weight"], fused[3, 4:])
+    # transformers computes ``gate, up = (x @ gate_up[e].T).chunk(2, dim=-1)``.
+    assert torch.equal(
+        split["model.layers.0.mlp.experts.3.up_proj.weight"], fused[3, fused.shape[1] // 2 :]
+    )
 
 
 def test_export_writes_per_expert_names_that_load_back(moe_path: Path, tmp_path: Path) -> None:
@@ -94,9 +98,9 @@ def test_export_writes_per_expert_names_that_load_back(moe_path: Path, tmp_path:
     assert header["model_type"] == "qwen3_moe"
     written = load_file(out / "model.safetensors")
     assert set(written) == set(load_file(moe_path / "model.safetensors"))
-    model_type = "qwen3_moe"
+    layout = CheckpointLayout(trained)
     for name, value in trained.state_dict().items():
-        for engine_name, tensor in to_engine_tensors(name, value, model_type):
+        for engine_name, tensor in layout.to_engine_tensors(name, value):
             if engine_name != "lm_head.weight":
                 assert torch.equal(written[engine_name], tensor), engine_name
     ids = torch.arange(3, 40)[None]

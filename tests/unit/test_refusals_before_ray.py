@@ -73,6 +73,23 @@ CASES = {
         "rollout.agent",
         VISION,
     ),
+    "moe-family": (
+        ["+recipe=moe_tiny", "model.path=tiny-moe-gpt_oss:0"],
+        "model.path",
+        "is a gpt_oss model, which rlframe cannot sync into vLLM",
+    ),
+    "ep-dense": (
+        [
+            "+recipe=grpo_tiny",
+            "actor.expert_parallel_size=2",
+            "trainer.procs_per_node=2",
+            "trainer.cpus_per_proc=1",
+            "actor.micro_batch_size=16",
+            "ray.num_cpus=2",
+        ],
+        "actor.expert_parallel_size",
+        "has no experts (a dense model): set it 1",
+    ),
     "port-in-use": (
         ["+recipe=openai_agent_tiny", "agent.server_port={port}"],
         "agent.server_port",
@@ -88,6 +105,7 @@ def built_models() -> None:
     """The tiny models are built (once, then cached) by the first run that uses them, while
     Ray starts; the checks before Ray read a built one's config.json."""
     resolve_model_path("tiny:0")
+    resolve_tiny_vl_path("tiny-moe-gpt_oss:0")
     resolve_tiny_vl_path("tiny-vl:0")
 
 

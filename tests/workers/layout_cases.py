@@ -68,6 +68,7 @@ def make_config(
     lr: float = 1e-3,
     checkpointing: bool = False,
     lora_rank: int = 0,
+    ep: int = 1,
 ) -> Config:
     from rlframe.config.lora import LoraConfig
 
@@ -87,6 +88,7 @@ def make_config(
             pack_sequences=packed,
             logprob_chunk_size=chunk,
             sequence_parallel_size=sp,
+            expert_parallel_size=ep,
         ),
         algorithm=AlgorithmConfig(loss_agg=loss_agg, kl_coef=kl_coef, entropy_coef=entropy_coef),
         trainer=TrainerConfig(total_steps=1, device="cpu", procs_per_node=world_size),

@@ -9,7 +9,7 @@ import torch
 
 from workers.inference.base import RolloutSample, SamplingSpec
 from workers.model_hooks.router_replay import RoutingRecorder
-from workers.model_hooks.weight_names import to_model_tensor
+from workers.model_hooks.weight_names import ModelSlots
 
 
 class HFRollout:
@@ -122,10 +122,10 @@ class HFRollout:
         return "the weights loaded last"
 
     def load_weights(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
-        params = self.model.state_dict()
-        with torch.no_grad():
-            for name, tensor in weights:
-                to_model_tensor(params, name).copy_(tensor)
+        # Built on every load: sleep level 2 replaces the parameters' storage.
+        slots = ModelSlots(self.model)
+        for name, tensor in weights:
+            slots.load(name, tensor)
 
     def sleep(self) -> None:
         if not self.discards_weights_on_sleep or self.shapes:

@@ -5,20 +5,23 @@ activation checkpointing) and of peft (``base_model.model.`` in front, ``base_la
 ``lora_A.default`` inside an adapted layer); the rollout engine's loader expects the names of
 the HF checkpoint, and vLLM's LoRA loader those of a saved peft adapter.
 
-Layouts too: transformers 5 holds a mixture-of-experts layer's experts fused
-(``mlp.experts.gate_up_proj`` [experts, 2 * inter, hidden], ``mlp.experts.down_proj``
-[experts, hidden, inter]), while the checkpoints of those models, HF's own
-``save_pretrained`` and vLLM's loader name each expert
-(``mlp.experts.{e}.gate_proj.weight`` [inter, hidden]). The sync sends the checkpoint's
-per-expert tensors (views, no copies), so the engine receives exactly what it loads from disk
-and vLLM's expert-parallel loader can skip the experts another rank holds.
+Layouts too: transformers 5 holds a mixture-of-experts layer's experts fused and renames
+some modules, while each family's checkpoint, which ``save_pretrained`` writes and vLLM's
+loader reads, keeps its own layout. :class:`CheckpointLayout` maps one to the other with
+transformers' own conversion, reversed, so the engine receives exactly what it loads from
+disk, for every family (docs/moe.md lists those checked against vLLM).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # Module wrappers that insert a path segment into training names but not into checkpoints:
 # torch.compile and activation-checkpoint wrappers.
@@ -39,82 +42,100 @@ def to_engine_name(train_name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in skip)
 
 
-# Model types whose checkpoints name each expert and whose transformers modules fuse them as
-# [experts, gate | up, hidden] and [experts, hidden, inter]: transformers 5.19's
-# conversion_mapping maps these to its "qwen2_moe" pattern (MergeModulelist + Concatenate on
-# load, reverted on save). Other fused layouts (transposed as in qwen3_vl_moe, interleaved as
-# in gpt_oss) are natively fused on disk too and travel as they are.
-PER_EXPERT_MODEL_TYPES = frozenset(
-    {
-        "qwen2_moe",
-        "qwen3_moe",
-        "qwen3_next",
-        "qwen3_omni_moe",
-        "olmoe",
-        "flex_olmo",
-        "deepseek_v2",
-        "deepseek_v3",
-        "deepseek_v32",
-        "dots1",
-        "ernie4_5_moe",
-        "glm4_moe",
-        "glm4_moe_lite",
-        "hunyuan_v1_moe",
-        "exaone_moe",
-    }
-)
-FUSED_GATE_UP = "gate_up_proj"
-FUSED_DOWN = "down_proj"
+def find_hf_model(model: torch.nn.Module) -> PreTrainedModel | None:
+    """The transformers model inside ``model`` (itself, or the one peft wraps), None if none."""
+    from transformers import PreTrainedModel
+
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            return module
+    return None
 
 
-def to_engine_tensors(
-    train_name: str, tensor: torch.Tensor, model_type: str | None = None
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """The ``(engine name, tensor)`` pairs of one training ``state_dict`` entry: itself under
-    its engine name, or, for the fused experts of a :data:`PER_EXPERT_MODEL_TYPES` model,
-    one view per expert and projection under the checkpoint's names."""
-    name = to_engine_name(train_name)
-    head, _, leaf = name.rpartition(".experts.")
-    if model_type not in PER_EXPERT_MODEL_TYPES or tensor.ndim != 3 or not head:
-        yield name, tensor
-    elif leaf == FUSED_GATE_UP:
-        # transformers computes ``gate, up = (x @ gate_up[e].T).chunk(2, dim=-1)``.
-        gate, up = tensor.chunk(2, dim=1)
-        for projection, part in (("gate_proj", gate), ("up_proj", up)):
-            for expert, weight in enumerate(part.unbind(0)):
-                yield f"{head}.experts.{expert}.{projection}.weight", weight
-    elif leaf == FUSED_DOWN:
-        for expert, weight in enumerate(tensor.unbind(0)):
-            yield f"{head}.experts.{expert}.down_proj.weight", weight
-    else:
-        yield name, tensor
+class CheckpointLayout:
+    """transformers' own map between a model's layout in memory and its checkpoint's, one
+    ``state_dict`` entry at a time: what ``save_pretrained`` writes, and what vLLM's loader
+    reads for every family both serve.
+
+    transformers 5 fuses a mixture-of-experts layer's experts in memory
+    (``mlp.experts.gate_up_proj`` [experts, 2 * inter, hidden]) and renames modules
+    (Mixtral's ``block_sparse_moe`` is ``mlp``), while checkpoints keep each family's own
+    layout (``block_sparse_moe.experts.{e}.w1.weight``, ``mlp.experts.{e}.gate_proj.weight``,
+    gpt-oss's fused and transposed experts). Each family registers the conversion it loads
+    with (``transformers/conversion_mapping.py``); reversed, it gives the checkpoint's tensors,
+    so the sync sends the engine exactly what it would load from disk, whatever the family.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = find_hf_model(model)
+        if self.model is not None:
+            check_streamable(self.model)
+
+    def to_engine_tensors(
+        self, train_name: str, tensor: torch.Tensor
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The ``(engine name, tensor)`` pairs of one training ``state_dict`` entry."""
+        from transformers.core_model_loading import revert_weight_conversion
+
+        name = to_engine_name(train_name)
+        if self.model is None:
+            yield name, tensor
+            return
+        yield from revert_weight_conversion(self.model, {name: tensor}).items()
 
 
-def to_model_tensor(params: dict[str, torch.Tensor], engine_name: str) -> torch.Tensor:
-    """The tensor of a transformers model's ``state_dict`` that the engine tensor
-    ``engine_name`` fills: its own entry, or, for a per-expert checkpoint name, that expert's
-    view of the fused experts (the inverse of :func:`to_engine_tensors`, for an engine that
-    holds the transformers model itself)."""
-    if engine_name in params:
-        return params[engine_name]
-    head, _, leaf = engine_name.rpartition(".experts.")
-    expert, _, projection = leaf.partition(".")
-    if not head or not expert.isdigit():
-        raise KeyError(engine_name)
-    if projection == "down_proj.weight":
-        return params[f"{head}.experts.{FUSED_DOWN}"][int(expert)]
-    gate, up = params[f"{head}.experts.{FUSED_GATE_UP}"][int(expert)].chunk(2, dim=0)
-    if projection == "gate_proj.weight":
-        return gate
-    if projection == "up_proj.weight":
-        return up
-    raise KeyError(engine_name)
+def check_streamable(model: PreTrainedModel) -> None:
+    """Raise ValueError when a checkpoint tensor of ``model`` is made of several in-memory
+    tensors (a conversion that splits one checkpoint tensor on load): the sync streams one
+    entry at a time and could not rebuild it. No mixture-of-experts family does this."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter
+
+    names = list(model.state_dict())
+    for conversion in get_model_conversion_mapping(model, add_legacy=False):
+        if not isinstance(conversion, WeightConverter) or len(conversion.target_patterns) < 2:
+            continue
+        # Loading splits one checkpoint tensor into these targets; saving must join them.
+        targets = [
+            re.compile(re.escape(p).replace(r"\*", r"\d+")) for p in conversion.target_patterns
+        ]
+        if any(t.search(n) for t in targets for n in names):
+            raise ValueError(
+                f"{model.config.model_type}: transformers splits the checkpoint tensor "
+                f"{conversion.source_patterns} into {conversion.target_patterns} on load; "
+                "rlframe's weight sync streams one tensor at a time and cannot join them"
+            )
 
 
-def model_type_of(model: torch.nn.Module) -> str | None:
-    """The HF ``model_type`` of a (possibly wrapped) transformers model, None without one."""
-    config = getattr(model, "config", None)
-    return getattr(config, "model_type", None)
+class ModelSlots:
+    """Where each checkpoint (engine) tensor lands in a transformers model's own parameters:
+    the inverse of :class:`CheckpointLayout`, for an engine that holds the transformers model
+    itself (the hf engine). A parameter the layout only renames (found on the meta device, at
+    no cost) is copied whole; for one it converts (fused experts), the layout is run once on an
+    index tensor of it, so any split, slice or transpose maps back to the elements it came
+    from."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        layout = CheckpointLayout(model)
+        self.slots: dict[str, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        for name, param in model.state_dict().items():
+            shape = torch.empty(param.shape, device="meta")
+            renamed = list(layout.to_engine_tensors(name, shape))
+            if len(renamed) == 1 and renamed[0][1] is shape:
+                self.slots[renamed[0][0]] = (param, None)
+                continue
+            index = torch.arange(param.numel()).view(param.shape)
+            for engine_name, taken in layout.to_engine_tensors(name, index):
+                self.slots[engine_name] = (param, taken.reshape(-1))
+
+    @torch.no_grad()
+    def load(self, engine_name: str, tensor: torch.Tensor) -> None:
+        """Copy one engine tensor into the elements of the parameter it came from."""
+        param, index = self.slots[engine_name]
+        if index is None:
+            param.copy_(tensor)
+        else:
+            param.view(-1).index_copy_(0, index, tensor.reshape(-1).to(param.dtype))
 
 
 def to_adapter_name(train_name: str, adapter: str = "default") -> str:

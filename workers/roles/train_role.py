@@ -134,10 +134,18 @@ class TrainRole:
             lora=self.lora,
             sequence_parallel_size=sp_size,
             router_replay=cfg.algorithm.router_replay is RouterReplay.rollout,
+            expert_parallel_size=cfg.actor.expert_parallel_size,
         )
         # Under LoRA the reference is the policy with its adapters off: no second copy.
         self.ref = (
-            FSDPEngine(model_path, cfg.model, None, device, sequence_parallel_size=sp_size)
+            FSDPEngine(
+                model_path,
+                cfg.model,
+                None,
+                device,
+                sequence_parallel_size=sp_size,
+                expert_parallel_size=cfg.actor.expert_parallel_size,
+            )
             if cfg.algorithm.uses_reference and not self.lora.enabled
             else None
         )

@@ -26,9 +26,10 @@ from torch import nn
 
 from rlframe.controller.weight_group import WeightGroupSpec
 from rlframe.models.hf_config import is_vision_tower_name
-from workers.model_hooks.weight_names import model_type_of, to_engine_tensors
+from workers.model_hooks.weight_names import CheckpointLayout
 from workers.sync.sync_probe import ProbeVerdict, SyncProbe
 from workers.training.dtensor_gather import full_tensor
+from workers.training.expert_parallel import find_expert_parallel
 
 WeightBucket = list[tuple[str, torch.Tensor]]
 
@@ -86,14 +87,20 @@ class WeightSource:
 def iter_full_tensors(
     model: nn.Module, with_vision: bool = True
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every ``state_dict`` entry as ``(engine name, full tensor)``, fused experts split into
-    the checkpoint's per-expert tensors (:func:`to_engine_tensors`). ``with_vision=False``
+    """Every ``state_dict`` entry as ``(engine name, full tensor)`` in the checkpoint's
+    layout (:class:`CheckpointLayout`: fused experts split as the family's checkpoint holds
+    them; expert-parallel experts gathered from their ranks first). ``with_vision=False``
     skips the vision tower before any gather (``model.freeze_vision``: the engine keeps the
     copy it loaded, which never changes)."""
-    model_type = model_type_of(model)
+    layout = CheckpointLayout(model)
+    experts = find_expert_parallel(model)
     for name, value in model.state_dict().items():
         if with_vision or not is_vision_tower_name(name):
-            yield from to_engine_tensors(name, full_tensor(value).detach(), model_type)
+            if experts is not None and experts.holds(value):
+                whole = experts.gather(value.detach())
+            else:
+                whole = full_tensor(value).detach()
+            yield from layout.to_engine_tensors(name, whole)
 
 
 class InProcessSink:

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.tensor import DTensor
 
 if TYPE_CHECKING:
     from torch.optim import Optimizer
 
+    from workers.training.expert_parallel import ExpertParallel
     from workers.training.fsdp import FSDPEngine
 
 
@@ -43,7 +45,36 @@ def collect_engine_state(engine: FSDPEngine) -> dict[str, Any]:
         # A weight tied to a frozen one (lm_head to the embeddings) is still a state entry.
         trains = {n for n, p in engine.model.named_parameters() if p.requires_grad}
         model_state = {k: v for k, v in model_state.items() if k in trains}
+    if engine.ep is not None:
+        wrap_expert_state(engine.ep, engine.ep.param_names(engine.model), model_state, optim_state)
     return {"model": model_state, "optim": optim_state, "scheduler": engine.scheduler.state_dict()}
+
+
+def wrap_expert_state(
+    plan: ExpertParallel, names: set[str], model_state: dict[str, Any], optim_state: dict[str, Any]
+) -> None:
+    """Expert-parallel experts and their optimizer state as slices of the whole tensors
+    (:meth:`ExpertParallel.as_global`): every rank holds other experts under the same name,
+    which DCP would otherwise take for copies of one tensor and save once."""
+    for name in names & model_state.keys():
+        model_state[name] = plan.as_global(model_state[name])
+    for name in names & optim_state["state"].keys():
+        moments = optim_state["state"][name]
+        for key, value in moments.items():
+            if value.ndim > 0:  # the step count is one scalar, the same on every rank
+                moments[key] = plan.as_global(value)
+
+
+def unwrap_expert_state(names: set[str], state: dict[str, Any]) -> None:
+    """The local slices back (the wrappers share their storage, which DCP loaded into)."""
+    model_state, optim_state = state["model"], state["optim"]["state"]
+    for name in names & model_state.keys():
+        model_state[name] = model_state[name].to_local()
+    for name in names & optim_state.keys():
+        moments = optim_state[name]
+        for key, value in moments.items():
+            if isinstance(value, DTensor):
+                moments[key] = value.to_local()
 
 
 def save_engine(engine: FSDPEngine, path: str | Path, extra: dict[str, Any] | None = None) -> None:
@@ -63,6 +94,8 @@ def load_engine(
     """
     state = collect_engine_state(engine) | {"extra": dict(extra or {})}
     dcp.load(state, checkpoint_id=str(path))
+    if engine.ep is not None:
+        unwrap_expert_state(engine.ep.param_names(engine.model), state)
     set_state_dict(
         engine.model,
         require_optimizer(engine),

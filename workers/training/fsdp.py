@@ -22,6 +22,7 @@ from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
 from workers.model_hooks.router_replay import RouterReplay, replay_layout
 from workers.training.dtensor_gather import full_tensor
+from workers.training.expert_parallel import clip_split_gradients, find_expert_parallel
 from workers.training.layout_forward import (  # noqa: F401 (re-exported: the engine's API)
     compute_layout_hidden,
     compute_layout_logprobs,
@@ -82,6 +83,7 @@ class FSDPEngine:
         lora: LoraConfig | None = None,
         sequence_parallel_size: int = 1,
         router_replay: bool = False,
+        expert_parallel_size: int = 1,
     ):
         self.device = device
         compute_dtype = pick_dtype(model_cfg.dtype, device)
@@ -89,8 +91,10 @@ class FSDPEngine:
             sequence_parallel_size, device, pick_attention(device, compute_dtype)
         )
         self.model = build_train_model(
-            path, model_cfg, device, head, lora, self.sp, frozen=optim is None
+            path, model_cfg, device, head, lora, self.sp, optim is None, expert_parallel_size
         )
+        self.ep = find_expert_parallel(self.model)
+        """The expert groups when the experts are split over ranks; None: FSDP2 alone."""
         self.replay = RouterReplay(self.model) if router_replay else None
         """Hooks that route each token to the experts a layout carries (R3); None: off."""
         self.optimizer: torch.optim.Optimizer | None = None
@@ -170,8 +174,12 @@ class FSDPEngine:
         """Clip, step and zero the gradients. A non-finite gradient norm skips the step."""
         assert self.optimizer is not None, "a reference engine does not train"
         max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.trainable, max_norm)
-        norm_value = float(full_tensor(norm))
+        if self.ep is None:
+            norm_value = float(
+                full_tensor(torch.nn.utils.clip_grad_norm_(self.trainable, max_norm))
+            )
+        else:
+            norm_value = clip_split_gradients(self.trainable, self.ep, max_norm)
         stepped = math.isfinite(norm_value)
         if stepped:
             self.optimizer.step()

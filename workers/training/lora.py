@@ -3,7 +3,7 @@ model with its adapters off, and the weights the rollout engine gets from them.
 
 The wrapped model is a ``peft.PeftModel`` whose training names carry peft's segments
 (``base_model.model.`` in front, ``base_layer`` / ``lora_A.default`` inside an adapted
-layer); :func:`workers.model_hooks.weight_names.to_engine_tensors` maps them back to the HF names.
+layer); :class:`workers.model_hooks.weight_names.CheckpointLayout` maps them back to the HF names.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from torch import nn
 
 from rlframe.config.lora import LoraConfig
 from rlframe.models.hf_config import is_vision_tower_name
-from workers.model_hooks.weight_names import model_type_of, to_adapter_name, to_engine_tensors
+from workers.model_hooks.weight_names import CheckpointLayout, to_adapter_name
 from workers.training.dtensor_gather import full_tensor
 from workers.training.hf_model import HFModel
 
@@ -75,7 +75,7 @@ def iter_merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     Gathering is a collective: every rank must walk the whole stream in the same order.
     """
     layers = list_lora_layers(model)
-    model_type = model_type_of(model)
+    layout = CheckpointLayout(model)
     state = model.state_dict()
     for name, value in state.items():
         if is_adapter_entry(name) or is_vision_tower_name(name):
@@ -88,7 +88,7 @@ def iter_merged_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
                 a = full_tensor(state[f"{owner}.lora_A.{adapter}.weight"]).detach()
                 b = full_tensor(state[f"{owner}.lora_B.{adapter}.weight"]).detach()
                 tensor = tensor + (b.float() @ a.float()).to(tensor.dtype) * layer.scaling[adapter]
-        yield from to_engine_tensors(name, tensor, model_type)
+        yield from layout.to_engine_tensors(name, tensor)
 
 
 def iter_adapter_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -15,6 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from rlframe.models.hf_config import VISION_TOWER_SEGMENT, has_vision_tower
+from workers.training.expert_parallel import ExpertParallel
 from workers.training.hf_model import HFModel
 from workers.training.rank0_load import load_rank0_state
 from workers.training.ulysses import SequenceParallel, register_ulysses_attention
@@ -138,17 +139,23 @@ def find_block_lists(model: nn.Module) -> list[nn.ModuleList]:
     return [module for _, module in found]
 
 
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype) -> None:
+def apply_fsdp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype,
+    ignored: set[nn.Parameter] | None = None,
+) -> None:
     """Shard each decoder layer (and vision block), then the root (embeddings, final norm,
-    the head; a vision tower's patch embedding and merger).
+    the head; a vision tower's patch embedding and merger). ``ignored``: parameters FSDP2
+    leaves alone (expert-parallel experts, each rank's own).
 
     Per-layer units keep only one layer's full parameters alive at a time. Gradients are
     reduced in fp32 whatever the compute dtype, so small updates are not lost.
     """
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in (layer for blocks in find_block_lists(model) for layer in blocks):
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
 
 
 def freeze_vision_tower(model: nn.Module) -> None:
@@ -170,6 +177,7 @@ def build_train_model(
     lora: LoraConfig | None = None,
     sp: SequenceParallel | None = None,
     frozen: bool = False,
+    expert_parallel_size: int = 1,
 ) -> HFModel:
     """Load (with the Ulysses attention wrapper under sequence parallelism), then (1) LoRA
     adapters, (2) gradient checkpointing, (3) FSDP2 sharding, (4) the local shards on the
@@ -181,9 +189,12 @@ def build_train_model(
     checkpoint into host memory; the others build the model on the meta device and receive
     their shards from rank 0 (host memory: one full model, on rank 0, not one per rank).
     Parameters are sharded over all ranks whatever the sequence-parallel size: the sequence
-    groups share activations, not weights.
+    groups share activations, not weights. With ``expert_parallel_size`` > 1 the routed
+    experts are split over the expert groups before sharding and left out of FSDP2
+    (:mod:`workers.training.expert_parallel`); every rank then reads the checkpoint itself.
     """
-    spread = dist.get_world_size() > 1
+    # Rank 0's broadcast of full tensors cannot fill experts that differ per rank.
+    spread = dist.get_world_size() > 1 and expert_parallel_size == 1
     rank0 = dist.get_rank() == 0
     # A frozen model (the reference) needs no fp32 master copy: half the memory in bf16.
     dtype = pick_dtype(cfg.dtype, device) if frozen else torch.float32
@@ -202,8 +213,14 @@ def build_train_model(
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # Taken before sharding: the full tensors stay referenced here until they are sent.
     full_state = model.state_dict() if spread and rank0 else {}
+    experts: list[nn.Parameter] = []
+    if expert_parallel_size > 1:
+        plan = ExpertParallel(expert_parallel_size, device)
+        plan.apply(model)
+        setattr(model, "rlframe_expert_parallel", plan)  # noqa: B010 (read back by find_expert_parallel)
+        experts = plan.params()
     mesh = init_device_mesh(device, (dist.get_world_size(),))
-    apply_fsdp(model, mesh, pick_dtype(cfg.dtype, device))
+    apply_fsdp(model, mesh, pick_dtype(cfg.dtype, device), set(experts))
     if not spread:
         return model.to(device)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) types `to` unbound
     return load_rank0_state(model, full_state, device)

@@ -1,0 +1,56 @@
+"""``actor.expert_parallel_size``: refused in one line where it cannot work (a size that does
+not divide the ranks or the experts, a dense model, what it does not combine with yet), and
+shown on the start-up mesh line."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlframe.config import ConfigError, build_config
+from rlframe.models.expert_parallel import check_expert_parallel
+from rlframe.models.hf_config import ConfigJson
+from rlframe.observability.logs import describe_mesh
+
+
+def config(ep: int = 2, procs: int = 2, **extra: dict) -> object:
+    tree = {
+        "model": {"path": "tiny-moe:0"},
+        "trainer": {"procs_per_node": procs, "cpus_per_proc": 1},
+        "actor": {"expert_parallel_size": ep},
+    }
+    for section, values in extra.items():
+        tree.setdefault(section, {}).update(values)
+    return build_config(tree)
+
+
+@pytest.mark.parametrize(
+    "overrides,text",
+    [
+        ({"procs": 2, "ep": 3}, "3 must divide the number of ranks"),
+        ({"ep": 0}, "must be > 0"),
+        ({"model": {"lora": {"rank": 4}}}, "does not work with LoRA"),
+        ({"actor": {"expert_parallel_size": 2, "sequence_parallel_size": 2}}, "sequence parallel"),
+    ],
+)
+def test_what_expert_parallelism_cannot_do_is_refused(overrides: dict, text: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^actor.expert_parallel_size: .*{text}"):
+        config(**overrides)
+
+
+@pytest.mark.parametrize(
+    "fields,text",
+    [
+        ({"model_type": "qwen2", "hidden_size": 8}, "has no experts"),
+        ({"model_type": "mixtral", "num_local_experts": 6}, "4 must divide the model's 6 experts"),
+    ],
+)
+def test_the_model_must_have_experts_the_size_divides(fields: dict, text: str) -> None:
+    cfg = config(procs=4, ep=4, actor={"expert_parallel_size": 4, "micro_batch_size": 8})
+    with pytest.raises(ConfigError, match=rf"^actor.expert_parallel_size: .*{text}"):
+        check_expert_parallel(cfg, "some/model", ConfigJson(fields))
+    check_expert_parallel(cfg, "some/model", ConfigJson({"num_experts": 8}))
+
+
+def test_the_mesh_line_names_the_expert_groups() -> None:
+    cfg = config(procs=4, ep=2, actor={"expert_parallel_size": 2, "micro_batch_size": 8})
+    assert describe_mesh(cfg, 4) == "4 data x 1 sequence (training); experts 2 replica x 2 expert"
