@@ -53,9 +53,8 @@ def connect_ray_replicas(role: str, actors: list[Any], tp: int, timeout_s: float
     def connect(ranks: list[int]) -> Serve:
         def serve(requests: list[TurnRequest]) -> list[TurnResult]:
             refs = {actors[rank].serve.remote(requests): rank for rank in ranks}
-            results: list[TurnResult] = CallHandle(role, "serve", refs, timeout_s, actors).result()[
-                0
-            ]
+            handle = CallHandle(role, "serve", refs, timeout_s, actors)
+            results: list[TurnResult] = handle.result()[0]
             return results
 
         return serve
@@ -108,7 +107,10 @@ class ReplicaPump:
 
     def finish(self, results: list[TurnResult]) -> None:
         with self.client.lock:
-            done = [(self.waiting.pop(r.request_id), r) for r in results]
+            # A request an earlier failed call gave up on may still finish: nobody waits.
+            done = [
+                (self.waiting.pop(r.request_id), r) for r in results if r.request_id in self.waiting
+            ]
             for (_, context), r in done:
                 self.stats.requests += 1
                 if r.cached_tokens >= 0:
