@@ -14,7 +14,9 @@ import torch
 from rlframe.controller.dispatch import Dispatch, split_call
 from rlframe.controller.worker_group import WorkerGroup
 from rlframe.core.protocol import Batch
+from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 from rlframe.rollout.rows import build_request, generate_batch, read_prompt_rows
+from rlframe.rollout.turns import TurnRequest
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -70,3 +72,27 @@ def test_tp2_engine_generates_once_per_group_and_syncs_shards(tiny_hybrid_group)
         )
         > 1e-3
     )
+
+    # The request stream over the TP group: both ranks get the same serve calls and step
+    # alike (a rank stepping differently would hang the engine's collectives); requests that
+    # arrive in waves, while others run, sample what one batch call samples.
+    client = EngineClient(
+        connect_ray_replicas(group.role, group.actors, TP, 600), group.open_stream
+    )
+    try:
+        client.open()
+        rows = read_prompt_rows(prompts2)
+        futures = []
+        for k, row in enumerate(rows):
+            turn = TurnRequest(row.prompt_ids, row.seed, 6, tuple(prompts2.meta["stop_token_ids"]))
+            futures.append(client.submit(turn, f"episode-{k}"))
+            if k % 3 == 2:
+                futures[-1].result(600)
+        streamed = [f.result(600) for f in futures]
+    finally:
+        client.close()
+    batched = [
+        ids[m.bool()].tolist() for ids, m in zip(batch2["response_ids"], batch2["response_mask"])
+    ]
+    assert [r.ids for r in streamed] == batched
+    assert {r.rank for r in streamed} == {0}
