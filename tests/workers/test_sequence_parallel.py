@@ -22,6 +22,9 @@ CASES = [
     # A budget counts a rank's share: the group's micro-batches hold twice the tokens.
     {"budget": 15, "packed": True, "chunk": 4, "checkpointing": True},
     {"micro": 4, "packed": True, "lora_rank": 4, "loss_agg": "seq-mean-token-sum", "model": "kv2"},
+    # One packed row per micro-batch (the long-sequence case), half of them of odd length: the
+    # last rank's padded tail once restarted its positions and sdpa got a slice-sized mask.
+    {"micro": 1, "packed": True},
 ]
 
 

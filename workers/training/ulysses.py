@@ -291,6 +291,16 @@ def build_flash_kwargs(segments: torch.Tensor, packed: bool) -> dict[str, Any]:
     }
 
 
+def continue_positions(position_ids: torch.Tensor, tail: int) -> torch.Tensor:
+    """``position_ids`` [..., L] with ``tail`` more positions that count on from each row's
+    last one. A tail of zeros would restart the positions: on a slice passed without a mask
+    (one packed sequence under sdpa), transformers reads a restart as a second packed
+    sequence and builds a mask of the slice's own length, which sdpa, seeing the whole
+    sequence after the exchange, cannot broadcast (issue 45, item 2)."""
+    steps = torch.arange(1, tail + 1, device=position_ids.device, dtype=position_ids.dtype)
+    return torch.cat([position_ids, position_ids[..., -1:] + steps], dim=-1)
+
+
 def shard_layout(layout: SequenceLayout, sp: SequenceParallel) -> ShardedLayout:
     """This rank's contiguous slice of every row of ``layout`` (on the layout's device)."""
     rows, length = layout.input_ids.shape
@@ -301,11 +311,8 @@ def shard_layout(layout: SequenceLayout, sp: SequenceParallel) -> ShardedLayout:
     input_ids, position_ids = layout.input_ids, layout.position_ids
     if tail:
         pad = lambda t, v: torch.nn.functional.pad(t, (0, tail), value=v)  # noqa: E731
-        input_ids, position_ids, segments = (
-            pad(input_ids, 0),
-            pad(position_ids, 0),
-            pad(segments, -1),
-        )
+        input_ids, segments = pad(input_ids, 0), pad(segments, -1)
+        position_ids = continue_positions(position_ids, tail)
         if layout.attention_mask is None:
             # The packed tail joins the last sequence: it comes after every real token, so
             # no real token sees it, and it predicts nothing.
