@@ -47,6 +47,7 @@ from workers.training.fsdp import (
 )
 from workers.training.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
 from workers.training.model_build import pick_dtype, resolve_packing
+from workers.training.ulysses import slice_token_mask, sum_over_group
 
 
 def count_optimizer_steps(cfg: Config) -> int:
@@ -314,17 +315,22 @@ class TrainRole:
         and the expert-load metrics, over every real token the routers saw (prompt and
         response; padding left out)."""
         assert self.router is not None
-        tokens = router_logits[0].shape[0]
-        mask = layout.attention_mask
-        if mask is None or mask.numel() != tokens:  # packed rows (no padding), or an SP shard
-            mask = torch.ones(tokens, device=router_logits[0].device)
-        mask = mask.reshape(-1)
+        sp, group_sum = self.actor.sp, None
+        if sp is not None:
+            # The routers saw this rank's slice: count its real tokens and sum the group's
+            # statistics, so the loss is the micro-batch's (as one data-parallel rank's) and
+            # its gradient reaches each token once.
+            mask, group_sum = slice_token_mask(layout, sp), partial(sum_over_group, sp=sp)
+        elif layout.attention_mask is not None:
+            mask = layout.attention_mask.reshape(-1)
+        else:  # packed rows: no padding
+            mask = torch.ones(router_logits[0].shape[0], device=router_logits[0].device)
         top_k = self.router.top_k
-        aux = compute_load_balancing_loss(router_logits, top_k, mask)
+        aux = compute_load_balancing_loss(router_logits, top_k, mask, group_sum)
         coef = self.cfg.algorithm.router_aux_loss_coef
         if coef > 0:
             loss = loss + coef * aux * (len(micro) / scale.sequences)
-        routing = summarize_routing(router_logits, top_k, mask)
+        routing = summarize_routing(router_logits, top_k, mask, group_sum)
         return loss, metrics | routing | {"actor/router_aux_loss": float(aux.detach())}
 
     def weight_source(self) -> WeightSource:

@@ -229,6 +229,48 @@ class GatherTokens(torch.autograd.Function):
         return grad[ctx.mine], None, None
 
 
+class SumOverGroup(torch.autograd.Function):
+    """All-reduce sum over the sequence-parallel group; backward passes the gradient on
+    unchanged: every rank computes the same loss from the same sum, so each rank's own
+    addend takes the gradient once (summed over the group: once, as :class:`GatherTokens`)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+def sum_over_group(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
+    """``x`` summed over ``sp``'s ranks (differentiable: see :class:`SumOverGroup`)."""
+    # Function.apply is unannotated in torch; SumOverGroup.forward returns a Tensor.
+    return cast(torch.Tensor, SumOverGroup.apply(x, sp.group))
+
+
+def slice_bounds(length: int, sp: SequenceParallel) -> tuple[int, int, int]:
+    """(slice length, padded tail, this rank's first position) of a sequence of ``length``
+    padded at the end to a multiple of the group size."""
+    local = -(-length // sp.size)
+    return local, local * sp.size - length, sp.rank * local
+
+
+def slice_token_mask(layout: SequenceLayout, sp: SequenceParallel) -> torch.Tensor:
+    """[b * L / size] 1 on this rank's slice's real tokens, 0 on padding (a padded row's, and
+    the tail that makes the length a multiple of the group size): which of the slice's
+    positions per-token statistics (the routers') count."""
+    rows, length = layout.input_ids.shape
+    local, tail, begin = slice_bounds(length, sp)
+    real = torch.ones(rows, length, dtype=torch.bool, device=layout.input_ids.device)
+    if layout.attention_mask is not None:
+        real = layout.attention_mask.bool()
+    real = torch.nn.functional.pad(real, (0, tail), value=False)
+    return real[:, begin : begin + local].reshape(-1).float()
+
+
 @dataclass
 class ShardedLayout:
     """This rank's slice of a :class:`SequenceLayout` (sequence padded to a multiple of the
@@ -303,10 +345,8 @@ def continue_positions(position_ids: torch.Tensor, tail: int) -> torch.Tensor:
 
 def shard_layout(layout: SequenceLayout, sp: SequenceParallel) -> ShardedLayout:
     """This rank's contiguous slice of every row of ``layout`` (on the layout's device)."""
-    rows, length = layout.input_ids.shape
-    padded_length = -(-length // sp.size) * sp.size
-    local = padded_length // sp.size
-    tail = padded_length - length
+    length = layout.input_ids.shape[1]
+    local, tail, begin = slice_bounds(length, sp)
     segments = label_segments(layout)
     input_ids, position_ids = layout.input_ids, layout.position_ids
     if tail:
@@ -317,7 +357,6 @@ def shard_layout(layout: SequenceLayout, sp: SequenceParallel) -> ShardedLayout:
             # The packed tail joins the last sequence: it comes after every real token, so
             # no real token sees it, and it predicts nothing.
             segments[:, length:] = segments[:, length - 1 : length]
-    begin = sp.rank * local
     packed = layout.attention_mask is None
     if sp.kernel == "sdpa":
         # One sequence without padding (the long-response case) needs no mask: sdpa's
