@@ -81,7 +81,9 @@ def test_sequence_parallel_matches_data_parallel(model_path: str, tmp_path) -> N
         )
 
 
-@pytest.mark.slow  # four two-rank MoE engines: 50-110 s on 2 shared cores
+# Four two-rank MoE engines, 50-110 s on 2 shared cores: a cross product (SP x MoE x the
+# router loss), so it runs in the matrix tier.
+@pytest.mark.matrix
 def test_router_aux_loss_matches_data_parallel(tmp_path) -> None:
     """An MoE model's load-balancing loss under S=2 is the micro-batch's, padding left out:
     its gradient (the only one: zero advantages) and the expert-load metrics equal two
