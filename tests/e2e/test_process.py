@@ -132,7 +132,9 @@ def test_a_signal_before_ray_stops_with_one_line(tmp_path: Path) -> None:
         assert err.strip().splitlines() == [
             "rlframe: interrupted before step 1 finished; the same command starts again"
         ], err[-3000:]
-        assert stopped_in < 6.0 and "Traceback" not in rest + err
+        # 1-3 s quiet; 9.9 s once at load 8 (the local Ray that had started stopping with it).
+        # The bound tells a stop from a hang, not a fast stop from a slow one.
+        assert stopped_in < 20.0 and "Traceback" not in rest + err
 
 
 @pytest.mark.parametrize(
