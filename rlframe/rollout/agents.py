@@ -33,7 +33,8 @@ from rlframe.core.protocol import SAMPLE_MASK, Batch
 from rlframe.core.registry import Registry
 from rlframe.core.tokenizer import Tokenizer
 from rlframe.envs.runner import count_stuck_calls
-from rlframe.rollout.batched_turns import BatchedTurns
+from rlframe.rollout.batched_turns import serve_by_generate
+from rlframe.rollout.engine_client import EngineClient
 from rlframe.rollout.rows import generate_batch
 from rlframe.rollout.turns import TurnServer
 
@@ -54,11 +55,16 @@ class AgentContext:
     """The request stream to the engines (:class:`~rlframe.rollout.engine_client.EngineClient`
     in a run); None: turns gathered into calls of ``generate``."""
     turns: TurnServer = field(init=False)
-    """Where episodes send their turns: ``engine``, or :class:`BatchedTurns` over
-    ``generate``. Closed when the producer closes."""
+    """Where episodes send their turns: ``engine``, or a stream whose one replica serves
+    them in calls of ``generate`` (:func:`~rlframe.rollout.batched_turns.serve_by_generate`).
+    Closed when the producer closes."""
 
     def __post_init__(self) -> None:
-        self.turns = self.engine if self.engine is not None else BatchedTurns(self.generate)
+        self.turns = (
+            self.engine
+            if self.engine is not None
+            else EngineClient([serve_by_generate(self.generate)])
+        )
 
 
 AgentFn = Callable[[Batch, AgentContext], Batch]

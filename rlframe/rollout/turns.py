@@ -4,8 +4,8 @@ An episode (a coroutine on the driver) sends a :class:`TurnRequest` whenever it 
 model, and gets its :class:`TurnResult` when the engine finishes that sequence; the engine
 serves the requests of every episode at once with continuous batching
 (:mod:`rlframe.rollout.engine_client` on the driver, ``RolloutRole.serve`` on the worker).
-A :class:`TurnServer` is what an agent sends its requests to: the engine client, or
-:class:`rlframe.rollout.batched_turns.BatchedTurns` over a blocking batch ``generate``.
+A :class:`TurnServer` is what an agent sends its requests to: the engine client, over the
+workers' ``serve`` or over a blocking batch ``generate`` (:mod:`rlframe.rollout.batched_turns`).
 """
 
 from __future__ import annotations
