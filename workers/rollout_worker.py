@@ -1,4 +1,5 @@
-"""The rollout worker of a separate placement: the rollout role alone, awake all the time.
+"""The rollout worker of a separate placement: the rollout role alone. It also serves the
+frozen models of a run (teachers, judges: :mod:`rlframe.run.served`), never synced.
 
 It receives the trainer's weights over the weight group both pools join
 (``init_weight_group``) and stamps every row it generates with the version they carried.
@@ -64,7 +65,16 @@ class RolloutWorker(Worker):
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def open_stream(self) -> None:
-        """Nothing to do: this engine is always awake."""
+        """Wake the engine if it sleeps (a served model on the trainer's bundles sleeps
+        while the policy trains); the policy's separate engine never sleeps."""
+        if not self.rollout_role.awake:
+            self.rollout_role.wake_up()
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def sleep(self) -> None:
+        """Free the device for training (a served model colocated with the trainer; its
+        weights are kept: level 1). ``open_stream`` wakes it."""
+        self.rollout_role.sleep()
 
     def serve(self, requests: list[TurnRequest]) -> list[TurnResult]:
         """One call of the request stream (:meth:`RolloutRole.serve`)."""

@@ -98,10 +98,13 @@ def check_placement(r: RolloutConfig, t: TrainerConfig) -> None:
     )
 
 
-def check_pools_fit(r: RolloutConfig, t: TrainerConfig, cpus: int, source: str) -> None:
-    """Before a local (one-node) Ray starts: every pool is one node and together they fit
-    ``cpus`` (what that Ray will advertise, told by ``source``)."""
-    pools = list_pools(r, t)
+def check_pools_fit(
+    r: RolloutConfig, t: TrainerConfig, cpus: int, source: str, extra: tuple[PoolShape, ...] = ()
+) -> None:
+    """Before a local (one-node) Ray starts: every pool (``extra``: the served models' own
+    pools) is one node and together they fit ``cpus`` (what that Ray will advertise, told by
+    ``source``)."""
+    pools = list_pools(r, t) + list(extra)
     for pool in pools:
         require(
             pool.nnodes == 1,
@@ -119,7 +122,9 @@ def check_pools_fit(r: RolloutConfig, t: TrainerConfig, cpus: int, source: str) 
     )
 
 
-def check_pools_gpus(r: RolloutConfig, t: TrainerConfig, gpus: int, source: str) -> None:
+def check_pools_gpus(
+    r: RolloutConfig, t: TrainerConfig, gpus: int, source: str, extra: tuple[PoolShape, ...] = ()
+) -> None:
     """Before a local (one-node) Ray starts on a GPU machine: every bundle is one whole GPU,
     and the pools together fit ``gpus``.
 
@@ -127,7 +132,7 @@ def check_pools_gpus(r: RolloutConfig, t: TrainerConfig, gpus: int, source: str)
     ranks join one NCCL weight group, and NCCL refuses two ranks on one device. Colocated
     placement shares each GPU between training and rollout in one process.
     """
-    pools = list_pools(r, t)
+    pools = list_pools(r, t) + list(extra)
     need = sum(p.world_size for p in pools)
     if need <= gpus:
         return

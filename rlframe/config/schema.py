@@ -17,6 +17,7 @@ from rlframe.config.checks import (
     list_dotted_keys,
     require,
 )
+from rlframe.config.distill import DistillConfig
 from rlframe.config.lora import check_adapter_sync, check_lora
 from rlframe.config.model import ModelConfig
 from rlframe.config.placement import check_placement
@@ -30,6 +31,7 @@ from rlframe.config.sections import (
     TrainerConfig,
     ValConfig,
 )
+from rlframe.config.served import check_served
 from rlframe.core.names import GROUP_RELATIVE, NEEDS_CRITIC, RouterReplay
 
 
@@ -43,6 +45,7 @@ class Config:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     val: ValConfig = field(default_factory=ValConfig)
     ray: RayConfig = field(default_factory=RayConfig)
@@ -70,6 +73,8 @@ class Config:
         check_async(self.rollout, self.data.batch_size, self.trainer.total_steps)
         check_router_replay_setup(a.router_replay, self.rollout, self.actor.sequence_parallel_size)
         check_expert_parallel_setup(self)
+        if self.distill.enabled:
+            check_served(self.distill, "distill", self.trainer)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",

@@ -35,6 +35,41 @@ class TurnRequest:
     """The encoded images whose (expanded) pads ``context`` holds, in order."""
     request_id: str = ""
     """Unique in the run; set by the client."""
+    score_from: int | None = None
+    """Score ``context`` instead of continuing it: the model's log-prob of each context
+    token from this position on, given its prefix (a teacher's or a judge's reading of a
+    sequence; temperature 1, nothing sampled). None: a sampled turn."""
+    top_k: int = 0
+    """With ``score_from``: also the ``top_k`` most likely tokens at each scored position."""
+
+    def __post_init__(self) -> None:
+        if self.score_from is not None and not 1 <= self.score_from < len(self.context):
+            raise ValueError(
+                f"score_from={self.score_from} must point inside the context (1.."
+                f"{len(self.context) - 1}): position 0 has no prefix to be scored from"
+            )
+
+
+def build_score_request(
+    ids: list[int], score_from: int, top_k: int = 0, images: tuple[bytes, ...] = ()
+) -> TurnRequest:
+    """A request that scores ``ids[score_from:]`` (each given its prefix) and samples nothing."""
+    return TurnRequest(
+        ids, 0, 1, (), temperature=1.0, images=images, score_from=score_from, top_k=top_k
+    )
+
+
+@dataclass
+class ScoredTokens:
+    """A model's reading of given tokens (a :class:`TurnRequest` with ``score_from``)."""
+
+    logprobs: list[float]
+    """``log p(ids[t] | ids[:t])`` for each scored position ``t``, in order."""
+    top_ids: list[list[int]]
+    """The ``top_k`` most likely ids at each scored position, most likely first ([] each
+    when ``top_k`` is 0)."""
+    top_logprobs: list[list[float]]
+    """Their log-probs, in the same order."""
 
 
 @dataclass
@@ -56,6 +91,8 @@ class TurnResult:
     rank: int = -1
     """The rollout rank that served it (the first of its tensor-parallel group; -1: not
     served through the stream)."""
+    scored: ScoredTokens | None = None
+    """A scoring request's reading of its context (None for a sampled turn)."""
 
 
 class TurnServer(Protocol):

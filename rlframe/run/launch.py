@@ -213,6 +213,7 @@ def start_pools(
         lambda cpus: worker_env(cfg, device, cpus) | logs.worker_env(),
         [],
         [],
+        found.served_paths,
     )
     checked: list[tuple[RunInputs, float]] = []
 

@@ -13,13 +13,19 @@ the weight seam that the loop is given.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
 from rlframe.config import Config, Placement
-from rlframe.config.placement import resolve_actor_worker_cls, rollout_pool, trainer_pool
+from rlframe.config.placement import (
+    PoolShape,
+    resolve_actor_worker_cls,
+    rollout_pool,
+    trainer_pool,
+)
+from rlframe.config.served import ServedSpec, list_served_models
 from rlframe.controller import roles
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.weight_group import WeightGroupSpec
@@ -28,6 +34,12 @@ from rlframe.core.protocol import Batch
 from rlframe.core.registry import load_class
 from rlframe.observability import startup
 from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
+from rlframe.run.served import (
+    SERVED_WORKER_CLS,
+    ServedModel,
+    connect_served,
+    derive_served_config,
+)
 
 WorkerEnv = Callable[[int], dict[str, str]]
 """The environment of a pool's workers, given its CPUs per process."""
@@ -49,6 +61,8 @@ class Workers:
     """Each rollout rank's receiver check of the last sync (the probe's verdict)."""
     engine: EngineClient
     """The request stream into the rollout engines (the ``generate`` group's)."""
+    served: dict[str, ServedModel]
+    """The frozen models served beside the policy (teachers, judges), by name."""
 
 
 @dataclass
@@ -63,21 +77,32 @@ class Launch:
     env: WorkerEnv
     pools: list[ResourcePool]
     groups: list[WorkerGroup]
+    served_paths: dict[str, str] = field(default_factory=dict)
+    """Each served model's resolved folder (``tiny:N`` built), by name."""
+    served: list[ServedModel] = field(default_factory=list)
+    """The streams into served models, closed before their groups shut down."""
 
-    def create_pool(self, section: str, colocate: int) -> ResourcePool:
+    def create_pool(
+        self, section: str, colocate: int, shape: PoolShape | None = None
+    ) -> ResourcePool:
+        """The pool of ``section`` (``trainer``, ``rollout``, or a served model's, whose
+        ``shape`` is given)."""
         cfg = self.cfg
-        shape = (
-            trainer_pool(cfg.trainer)
-            if section == "trainer"
-            else rollout_pool(cfg.rollout, cfg.trainer)
-        )
+        if shape is None:
+            shape = (
+                trainer_pool(cfg.trainer)
+                if section == "trainer"
+                else rollout_pool(cfg.rollout, cfg.trainer)
+            )
         pool = ResourcePool(
             nnodes=shape.nnodes,
             procs_per_node=shape.procs_per_node,
             device=self.device,
             cpus_per_proc=shape.cpus_per_proc,
             max_colocate=colocate,
-            name="actor_rollout" if self.cfg.rollout.placement is Placement.colocated else section,
+            name="actor_rollout"
+            if section == "trainer" and cfg.rollout.placement is Placement.colocated
+            else section,
             section=section,
         )
         self.pools.append(pool)
@@ -85,16 +110,23 @@ class Launch:
         return pool
 
     def start(
-        self, pool: ResourcePool, role: str, path: str, model: str, tp: int = 1
+        self,
+        pool: ResourcePool,
+        role: str,
+        path: str,
+        model: str,
+        tp: int = 1,
+        cfg: Config | None = None,
     ) -> tuple[Any, type]:
         """Start a group's actors without waiting for them: :meth:`wait_started` waits for
-        every group started so far, so their constructors (imports, engines) run at once."""
+        every group started so far, so their constructors (imports, engines) run at once.
+        ``cfg``: the workers' own view of the config (a served model's), default the run's."""
         worker_cls = load_class(path)
         group = WorkerGroup(
             pool,
             worker_cls,
             role=role,
-            init_args=(self.cfg, model, self.device),
+            init_args=(cfg or self.cfg, model, self.device),
             call_timeout_s=self.cfg.ray.call_timeout_s,
             env=self.env(pool.cpus_per_proc),
             rollout_tp_size=tp,
@@ -115,7 +147,16 @@ class Launch:
                 report = group.report_startup()
                 startup.DRIVER.attach("workers", report, prefix=f"{group.role} ")
 
+    def connect_served(
+        self, started: list[tuple[ServedSpec, roles.RolloutGroup]]
+    ) -> dict[str, ServedModel]:
+        models = [connect_served(spec, group, self.cfg) for spec, group in started]
+        self.served += models
+        return {m.spec.name: m for m in models}
+
     def shutdown(self) -> None:
+        for model in self.served:
+            model.close()
         for group in self.groups:
             group.shutdown()
         for pool in self.pools:
@@ -126,14 +167,21 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
     """Create the pools, start every group (all at once) and connect the weight seam.
     ``alongside`` runs on the driver while the workers construct."""
     cfg = launch.cfg
-    # The critic and the reward model, when there are, share the training bundles.
-    colocate = 1 + int(bool(cfg.critic.enable)) + int(launch.reward_model_path is not None)
+    served = list_served_models(cfg)
+    # The critic, the reward model and colocated served models share the training bundles.
+    colocate = (
+        1
+        + int(bool(cfg.critic.enable))
+        + int(launch.reward_model_path is not None)
+        + sum(spec.pool is None for spec in served)
+    )
     train = launch.create_pool("trainer", colocate)
     tp = cfg.rollout.tensor_parallel_size
     if cfg.rollout.placement is Placement.colocated:
         group, cls = launch.start(train, "actor", cfg.actor.worker_cls, launch.model_path, tp)
         hybrid = roles.bind_role(group, roles.HybridGroup, cls)
         critic, reward_model = start_critic(launch, train), start_reward_model(launch, train)
+        served_groups = start_served_models(launch, train, served)
         launch.wait_started(alongside)
         return Workers(
             hybrid,
@@ -144,6 +192,7 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
             None,
             hybrid.read_sync_check,
             connect_engines(cfg, hybrid),
+            launch.connect_served(served_groups),
         )
     group, cls = launch.start(
         train, "actor", resolve_actor_worker_cls(cfg.rollout, cfg.actor), launch.model_path
@@ -153,6 +202,7 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
     pool = launch.create_pool("rollout", 1)
     group, cls = launch.start(pool, "rollout", cfg.rollout.worker_cls, launch.model_path, tp)
     rollout = roles.bind_role(group, roles.RolloutGroup, cls)
+    served_groups = start_served_models(launch, train, served)
     launch.wait_started(alongside)
     join_weight_group(
         trainer, rollout, pick_weight_group_spec(trainer, rollout, lambda: train.find_free_port(0))
@@ -167,7 +217,30 @@ def start_workers(launch: Launch, alongside: Callable[[], None] = lambda: None) 
         push,
         rollout.read_sync_check,
         connect_engines(cfg, rollout),
+        launch.connect_served(served_groups),
     )
+
+
+def start_served_models(
+    launch: Launch, train: ResourcePool, specs: list[ServedSpec]
+) -> list[tuple[ServedSpec, roles.RolloutGroup]]:
+    """Start each served model's workers (not waited for): on a pool of its own, or on the
+    trainer's bundles."""
+    started = []
+    for spec in specs:
+        shape = spec.pool
+        pool = train if shape is None else launch.create_pool(spec.name, 1, shape)
+        derived = derive_served_config(launch.cfg, spec.serving, launch.served_paths[spec.name])
+        group, cls = launch.start(
+            pool,
+            spec.name,
+            SERVED_WORKER_CLS,
+            launch.served_paths[spec.name],
+            spec.serving.tensor_parallel_size,
+            derived,
+        )
+        started.append((spec, roles.bind_role(group, roles.RolloutGroup, cls)))
+    return started
 
 
 def connect_engines(cfg: Config, group: roles.HybridGroup | roles.RolloutGroup) -> EngineClient:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +40,8 @@ class WorkerInputs:
     """The checkpoint the run continues from; None for a fresh run."""
     reward_model_path: str | None = None
     """The reward model's directory (``tiny-rm:N`` built) or hub id; None without one."""
+    served_paths: dict[str, str] = field(default_factory=dict)
+    """Each served model's (teachers, judges) directory or hub id, by name."""
 
 
 @dataclass
@@ -105,7 +107,9 @@ def check_worker_inputs(cfg: Config, resume_from: Path | None) -> WorkerInputs:
     folder. Raise ConfigError."""
     check_plugins(cfg)
     reward_model_path = check_reward_inputs(cfg)
-    return WorkerInputs(resolve_model_files(cfg), resume_from, reward_model_path)
+    return WorkerInputs(
+        resolve_model_files(cfg), resume_from, reward_model_path, resolve_served_models(cfg)
+    )
 
 
 def check_driver_inputs(cfg: Config, found: WorkerInputs) -> RunInputs:
@@ -262,19 +266,21 @@ def check_local_pools(cfg: Config) -> None:
     """When this run starts its own one-machine Ray: the worker pools fit the machine (its
     CPUs, and its GPUs when the run will train on them)."""
     from rlframe.config.placement import check_pools_fit, check_pools_gpus
+    from rlframe.config.served import list_served_models
 
     if not will_start_local_ray(cfg.ray):
         return
+    served = tuple(spec.pool for spec in list_served_models(cfg) if spec.pool is not None)
     if cfg.ray.num_cpus:
-        check_pools_fit(cfg.rollout, cfg.trainer, cfg.ray.num_cpus, "ray.num_cpus")
+        check_pools_fit(cfg.rollout, cfg.trainer, cfg.ray.num_cpus, "ray.num_cpus", served)
     else:
         cpus, source = os.cpu_count() or 1, "this machine's CPUs; ray.num_cpus overrides"
-        check_pools_fit(cfg.rollout, cfg.trainer, cpus, source)
+        check_pools_fit(cfg.rollout, cfg.trainer, cpus, source, served)
     if cfg.trainer.device is Device.cpu:
         return  # no GPU count: it imports torch, a second on the way to starting Ray
     gpus = count_local_gpus()
     if will_train_on_cuda(cfg, gpus):
-        check_pools_gpus(cfg.rollout, cfg.trainer, gpus, "the GPUs this process can see")
+        check_pools_gpus(cfg.rollout, cfg.trainer, gpus, "the GPUs this process can see", served)
 
 
 def load_model_files(cfg: Config) -> tuple[str, Tokenizer]:
@@ -286,25 +292,38 @@ def load_model_files(cfg: Config) -> tuple[str, Tokenizer]:
 def resolve_model_files(cfg: Config) -> str:
     """The model directory (building ``tiny:N``, ``tiny-vl:N``): a folder with a config.json
     and loadable weights, or a model id."""
+    return resolve_model_folder(cfg.model.path, "model.path")
+
+
+def resolve_model_folder(configured: str, key: str) -> str:
+    """``configured`` (the value of ``key``) as a loadable model: a folder with a
+    config.json and loadable weights (``tiny:N`` and friends built), or a model id."""
     from rlframe.data.tiny_model import is_tiny_model
     from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
 
     try:
-        path = resolve_tiny_vl_path(cfg.model.path)
+        path = resolve_tiny_vl_path(configured)
     except ValueError as e:
-        raise ConfigError("model.path", str(e)) from None
+        raise ConfigError(key, str(e)) from None
     local = Path(path).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
-            raise ConfigError(
-                "model.path", f"{path} holds no config.json: point it at a saved model folder"
-            )
+            raise ConfigError(key, f"{path} holds no config.json: point it at a saved model folder")
         from rlframe.models.weights import check_model_weights
 
         check_model_weights(local)
-    elif not is_tiny_model(cfg.model.path) and not looks_like_model_id(path):
-        raise ConfigError("model.path", f"no such folder {path}")
+    elif not is_tiny_model(configured) and not looks_like_model_id(path):
+        raise ConfigError(key, f"no such folder {path}")
     return path
+
+
+def resolve_served_models(cfg: Config) -> dict[str, str]:
+    """Each served model's folder (teachers, judges; tiny ones built), by name."""
+    from rlframe.config.served import list_served_models
+
+    return {
+        spec.name: resolve_model_folder(spec.path, spec.key) for spec in list_served_models(cfg)
+    }
 
 
 def load_tokenizer(cfg: Config, path: str) -> Tokenizer:

@@ -8,6 +8,8 @@ from typing import Protocol
 
 import torch
 
+from rlframe.rollout.turns import ScoredTokens
+
 
 @dataclass(frozen=True)
 class SamplingSpec:
@@ -18,6 +20,11 @@ class SamplingSpec:
     """Generation ends after any of these tokens (the EOS), which is kept in the response."""
     max_tokens_per_row: tuple[int, ...] | None = None
     """Row i's own cap (a multi-turn episode's remaining budget); None: ``max_tokens`` for all."""
+    score_from: int | None = None
+    """A scoring request (:class:`~rlframe.rollout.turns.TurnRequest`): read the prompt's
+    log-probs from this position on (temperature 1), sample nothing that is used."""
+    top_k: int = 0
+    """With ``score_from``: the most likely tokens at each scored position too."""
 
     def max_tokens_at(self, row: int) -> int:
         return self.max_tokens if self.max_tokens_per_row is None else self.max_tokens_per_row[row]
@@ -40,6 +47,8 @@ class RolloutSample:
     them."""
     cached_tokens: int = -1
     """Prompt tokens the engine's prefix cache held (-1: the engine does not say)."""
+    scored: ScoredTokens | None = None
+    """A scoring request's reading of its prompt."""
 
 
 class RolloutEngine(Protocol):

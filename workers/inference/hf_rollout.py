@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
+from rlframe.rollout.turns import ScoredTokens
 from workers.inference.base import RolloutSample, SamplingSpec
 from workers.model_hooks.router_replay import RoutingRecorder
 from workers.model_hooks.weight_names import ModelSlots
@@ -73,6 +74,9 @@ class HFRollout:
         if not self.queued:
             return []
         request_id, prompt, seed, spec = self.queued.popleft()
+        if spec.score_from is not None:
+            scored = self.score(prompt, spec.score_from, spec.top_k)
+            return [(request_id, RolloutSample([], [], "length", None, -1, scored))]
         return [(request_id, self.generate_one(prompt, seed, spec))]
 
     def has_unfinished(self) -> bool:
@@ -114,9 +118,18 @@ class HFRollout:
     @torch.no_grad()
     def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:
         """Log-probs of ``ids[1:]`` given their prefixes (temperature 1): the sync probe."""
+        return self.score(ids, 1, 0).logprobs
+
+    @torch.no_grad()
+    def score(self, ids: list[int], start: int, top_k: int) -> ScoredTokens:
+        """Log-probs of ``ids[start:]`` given their prefixes (temperature 1), and the
+        ``top_k`` most likely tokens at each of those positions."""
         tokens = torch.tensor([ids], device=self.device)
-        logp = torch.log_softmax(self.model(input_ids=tokens).logits[0, :-1].float(), -1)
-        return logp.gather(1, tokens[0, 1:, None])[:, 0].tolist()
+        logits = self.model(input_ids=tokens).logits[0, start - 1 : -1].float()
+        logp = torch.log_softmax(logits, -1)
+        given = logp.gather(1, tokens[0, start:, None])[:, 0].tolist()
+        top = logp.topk(top_k, -1)
+        return ScoredTokens(given, top.indices.tolist(), top.values.tolist())
 
     def describe_weights(self) -> str:
         return "the weights loaded last"

@@ -21,6 +21,7 @@ import torch
 from rlframe.config import RolloutConfig
 from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.models.hf_config import has_vision_tower
+from rlframe.rollout.turns import ScoredTokens
 from workers.inference.base import RolloutSample, SamplingSpec
 from workers.inference.vllm_lora import AdapterSlot, build_lora_engine_args
 from workers.inference.vllm_moe import forget_moe_kernels
@@ -78,6 +79,8 @@ class VLLMRollout:
         """A vision-language model's image token (None for a text model)."""
         self.streamed: dict[str, list[int]] = {}
         """The prompt of each streamed request not finished yet, by request id."""
+        self.score_from: dict[str, tuple[int, int]] = {}
+        """The scoring requests among them: where scoring starts, and the top-k asked."""
 
     def generate(
         self,
@@ -111,6 +114,8 @@ class VLLMRollout:
         lora = self.lora_kwargs().get("lora_request")
         self.llm.llm_engine.add_request(request_id, token_prompt, params, lora_request=lora)
         self.streamed[request_id] = prompt
+        if spec.score_from is not None:
+            self.score_from[request_id] = (spec.score_from, spec.top_k)
 
     def step(self) -> list[tuple[str, RolloutSample]]:
         from vllm.outputs import RequestOutput
@@ -138,6 +143,7 @@ class VLLMRollout:
             logprobs=0,
             seed=seed,
             detokenize=False,
+            prompt_logprobs=None if spec.score_from is None else spec.top_k,
         )
 
     def read_sample(self, prompt: list[int], out: RequestOutput) -> RolloutSample:
@@ -149,7 +155,8 @@ class VLLMRollout:
         logprobs = [read_token_logprob(c.logprobs[i], t) for i, t in enumerate(ids)]
         routing = self.read_routed_experts(c, len(out.prompt_token_ids), len(ids))
         cached = out.num_cached_tokens if out.num_cached_tokens is not None else -1
-        return RolloutSample(ids, logprobs, c.finish_reason or "length", routing, cached)
+        scored = read_scored(prompt, out.prompt_logprobs, self.score_from.pop(out.request_id, None))
+        return RolloutSample(ids, logprobs, c.finish_reason or "length", routing, cached, scored)
 
     def read_routed_experts(
         self, completion: CompletionOutput, prompt_len: int, response_len: int
@@ -383,6 +390,31 @@ def is_mapped(path: str) -> bool:
         except OSError:  # gone meanwhile, or another user's process
             continue
     return False
+
+
+def read_scored(
+    prompt: list[int], given: Any, asked: tuple[int, int] | None
+) -> ScoredTokens | None:
+    """A scoring request's reading of ``prompt[start:]`` from vLLM's prompt log-probs (each
+    position holds the prompt token and the ``top_k`` most likely ones), or None when the
+    request was not a scoring one."""
+    if asked is None:
+        return None
+    start, top_k = asked
+    if given is None:
+        raise RuntimeError("vLLM returned no prompt log-probs for a scoring request")
+    logprobs, top_ids, top_logprobs = [], [], []
+    for t in range(start, len(prompt)):
+        position = given[t]
+        logprobs.append(read_token_logprob(position, prompt[t]))
+        assert position is not None  # read_token_logprob raised otherwise
+        # vLLM ranks each entry (1 = most likely); the prompt token is there whatever its rank.
+        ranked = sorted(
+            (p.rank, token, p.logprob) for token, p in position.items() if p.rank <= top_k
+        )
+        top_ids.append([token for _, token, _ in ranked])
+        top_logprobs.append([float(lp) for _, _, lp in ranked])
+    return ScoredTokens(logprobs, top_ids, top_logprobs)
 
 
 def read_token_logprob(position: dict[int, Any] | None, token: int) -> float:

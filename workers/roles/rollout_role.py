@@ -142,8 +142,11 @@ class RolloutRole:
                 temperature=self.cfg.rollout.temperature
                 if r.temperature is None
                 else r.temperature,
-                top_p=self.cfg.rollout.top_p,
+                # A scoring request reads the model's own distribution: no nucleus cut.
+                top_p=1.0 if r.score_from is not None else self.cfg.rollout.top_p,
                 stop_token_ids=r.stop_ids,
+                score_from=r.score_from,
+                top_k=r.top_k,
             )
             self.engine.add_request(r.request_id, r.context, r.seed, spec, list(r.images))
         finished: list[tuple[str, RolloutSample]] = []
@@ -161,6 +164,7 @@ class RolloutRole:
                 s.cached_tokens,
                 s.routed_experts,
                 self.rank,
+                s.scored,
             )
             for request_id, s in finished
         ]
