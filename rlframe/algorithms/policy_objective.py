@@ -54,6 +54,19 @@ class PolicyTerms:
     and by the mismatch weights)."""
     ref_logprobs: torch.Tensor | None = None
     """The reference policy's log-probs (read when ``kl_coef > 0``)."""
+    teacher_logprobs: torch.Tensor | None = None
+    """A distillation teacher's log-probs of the response tokens (read with a
+    :class:`DistillTerm`)."""
+
+
+@dataclass(frozen=True)
+class DistillTerm:
+    """On-policy distillation as a loss term: ``coef`` x KL(policy || teacher) on the sampled
+    tokens, by ``estimator`` (``k1`` or ``k3``, as the reference KL's), aggregated like the
+    policy loss (``distill.objective`` = k1 / k3)."""
+
+    coef: float
+    estimator: str
 
 
 @dataclass
@@ -102,12 +115,15 @@ def compute_correction_weights(
 
 
 def compose_policy_loss(
-    terms: PolicyTerms, cfg: AlgorithmConfig, policy_loss: PolicyLossFn | None = None
+    terms: PolicyTerms,
+    cfg: AlgorithmConfig,
+    policy_loss: PolicyLossFn | None = None,
+    distill: DistillTerm | None = None,
 ) -> ComposedLoss:
     """The micro-batch's loss: policy loss x correction weight, aggregated, minus
-    ``entropy_coef`` x entropy, plus ``kl_coef`` x KL(policy || reference), every term
-    aggregated the same way. ``policy_loss``: the registered ``algorithm.policy_loss`` (looked
-    up when None)."""
+    ``entropy_coef`` x entropy, plus ``kl_coef`` x KL(policy || reference) and, distilling,
+    ``distill.coef`` x KL(policy || teacher), every term aggregated the same way.
+    ``policy_loss``: the registered ``algorithm.policy_loss`` (looked up when None)."""
     loss_fn = policy_loss or POLICY_LOSSES.get(cfg.policy_loss)
     mask = terms.loss_mask
     old = select_old_logprobs(terms, cfg.off_policy_correction)
@@ -130,6 +146,11 @@ def compose_policy_loss(
         kl = compute_kl(terms.logprobs, ref, cfg.kl_estimator)
         loss = loss + cfg.kl_coef * aggregate(kl)
         metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
+    if distill is not None:
+        teacher = require_term(terms.teacher_logprobs, "teacher_logprobs", "distillation")
+        kl = compute_kl(terms.logprobs, teacher, distill.estimator)
+        loss = loss + distill.coef * aggregate(kl)
+        metrics["actor/distill_kl"] = float(masked_mean(kl.detach(), mask))
     for name, value in out.metrics.items():
         metrics[f"actor/{name}"] = float(masked_mean(value, mask))
     return ComposedLoss(loss, metrics, old.detach())

@@ -31,9 +31,11 @@ POLICY_UPDATE = (
     "old_logprobs",
     "rollout_logprobs",
     "ref_logprobs",
+    "teacher_logprobs",
 )
 """A policy update: the policy forward's keys, the advantages, and the log-probs the loss,
-the mismatch and off-policy corrections and the KL term read (each optional)."""
+the mismatch and off-policy corrections, the KL term and a distillation loss term read
+(each optional)."""
 
 VALUE_UPDATE = (*FORWARD, "values", "returns")
 """A critic update: the forward's keys, the old values and the returns."""

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 TINY_PREFIX = "tiny:"
 TINY_LORA_PREFIX = "tiny-lora:"
 TINY_MOE_PREFIX = "tiny-moe:"
+TINY_TEACHER_PREFIX = "tiny-teacher:"
+"""A tiny teacher for distillation (:mod:`rlframe.data.tiny_teacher`)."""
 TINY_MOE_FAMILY_PREFIX = "tiny-moe-"
 """``tiny-moe-<model_type>:<seed>``: another MoE family (:mod:`rlframe.data.tiny_moe_families`)."""
 MOE_EXPERTS = 8
@@ -66,7 +68,14 @@ TINY_VL_PREFIX = "tiny-vl:"
 
 def is_tiny_model(path: str) -> bool:
     return path.startswith(
-        (TINY_PREFIX, TINY_LORA_PREFIX, TINY_MOE_PREFIX, TINY_MOE_FAMILY_PREFIX, TINY_VL_PREFIX)
+        (
+            TINY_PREFIX,
+            TINY_LORA_PREFIX,
+            TINY_MOE_PREFIX,
+            TINY_MOE_FAMILY_PREFIX,
+            TINY_VL_PREFIX,
+            TINY_TEACHER_PREFIX,
+        )
     )
 
 
@@ -96,6 +105,17 @@ def resolve_model_path(path: str, cache_dir: Path | None = None, build: bool = T
             "tiny-qwen2-lora",
             [CHARACTERS, LORA_HEAD_SCALE],
             build_tiny_lora_model if build else None,
+            cache_dir,
+        )
+    if path.startswith(TINY_TEACHER_PREFIX):
+        from rlframe.data.tiny_teacher import TEACHER_KEY, build_tiny_teacher
+
+        return resolve_tiny_build(
+            path,
+            TINY_TEACHER_PREFIX,
+            "tiny-qwen2-teacher",
+            TEACHER_KEY,
+            build_tiny_teacher if build else None,
             cache_dir,
         )
     if not is_tiny_model(path):

@@ -28,6 +28,7 @@ from rlframe.config import Config
 from rlframe.controller.roles import ActorGroup, CriticGroup
 from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.core.sequence_layout import balance_rows
+from rlframe.distill import Distillation
 from rlframe.loop.step_metrics import collect_step_metrics
 from rlframe.loop.sync_check import SyncCheck
 from rlframe.loop.validation import Validator
@@ -53,6 +54,7 @@ class Trainer:
             :class:`rlframe.loop.sync_check.SyncCheck`).
         read_sync_check: each rollout rank's receiver check of the last sync (dicts, None
             where none ran), read after every sync.
+        distillation: the teachers' stage, check and objective (None: no distillation).
     """
 
     def __init__(
@@ -67,6 +69,7 @@ class Trainer:
         validator: Validator | None = None,
         sync_check: SyncCheck | None = None,
         read_sync_check: Callable[[], list[dict[str, Any] | None]] | None = None,
+        distillation: Distillation | None = None,
     ) -> None:
         self.cfg, self.actor, self.critic = cfg, actor, critic
         self.experience, self.sync_weights, self.tracker = experience, sync_weights, tracker
@@ -84,6 +87,7 @@ class Trainer:
         """The weights version the step's fresh tokens were scored with."""
         self.probes: list[dict[str, Any] | None] = []
         """The receiver checks of the step's sync."""
+        self.distillation = distillation
 
     def fit(self) -> list[dict[str, float]]:
         """Steps from the current one (0, or a resumed checkpoint's) to ``trainer.total_steps``;
@@ -99,6 +103,8 @@ class Trainer:
             self.probes = []
             metrics = self.step()
             broken = self.sync_check.judge(self.step_count, metrics, self.scored_with, self.probes)
+            if broken is None and self.distillation is not None:
+                broken = self.distillation.take_broken()
             if self.validator is not None and self.is_due(t.val_every):
                 metrics |= self.validator.run()
             self.tracker.log(self.step_count, metrics)
@@ -142,6 +148,10 @@ class Trainer:
             # gen, reward (and baseline): prompts -> rewarded responses, by the configured agent.
             batch, metrics = self.experience.next_batch()
             scored_with = self.scored_with = self.weights_version
+            if self.distillation is not None:
+                with timer("teacher"):
+                    batch, distilled = self.distillation.attach(batch, self.step_count)
+                metrics |= distilled
             batch = self.attach_old_logprobs(batch, timer)
             if self.use_ref:
                 with timer("ref"):
@@ -269,7 +279,10 @@ class Trainer:
             )
         )
         metrics |= {f"adv/{k}": v for k, v in out.metrics.items()}
-        return batch.with_tensors(advantages=out.advantages, returns=out.returns), metrics
+        advantages = out.advantages
+        if self.distillation is not None:
+            advantages = self.distillation.shape_advantages(advantages, batch)
+        return batch.with_tensors(advantages=advantages, returns=out.returns), metrics
 
     def log_rollouts(self, batch: Batch) -> None:
         keep = min(self.cfg.trainer.rollouts_to_log, len(batch))

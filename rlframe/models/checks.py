@@ -74,6 +74,8 @@ def check_vision(cfg: Config, model_path: str, config: Any) -> None:
         "critic.sequence_parallel_size": cfg.critic.sequence_parallel_size > 1,
         "critic.enable": cfg.critic.enable,
         "rollout.agent": cfg.rollout.agent == "openai",
+        # The teacher stage sends token ids alone; image rows would lose their images.
+        "distill.teacher": cfg.distill.enabled,
     }
     for key, used in unsupported.items():
         if used:

@@ -19,6 +19,7 @@ from rlframe.agent_server import pick_agent
 from rlframe.config import Config, Placement
 from rlframe.controller.cluster import describe_cluster, resolve_device
 from rlframe.data.loader import PromptLoader
+from rlframe.distill import Distillation
 from rlframe.loop.sync_check import SyncCheck
 from rlframe.loop.trainer import Trainer
 from rlframe.loop.validation import Validator
@@ -264,8 +265,19 @@ def build_loop(
         validator,
         SyncCheck.for_run(cfg, device),
         workers.read_sync_check,
+        build_distillation(cfg, workers, found, device),
     )
     return trainer, checkpointer
+
+
+def build_distillation(
+    cfg: Config, workers: Workers, found: WorkerInputs, device: str
+) -> Distillation | None:
+    """The teachers' stage, check and objective when ``distill`` names a teacher."""
+    if not cfg.distill.enabled:
+        return None
+    teachers = {name: m for name, m in workers.served.items() if name.startswith("teacher")}
+    return Distillation(cfg, teachers, found.served_paths, device)
 
 
 def build_checkpointer(

@@ -99,6 +99,24 @@ def check_model_before_ray(cfg: Config) -> None:
     config = read_config_json(path)
     if config is not None:
         run_model_checks(cfg, path, config)
+    check_teacher_vocab(cfg, path, build=False)
+
+
+def check_teacher_vocab(cfg: Config, student: str, build: bool) -> None:
+    """Every teacher shares the student's tokenizer (where both are local folders; tiny ones
+    are read once built: ``build``)."""
+    from rlframe.config.served import list_served_models
+    from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+    from rlframe.models.vocab import check_same_vocab
+
+    for spec in list_served_models(cfg):
+        if spec.section != "distill":
+            continue
+        try:
+            teacher = resolve_tiny_vl_path(spec.path, build=build)
+        except ValueError:
+            continue  # a malformed tiny id: resolving it names the key
+        check_same_vocab(student, teacher, spec.key)
 
 
 def check_worker_inputs(cfg: Config, resume_from: Path | None) -> WorkerInputs:
@@ -125,6 +143,7 @@ def check_driver_inputs(cfg: Config, found: WorkerInputs) -> RunInputs:
     # fields; here with transformers' config (what that could not read or derive).
     run_model_checks(cfg, model_path, read_model_config(model_path, cfg.model.trust_remote_code))
     check_lora_targets(cfg, model_path)
+    check_teacher_vocab(cfg, model_path, build=True)
     if found.resume_from is not None:
         check_resume_processor(model_path, found.resume_from)
     check_agent(cfg, tokenizer)

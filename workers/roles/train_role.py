@@ -28,6 +28,7 @@ from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.core.names import RouterReplay
 from rlframe.core.protocol import Batch, UpdateResult
 from rlframe.core.sequence_layout import SequenceLayout, build_layout
+from rlframe.distill.objectives import pick_distill_term
 from workers.model_hooks.router_logits import find_router_spec, record_router_logits
 from workers.model_hooks.vision import ImageEncoder, build_image_encoder
 from workers.sync.sync_probe import (
@@ -278,9 +279,11 @@ class TrainRole:
                 old_logprobs=read("old_logprobs"),
                 rollout_logprobs=read("rollout_logprobs"),
                 ref_logprobs=read("ref_logprobs"),
+                teacher_logprobs=read("teacher_logprobs"),
             ),
             cfg,
             self.policy_loss,
+            pick_distill_term(self.cfg.distill),
         )
         if own_logprobs is not None:
             own_logprobs[micro.tensor("row_index")] = composed.old_logprobs.cpu()
