@@ -222,6 +222,16 @@ def compute_kl_cov_loss(inputs: PolicyLossInputs) -> PolicyLossOutputs:
     return PolicyLossOutputs(token_loss, metrics)
 
 
+def compute_topk_forward_kl(student_top: torch.Tensor, teacher_top: torch.Tensor) -> torch.Tensor:
+    """[B, T] KL(teacher_k || student) at each position over the teacher's top K tokens:
+    ``sum_k q_k (log q_k - log p_k)`` with ``q`` the teacher's top-k distribution renormalised
+    (softmax of its K log-probs) and ``log p_k`` the student's full-vocabulary log-probs of
+    those K tokens (``student_top``, ``teacher_top``: [B, T, K]). Its gradient moves the
+    student's mass onto the teacher's likely tokens whether or not they were sampled (GKD)."""
+    q_log = torch.log_softmax(teacher_top.float(), -1)
+    return (q_log.exp() * (q_log - student_top)).sum(-1)
+
+
 def compute_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(policy || reference) from sampled tokens (Schulman's k1-k3).
 

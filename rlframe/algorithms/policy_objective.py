@@ -23,6 +23,7 @@ from rlframe.algorithms.losses import (
     PolicyLossInputs,
     aggregate_loss,
     compute_kl,
+    compute_topk_forward_kl,
     masked_mean,
 )
 from rlframe.algorithms.mismatch import compute_mismatch_weights, is_mismatch_correction_on
@@ -57,13 +58,22 @@ class PolicyTerms:
     teacher_logprobs: torch.Tensor | None = None
     """A distillation teacher's log-probs of the response tokens (read with a
     :class:`DistillTerm`)."""
+    teacher_top_logprobs: torch.Tensor | None = None
+    """[B, T, K] the teacher's top-k log-probs at each position (``topk_forward_kl``)."""
+    student_top_logprobs: torch.Tensor | None = None
+    """[B, T, K] the policy's log-probs of those K ids, with their gradient."""
+
+
+TOPK_FORWARD_KL = "topk_forward_kl"
+"""The :class:`DistillTerm` estimator over the teacher's top-k (GKD)."""
 
 
 @dataclass(frozen=True)
 class DistillTerm:
-    """On-policy distillation as a loss term: ``coef`` x KL(policy || teacher) on the sampled
-    tokens, by ``estimator`` (``k1`` or ``k3``, as the reference KL's), aggregated like the
-    policy loss (``distill.objective`` = k1 / k3)."""
+    """On-policy distillation as a loss term, aggregated like the policy loss: ``coef`` x
+    KL(policy || teacher) on the sampled tokens by ``estimator`` ``k1`` or ``k3`` (as the
+    reference KL's), or x KL(teacher's top-k || policy) at each position
+    (``topk_forward_kl``)."""
 
     coef: float
     estimator: str
@@ -147,8 +157,14 @@ def compose_policy_loss(
         loss = loss + cfg.kl_coef * aggregate(kl)
         metrics["actor/kl"] = float(masked_mean(kl.detach(), mask))
     if distill is not None:
-        teacher = require_term(terms.teacher_logprobs, "teacher_logprobs", "distillation")
-        kl = compute_kl(terms.logprobs, teacher, distill.estimator)
+        if distill.estimator == TOPK_FORWARD_KL:
+            kl = compute_topk_forward_kl(
+                require_term(terms.student_top_logprobs, "student_top_logprobs", "top-k KL"),
+                require_term(terms.teacher_top_logprobs, "teacher_top_logprobs", "top-k KL"),
+            )
+        else:
+            teacher = require_term(terms.teacher_logprobs, "teacher_logprobs", "distillation")
+            kl = compute_kl(terms.logprobs, teacher, distill.estimator)
         loss = loss + distill.coef * aggregate(kl)
         metrics["actor/distill_kl"] = float(masked_mean(kl.detach(), mask))
     for name, value in out.metrics.items():

@@ -78,12 +78,6 @@ class DistillConfig(ServedModelConfig):
             f"must be a finite number >= 0 (0: pure distillation), got {self.task_weight}",
         )
         require(
-            self.objective is not DistillObjective.topk_forward_kl,
-            "distill.objective",
-            "topk_forward_kl is not built yet (the update computes the student's log-probs of "
-            "the sampled tokens only, not of the teacher's top-k): use advantage, k1 or k3",
-        )
-        require(
             1 <= self.top_k <= MAX_TOP_K,
             "distill.top_k",
             f"must be in 1..{MAX_TOP_K} (the engines return at most {MAX_TOP_K} log-probs a "

@@ -75,6 +75,13 @@ class Config:
         check_expert_parallel_setup(self)
         if self.distill.enabled:
             check_served(self.distill, "distill", self.trainer)
+            require(
+                self.distill.objective.value != "topk_forward_kl"
+                or self.actor.sequence_parallel_size == 1,
+                "distill.objective",
+                "topk_forward_kl does not work with sequence parallelism yet "
+                "(actor.sequence_parallel_size > 1): use advantage, k1 or k3",
+            )
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",

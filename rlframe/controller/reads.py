@@ -32,6 +32,8 @@ POLICY_UPDATE = (
     "rollout_logprobs",
     "ref_logprobs",
     "teacher_logprobs",
+    "teacher_top_ids",
+    "teacher_top_logprobs",
 )
 """A policy update: the policy forward's keys, the advantages, and the log-probs the loss,
 the mismatch and off-policy corrections, the KL term and a distillation loss term read

@@ -81,10 +81,14 @@ class SequenceLayout:
         return self.routed_experts.flatten(0, 1)
 
     def to_grid(self, values: torch.Tensor) -> torch.Tensor:
-        """[N] per selected token -> [B, R] with 0 elsewhere (differentiable)."""
+        """[N, ...] per selected token -> [B, R, ...] with 0 elsewhere (differentiable)."""
         rows, width = self.grid_shape
-        grid = values.new_zeros(rows * width)
-        return grid.index_put((self.grid_index,), values).view(rows, width)
+        grid = values.new_zeros(rows * width, *values.shape[1:])
+        return grid.index_put((self.grid_index,), values).view(rows, width, *values.shape[1:])
+
+    def from_grid(self, grid: torch.Tensor) -> torch.Tensor:
+        """[B, R, ...] on the response grid -> [N, ...] at the selected tokens, in order."""
+        return grid.flatten(0, 1).index_select(0, self.grid_index.to(grid.device))
 
     def to(self, device: str | torch.device) -> SequenceLayout:
         def move(optional: torch.Tensor | None) -> torch.Tensor | None:

@@ -25,8 +25,8 @@ def add_distill_advantage(
 
 
 def pick_distill_term(d: DistillConfig) -> DistillTerm | None:
-    """The loss term of ``distill.objective`` = k1 / k3 (None: no term, no distillation or
-    the advantage objective)."""
-    if not d.enabled or d.objective not in (DistillObjective.k1, DistillObjective.k3):
+    """The loss term of ``distill.objective`` = k1, k3 or topk_forward_kl (None: no
+    distillation, or the advantage objective)."""
+    if not d.enabled or d.objective is DistillObjective.advantage:
         return None
     return DistillTerm(d.coef, d.objective.value)

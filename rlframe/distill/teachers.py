@@ -112,7 +112,8 @@ class TeacherStage:
     ) -> TeacherReading:
         logprobs = torch.zeros(shape)
         top_ids = torch.zeros((*shape, self.top_k), dtype=torch.long) if self.top_k else None
-        top_logprobs = torch.full((*shape, self.top_k), -torch.inf) if self.top_k else None
+        # 0 past a response: finite, so the masked positions' top-k KL stays finite.
+        top_logprobs = torch.zeros((*shape, self.top_k)) if self.top_k else None
         for i, result in enumerate(results):
             if result is None:
                 continue

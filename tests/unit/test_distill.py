@@ -91,9 +91,16 @@ def test_a_rows_sequence_is_its_unpadded_prompt_and_whole_response() -> None:
         (["distill.teacher=tiny:1", "distill.coef=0"], "distill.coef", "> 0"),
         (["distill.teacher=tiny:1", "distill.task_weight=-1"], "distill.task_weight", ">= 0"),
         (
-            ["distill.teacher=tiny:1", "distill.objective=topk_forward_kl"],
+            [
+                "distill.teacher=tiny:1",
+                "distill.objective=topk_forward_kl",
+                "actor.sequence_parallel_size=2",
+                "trainer.procs_per_node=2",
+                "trainer.cpus_per_proc=1",
+                "actor.micro_batch_size=64",
+            ],
             "distill.objective",
-            "not built yet",
+            "sequence parallelism",
         ),
         (["distill.teacher=tiny:1", "distill.top_k=21"], "distill.top_k", "1..20"),
         (
@@ -141,3 +148,43 @@ def test_a_teacher_with_another_tokenizer_is_refused(tmp_path: Path) -> None:
     check_same_vocab(str(ours), str(same), "distill.teacher")
     with pytest.raises(ConfigError, match="distill.teachers.x: .*tokenizer differs"):
         check_same_vocab(str(ours), str(other), "distill.teachers.x")
+
+
+def test_topk_forward_kl_by_hand_and_its_gradient_reaches_unsampled_tokens() -> None:
+    """Teacher top-2 log-probs [log .75, log .25] (already a distribution); student log-probs
+    of those ids [log .5, log .25]: KL = .75 ln(.75/.5) + .25 ln(.25/.25) = .75 ln 1.5. The
+    gradient on the student's top-k log-probs is -q: [-.75, -.25] (divided by the tokens)."""
+    import math
+
+    from rlframe.algorithms.losses import compute_topk_forward_kl
+
+    teacher = torch.tensor([[[math.log(0.75), math.log(0.25)]]])
+    student = torch.tensor([[[math.log(0.5), math.log(0.25)]]], requires_grad=True)
+    kl = compute_topk_forward_kl(student, teacher)
+    assert kl.item() == pytest.approx(0.75 * math.log(1.5), abs=1e-6)
+    kl.sum().backward()
+    assert student.grad is not None
+    torch.testing.assert_close(student.grad, torch.tensor([[[-0.75, -0.25]]]))
+
+
+def test_chunked_logprobs_of_k_ids_a_position_match_plain_autograd() -> None:
+    """[N, K] targets through the chunked head (recomputed in backward): values and the
+    gradients of hidden states and head equal those of the full [N, V] softmax."""
+    from workers.training.token_logprobs import compute_token_logprobs
+
+    torch.manual_seed(0)
+    hidden = torch.randn(7, 16, dtype=torch.float32, requires_grad=True)
+    weight = torch.randn(11, 16, dtype=torch.float32, requires_grad=True)
+    targets = torch.randint(11, (7, 3))
+    targets[0] = torch.tensor([4, 4, 2])  # a repeated id: its gradients add up
+    weights = torch.randn(7, 3, dtype=torch.float32)
+    chunked = compute_token_logprobs(hidden, weight, targets, 1.0, chunk=3, with_entropy=False)
+    (chunked.logprobs * weights).sum().backward()
+    grads = hidden.grad, weight.grad
+    hidden.grad = weight.grad = None
+    full = torch.log_softmax(hidden @ weight.t(), -1).gather(-1, targets)
+    (full * weights).sum().backward()
+    # fp32 both ways: equal to rounding (a dropped or misplaced id is off by ~1).
+    torch.testing.assert_close(chunked.logprobs, full.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(grads[0], hidden.grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(grads[1], weight.grad, rtol=1e-4, atol=1e-5)

@@ -20,7 +20,11 @@ from torch import nn
 
 from rlframe.algorithms.losses import POLICY_LOSSES, LossScale
 from rlframe.algorithms.off_policy import OldLogprobs, pick_old_logprobs
-from rlframe.algorithms.policy_objective import PolicyTerms, compose_policy_loss
+from rlframe.algorithms.policy_objective import (
+    TOPK_FORWARD_KL,
+    PolicyTerms,
+    compose_policy_loss,
+)
 from rlframe.algorithms.router import compute_load_balancing_loss, summarize_routing
 from rlframe.config import ActorConfig, Config
 from rlframe.config.agent import compute_response_width
@@ -254,6 +258,13 @@ class TrainRole:
         own_logprobs: torch.Tensor | None,
     ) -> dict[str, float]:
         cfg, a = self.cfg.algorithm, self.cfg.actor
+        distill = pick_distill_term(self.cfg.distill)
+        # The top-k objective reads the policy's log-probs of the teacher's top-k ids too.
+        top_ids = (
+            layout.from_grid(micro.tensor("teacher_top_ids"))
+            if distill is not None and distill.estimator == TOPK_FORWARD_KL
+            else None
+        )
         with self.recording_routers() as router_logits:
             token = self.actor.compute_token_logprobs(
                 layout,
@@ -261,6 +272,7 @@ class TrainRole:
                 a.logprob_chunk_size,
                 with_entropy=True,
                 entropy_grad=cfg.entropy_coef > 0,
+                extra_ids=top_ids,
             )
 
         if token.entropy is None:  # asked for above: the loss's entropy term and metric
@@ -280,10 +292,12 @@ class TrainRole:
                 rollout_logprobs=read("rollout_logprobs"),
                 ref_logprobs=read("ref_logprobs"),
                 teacher_logprobs=read("teacher_logprobs"),
+                teacher_top_logprobs=read("teacher_top_logprobs"),
+                student_top_logprobs=None if token.extra is None else layout.to_grid(token.extra),
             ),
             cfg,
             self.policy_loss,
-            pick_distill_term(self.cfg.distill),
+            distill,
         )
         if own_logprobs is not None:
             own_logprobs[micro.tensor("row_index")] = composed.old_logprobs.cpu()

@@ -121,6 +121,7 @@ class FSDPEngine:
         chunk: int,
         with_entropy: bool,
         entropy_grad: bool = False,
+        extra_ids: torch.Tensor | None = None,
     ) -> TokenLogprobs:
         """Log-probs (and entropy) of the layout's selected tokens
         (see :func:`compute_layout_logprobs`), routed as the layout says under router replay."""
@@ -133,6 +134,7 @@ class FSDPEngine:
                 with_entropy,
                 entropy_grad,
                 self.sp,
+                extra_ids,
             )
 
     def replaying(self, layout: SequenceLayout) -> AbstractContextManager[None]:

@@ -116,23 +116,32 @@ def compute_layout_logprobs(
     with_entropy: bool,
     entropy_grad: bool = False,
     sp: SequenceParallel | None = None,
+    extra_ids: torch.Tensor | None = None,
 ) -> TokenLogprobs:
     """[N] log-probs (and entropy) of a causal LM's selected tokens from its final hidden
     states: ``chunk`` tokens through the LM head at a time (0: all at once), all inside the
     root module's forward. Works on a plain HF model as well as on an FSDP2 root. Under
-    sequence parallelism each rank of the group projects its own tokens only."""
+    sequence parallelism each rank of the group projects its own tokens only.
+    ``extra_ids`` [N, K]: also the log-probs of these ids at each selected token's position
+    (``extra``; the same projection, not sharded by sequence parallelism)."""
+    if extra_ids is not None and sp is not None:
+        raise NotImplementedError("extra ids under sequence parallelism")
 
-    def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward() -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         hidden, targets, gather = compute_own_hidden(model, layout, sp)
+        if extra_ids is not None:
+            targets = torch.cat([targets.unsqueeze(-1), extra_ids.to(targets.device)], -1)
         head = model.get_output_embeddings().weight
         out = compute_token_logprobs(
             hidden, head, targets, temperature, chunk, with_entropy, entropy_grad
         )
         entropy = None if out.entropy is None else gather(out.entropy)
-        return gather(out.logprobs), entropy
+        if extra_ids is None:
+            return gather(out.logprobs), entropy, None
+        return out.logprobs[:, 0], entropy, out.logprobs[:, 1:]
 
-    logprobs, entropy = run_as_root_forward(model, forward)
-    return TokenLogprobs(logprobs, entropy)
+    logprobs, entropy, extra = run_as_root_forward(model, forward)
+    return TokenLogprobs(logprobs, entropy, extra)
 
 
 def run_sharded_forward(model: nn.Module, shard: ShardedLayout) -> Any:

@@ -22,9 +22,19 @@ import torch
 @dataclass
 class TokenLogprobs:
     logprobs: torch.Tensor
-    """[N] log p(token) under softmax(logits / temperature), fp32."""
+    """[N] log p(token) under softmax(logits / temperature), fp32 ([N, K] for [N, K]
+    targets: the log-probs of K ids at each position)."""
     entropy: torch.Tensor | None
     """[N] entropy of that distribution, fp32; None when it was not asked for."""
+    extra: torch.Tensor | None = None
+    """[N, K] log-probs of other ids at each position (a teacher's top-k), when asked for."""
+
+
+def gather_targets(logp: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[n] values of ``logp`` [n, V] at ``targets`` [n], or [n, K] at ``targets`` [n, K]."""
+    if targets.dim() == 1:
+        return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp.gather(-1, targets)
 
 
 def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -46,7 +56,7 @@ def compute_logprobs_unchunked(
     intermediates are not kept for a backward pass that never uses them."""
     logits = scale_logits(hidden @ weight.t(), temperature)
     lse = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    logprobs = gather_targets(logits, targets) - (lse if targets.dim() == 1 else lse[:, None])
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
@@ -58,10 +68,11 @@ def compute_logprobs_unchunked(
 def project_chunk(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One chunk's (log-softmax [n, V], probabilities [n, V], target log-probs [n])."""
+    """One chunk's (log-softmax [n, V], probabilities [n, V], target log-probs [n] or
+    [n, K])."""
     logp = scale_logits(hidden @ weight.t(), temperature)
     logp -= torch.logsumexp(logp, dim=-1, keepdim=True)
-    return logp, logp.exp(), logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return logp, logp.exp(), gather_targets(logp, targets)
 
 
 def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -75,7 +86,8 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     ``chunk`` tokens at a time; backward recomputes each chunk's softmax.
 
     With z the tempered logits of a token, p = softmax(z), y its target and H its entropy:
-    d log p_y / dz = onehot(y) - p and dH / dz = -p * (log p + H).
+    d log p_y / dz = onehot(y) - p and dH / dz = -p * (log p + H). Targets [N, K] (K ids per
+    position) give [N, K] log-probs; their gradients add up.
     """
 
     @staticmethod
@@ -114,21 +126,24 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             g = (
                 grad_logprobs[start:end].float()
                 if grad_logprobs is not None
-                else p.new_zeros(p.shape[0])
+                else p.new_zeros(y.shape)
             )
-            # dL/dz = onehot(y) * g - p * c, with c = g + g_H * (log p + H).
+            # One column per target: [n, 1] for [n] targets, [n, K] for K ids a position.
+            g2, y2 = (g.unsqueeze(-1), y.unsqueeze(-1)) if y.dim() == 1 else (g, y)
+            # dL/dz = sum_k onehot(y_k) * g_k - p * c, with c = sum_k g_k + g_H * (log p + H).
+            g_sum = g2.sum(-1, keepdim=True)
             if grad_entropy is not None:
                 entropy = -row_dot(p, logp)
                 coef = logp.add_(entropy.unsqueeze(-1)).mul_(
                     grad_entropy[start:end].float().unsqueeze(-1)
                 )
-                coef.add_(g.unsqueeze(-1))
+                coef.add_(g_sum)
             else:
-                coef = g.unsqueeze(-1)
+                coef = g_sum
             del logp
             grad_z = p.mul_(coef).neg_()
             del coef
-            grad_z.scatter_add_(-1, y.unsqueeze(-1), g.unsqueeze(-1))
+            grad_z.scatter_add_(-1, y2, g2)
             if ctx.temperature > 0 and ctx.temperature != 1.0:
                 grad_z.div_(ctx.temperature)
             if grad_hidden is not None:
