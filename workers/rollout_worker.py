@@ -1,5 +1,5 @@
 """The rollout worker of a separate placement: the rollout role alone. It also serves the
-frozen models of a run (teachers, judges: :mod:`rlframe.run.served`), never synced.
+frozen models of a run (teachers, judges: :mod:`rlframe.rollout.served`), never synced.
 
 It receives the trainer's weights over the weight group both pools join
 (``init_weight_group``) and stamps every row it generates with the version they carried.

@@ -11,15 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from rlframe.config.checks import require, require_positive
 from rlframe.config.placement import PoolShape
 from rlframe.config.rollout import RolloutEngineName
 from rlframe.config.sections import TrainerConfig
-
-if TYPE_CHECKING:
-    from rlframe.config.schema import Config
 
 MAX_TOP_K = 20
 """The most top-k log-probs one position may return (vLLM's default ``max_logprobs``)."""
@@ -100,37 +96,3 @@ def served_pool(served: ServedModelConfig, section: str, trainer: TrainerConfig)
     if served.placement is ServedPlacement.colocated:
         return PoolShape("trainer", trainer.nnodes, trainer.procs_per_node, trainer.cpus_per_proc)
     return PoolShape(section, served.nnodes, served.procs_per_node, served.cpus_per_proc)
-
-
-@dataclass(frozen=True)
-class ServedSpec:
-    """One frozen model the run serves."""
-
-    name: str
-    """Its name in metrics and errors (``teacher``, ``teacher/math``, ``judge``)."""
-    path: str
-    """Its folder, hub id or tiny-model id, as configured."""
-    section: str
-    """The config section that asked for it (its serving keys' prefix)."""
-    key: str
-    """The key that holds ``path`` (named in errors)."""
-    serving: ServedModelConfig
-
-    @property
-    def pool(self) -> PoolShape | None:
-        """Its own pool's shape (placement=separate), or None on the trainer's bundles."""
-        s = self.serving
-        if s.placement is ServedPlacement.colocated:
-            return None
-        return PoolShape(self.section, s.nnodes, s.procs_per_node, s.cpus_per_proc)
-
-
-def list_served_models(cfg: Config) -> list[ServedSpec]:
-    """Every frozen model the config serves: the teachers of ``distill``."""
-    d = cfg.distill
-    specs = [ServedSpec("teacher", d.teacher, "distill", "distill.teacher", d)] if d.teacher else []
-    specs += [
-        ServedSpec(f"teacher/{k}", path, "distill", f"distill.teachers.{k}", d)
-        for k, path in d.teachers.items()
-    ]
-    return specs

@@ -107,17 +107,6 @@ def resolve_model_path(path: str, cache_dir: Path | None = None, build: bool = T
             build_tiny_lora_model if build else None,
             cache_dir,
         )
-    if path.startswith(TINY_TEACHER_PREFIX):
-        from rlframe.data.tiny_teacher import TEACHER_KEY, build_tiny_teacher
-
-        return resolve_tiny_build(
-            path,
-            TINY_TEACHER_PREFIX,
-            "tiny-qwen2-teacher",
-            TEACHER_KEY,
-            build_tiny_teacher if build else None,
-            cache_dir,
-        )
     if not is_tiny_model(path):
         return path
     return resolve_tiny_build(

@@ -12,7 +12,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from rlframe.data.tiny_model import CHARACTERS, TinyModelSpec
+from rlframe.data.tiny_model import (
+    CHARACTERS,
+    TINY_TEACHER_PREFIX,
+    TinyModelSpec,
+    resolve_tiny_build,
+)
 
 TEACHER_TASKS = ("arithmetic",)
 """The synthetic tasks the teacher learns (every prompt of each, with its answer)."""
@@ -72,3 +77,16 @@ def pad_pairs(rows: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[obj
 
 TEACHER_KEY = [CHARACTERS, TEACHER_TASKS, TEACHER_STEPS, TEACHER_LR, TEACHER_BATCH]
 """What the cached folder's name hashes beside the spec: a change builds a new teacher."""
+
+
+def resolve_tiny_teacher(path: str, cache_dir: Path | None = None, build: bool = True) -> str:
+    """The cached folder of ``tiny-teacher:<seed>`` (built on first use; ``build=False``:
+    the folder, built or not)."""
+    return resolve_tiny_build(
+        path,
+        TINY_TEACHER_PREFIX,
+        "tiny-qwen2-teacher",
+        TEACHER_KEY,
+        build_tiny_teacher if build else None,
+        cache_dir,
+    )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, cast
 from rlframe.data.tiny_model import (
     CHARACTERS,
     TINY_MOE_FAMILY_PREFIX,
+    TINY_TEACHER_PREFIX,
     TINY_VL_PREFIX,
     TinyModelSpec,
     build_tiny_tokenizer,
@@ -23,6 +24,7 @@ from rlframe.data.tiny_model import (
     save_model_atomically,
 )
 from rlframe.data.tiny_moe_families import resolve_tiny_moe_family
+from rlframe.data.tiny_teacher import resolve_tiny_teacher
 
 if TYPE_CHECKING:
     from transformers import (
@@ -167,6 +169,8 @@ def resolve_tiny_vl_path(path: str, cache_dir: Path | None = None, build: bool =
     ``model.path`` here."""
     if path.startswith(TINY_MOE_FAMILY_PREFIX):
         return resolve_tiny_moe_family(path, cache_dir, build)
+    if path.startswith(TINY_TEACHER_PREFIX):
+        return resolve_tiny_teacher(path, cache_dir, build)
     if not path.startswith(TINY_VL_PREFIX):
         return resolve_model_path(path, cache_dir, build)
     return resolve_tiny_build(

@@ -22,7 +22,7 @@ from rlframe.core.protocol import Batch
 from rlframe.rollout.turns import TurnResult, build_score_request
 
 if TYPE_CHECKING:
-    from rlframe.run.served import ServedModel
+    from rlframe.rollout.served import ServedModel
 
 TEACHER_LOGPROBS = "teacher_logprobs"
 TEACHER_TOP_IDS = "teacher_top_ids"

@@ -28,7 +28,7 @@ from rlframe.config import Config
 from rlframe.controller.roles import ActorGroup, CriticGroup
 from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.core.sequence_layout import balance_rows
-from rlframe.distill import Distillation
+from rlframe.loop.distillation import Distillation
 from rlframe.loop.step_metrics import collect_step_metrics
 from rlframe.loop.sync_check import SyncCheck
 from rlframe.loop.validation import Validator

@@ -19,7 +19,7 @@ from rlframe.agent_server import pick_agent
 from rlframe.config import Config, Placement
 from rlframe.controller.cluster import describe_cluster, resolve_device
 from rlframe.data.loader import PromptLoader
-from rlframe.distill import Distillation
+from rlframe.loop.distillation import Distillation
 from rlframe.loop.sync_check import SyncCheck
 from rlframe.loop.trainer import Trainer
 from rlframe.loop.validation import Validator

@@ -25,7 +25,7 @@ from rlframe.config.placement import (
     rollout_pool,
     trainer_pool,
 )
-from rlframe.config.served import ServedSpec, list_served_models
+from rlframe.config.served_models import ServedSpec, list_served_models
 from rlframe.controller import roles
 from rlframe.controller.placement import ResourcePool
 from rlframe.controller.weight_group import WeightGroupSpec
@@ -34,7 +34,7 @@ from rlframe.core.protocol import Batch
 from rlframe.core.registry import load_class
 from rlframe.observability import startup
 from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
-from rlframe.run.served import (
+from rlframe.rollout.served import (
     SERVED_WORKER_CLS,
     ServedModel,
     connect_served,

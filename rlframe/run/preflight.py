@@ -105,7 +105,7 @@ def check_model_before_ray(cfg: Config) -> None:
 def check_teacher_vocab(cfg: Config, student: str, build: bool) -> None:
     """Every teacher shares the student's tokenizer (where both are local folders; tiny ones
     are read once built: ``build``)."""
-    from rlframe.config.served import list_served_models
+    from rlframe.config.served_models import list_served_models
     from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
     from rlframe.models.vocab import check_same_vocab
 
@@ -285,7 +285,7 @@ def check_local_pools(cfg: Config) -> None:
     """When this run starts its own one-machine Ray: the worker pools fit the machine (its
     CPUs, and its GPUs when the run will train on them)."""
     from rlframe.config.placement import check_pools_fit, check_pools_gpus
-    from rlframe.config.served import list_served_models
+    from rlframe.config.served_models import list_served_models
 
     if not will_start_local_ray(cfg.ray):
         return
@@ -338,7 +338,7 @@ def resolve_model_folder(configured: str, key: str) -> str:
 
 def resolve_served_models(cfg: Config) -> dict[str, str]:
     """Each served model's folder (teachers, judges; tiny ones built), by name."""
-    from rlframe.config.served import list_served_models
+    from rlframe.config.served_models import list_served_models
 
     return {
         spec.name: resolve_model_folder(spec.path, spec.key) for spec in list_served_models(cfg)

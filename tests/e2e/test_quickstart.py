@@ -5,11 +5,13 @@ some algorithms run."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, deterministic, mean_reward_gain, run_recipe
+from tests.harness import REPO, RunResult, deterministic, mean_reward_gain, run_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("ray_cluster")]
 
@@ -33,16 +35,73 @@ CRITIC = ["critic/value_loss", "critic/grad_norm", "critic/vf_clipfrac", "critic
 ACTOR_WAIT_STEPS = 2  # steps in which ppo_tiny's actor waits for the critic
 
 
-@pytest.mark.parametrize("recipe", ["grpo_tiny", "ppo_tiny"])
-def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
-    """The default tier's learning proofs of lockstep GRPO and of PPO with a critic: the
-    whole 150-step recipes, since learning is the claim (PPO over 120 s: a critic update and
-    a value pass a step)."""
+def test_ppo_recipe_learns(tmp_path: Path) -> None:
+    """The default tier's learning proof of PPO with a critic: the whole 150-step recipe,
+    since learning is the claim (over 120 s: a critic update and a value pass a step)."""
+    run = run_recipe(
+        tmp_path / "run", f"critic.actor_wait_steps={ACTOR_WAIT_STEPS}", recipe="ppo_tiny"
+    )
+    check_tiny_recipe_learned(run, "ppo_tiny", tmp_path / "run")
+
+
+def test_quickstart_learns_and_its_export_teaches_a_student(tmp_path: Path) -> None:
+    """The default tier's learning proofs of lockstep GRPO (the README's quickstart, whole)
+    and of on-policy distillation from it: the quickstart's policy, exported with
+    ``rlframe.export``, is the teacher of a fresh ``tiny:0`` (``distill_tiny``, 30 steps).
+    The quickstart's own first 30 steps are GRPO from scratch on the same student, seed and
+    prompts; its last 5 steps' reward is the teacher's (the exported policy's)."""
+    run = run_recipe(tmp_path / "run", "trainer.save_every=150")
+    check_tiny_recipe_learned(run, "grpo_tiny", tmp_path / "run")
+    teacher = tmp_path / "teacher"
+    subprocess.run(
+        [sys.executable, "-m", "rlframe.export", str(tmp_path / "run"), str(teacher)],
+        check=True,
+        capture_output=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    student = run_recipe(
+        tmp_path / "student", f"distill.teacher={teacher}", *DISTILL, recipe="distill_tiny"
+    ).metrics
+    check_distillation_learned(student, run.metrics)
+
+
+DISTILL = ["distill.objective=topk_forward_kl", "actor.lr=3e-3"]
+"""The student's objective in the learning proof (``distill_tiny`` otherwise as is)."""
+
+
+def check_distillation_learned(student: list[dict], grpo: list[dict]) -> None:
+    """Within 30 steps: at least 0.6x the teacher's reward and 3x GRPO's from scratch (both
+    over steps 26-30), ``distill/reverse_kl`` halved (first 5 -> last 5), the rollout and
+    the served teacher in step with the trainer and the teacher's folder (fp32)."""
+    assert len(student) == 30
+    reward = sum(m["reward/mean"] for m in student[25:30]) / 5
+    teacher = sum(m["reward/mean"] for m in grpo[-5:]) / 5
+    scratch = sum(m["reward/mean"] for m in grpo[25:30]) / 5
+    kl = [m["distill/reverse_kl"] for m in student]
+    first_kl, last_kl = sum(kl[:5]) / 5, sum(kl[-5:]) / 5
+    worst_gap = max(m["rollout/logprob_diff"] for m in student)
+    worst_teacher = max(m["distill/teacher_logprob_diff"] for m in student)
+    print(
+        f"distillation: student reward (steps 26-30) {reward:.3f} = "
+        f"{reward / teacher:.2f}x the teacher's {teacher:.3f}, "
+        f"{reward / max(scratch, 1e-9):.1f}x GRPO from scratch {scratch:.3f}; "
+        f"reverse KL {first_kl:.3f} -> {last_kl:.3f}; max lp_diff {worst_gap:.2e}, "
+        f"max teacher_logprob_diff {worst_teacher:.2e}"
+    )
+    assert reward >= 0.6 * teacher
+    assert reward >= 3 * scratch
+    assert last_kl <= 0.5 * first_kl
+    assert worst_gap < 1e-4
+    assert worst_teacher < 1e-3
+    assert all(m["timing_s/teacher"] > 0 for m in student)
+
+
+def check_tiny_recipe_learned(run: RunResult, recipe: str, run_dir: Path) -> None:
+    """Every step logged its metrics (the critic's with PPO), the actor trained and synced
+    from the step the critic's warm-up ends, the reward rose by 0.2 and the sync held."""
     ppo = recipe == "ppo_tiny"
     wait = ACTOR_WAIT_STEPS if ppo else 0
-    run = run_recipe(
-        tmp_path / "run", *([f"critic.actor_wait_steps={wait}"] if ppo else []), recipe=recipe
-    )
     metrics = run.metrics
     for m in metrics:
         for key in REQUIRED + (CRITIC if ppo else []):
@@ -52,7 +111,7 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
         updated = m["step"] > wait
         assert all((key in m) == updated for key in ACTOR_UPDATE), m
         assert m["rollout/weights_version"] == max(0, m["step"] - 1 - wait)
-    assert (tmp_path / "run" / "rollouts.jsonl").stat().st_size > 0
+    assert (run_dir / "rollouts.jsonl").stat().st_size > 0
     first, last = mean_reward_gain(metrics)
     worst_gap = max(m["rollout/logprob_diff"] for m in metrics)
     seconds = sum(m["timing_s/step"] for m in metrics)
@@ -64,7 +123,7 @@ def test_tiny_recipe_learns(tmp_path: Path, recipe: str) -> None:
     assert last - first >= 0.2
     # fp32 on CPU: a healthy sync is within ~1e-6; a stale one is off by 1e-2 and more.
     assert worst_gap < 1e-4
-    check_startup_and_closing_lines(run.stdout, metrics, tmp_path / "run", ppo)
+    check_startup_and_closing_lines(run.stdout, metrics, run_dir, ppo)
 
 
 def check_startup_and_closing_lines(

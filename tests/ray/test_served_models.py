@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from rlframe.config import Config
-from rlframe.config.served import ServedModelConfig, ServedPlacement, ServedSpec
+from rlframe.config.served import ServedModelConfig, ServedPlacement
+from rlframe.config.served_models import ServedSpec
+from rlframe.rollout.served import connect_served, derive_served_config
 from rlframe.rollout.turns import TurnRequest, TurnResult, build_score_request
-from rlframe.run.served import connect_served, derive_served_config
 from tests.ray.factories import TinyGroups, tiny_config
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]

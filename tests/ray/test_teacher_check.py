@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from rlframe.config.distill import DistillConfig
-from rlframe.config.served import ServedSpec
+from rlframe.config.served_models import ServedSpec
 from rlframe.core.protocol import Batch
-from rlframe.data.tiny_model import resolve_model_path
-from rlframe.distill.alignment import BrokenTeacherError, TeacherCheck
+from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+from rlframe.distill.alignment import TeacherCheck
 from rlframe.distill.teachers import TeacherReading, TeacherStage, measure_reading
-from rlframe.run.served import ServedModel, connect_served, derive_served_config
+from rlframe.rollout.served import ServedModel, connect_served, derive_served_config
 from tests.ray.factories import TinyGroups, tiny_config
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
@@ -31,8 +31,8 @@ def teachers() -> Iterator[tuple[DistillConfig, dict[str, ServedModel], dict[str
     task: the tiny teacher and a random tiny model."""
     from workers.rollout_worker import RolloutWorker
 
-    paths = {"teacher/arithmetic": resolve_model_path("tiny-teacher:0")}
-    paths["teacher/copy"] = resolve_model_path("tiny:1")
+    paths = {"teacher/arithmetic": resolve_tiny_vl_path("tiny-teacher:0")}
+    paths["teacher/copy"] = resolve_tiny_vl_path("tiny:1")
     d = DistillConfig(
         teachers={t: paths[f"teacher/{t}"] for t in TASKS}, teacher_column="task", engine="hf"
     )
@@ -85,7 +85,7 @@ def test_honest_readings_pass_and_a_shift_or_a_wrong_teacher_fails(
     assert reading.teachers == ["teacher/arithmetic", "teacher/copy"] * 2
     honest = check.measure(batch, reading)
     print(f"honest reading: teacher_logprob_diff {honest:.2e}")
-    assert honest < 1e-4 and check.judge(1, honest) is None
+    assert honest < 1e-4 and not check.fails(honest)
     assert (reading.logprobs[batch.tensor("response_mask") == 0] == 0).all()
     metrics = measure_reading(reading, batch)
     assert set(metrics) == {
@@ -98,7 +98,7 @@ def test_honest_readings_pass_and_a_shift_or_a_wrong_teacher_fails(
     shifted = TeacherReading(torch.roll(reading.logprobs, 1, dims=1), None, None, reading.teachers)
     gap = check.measure(batch, shifted)
     print(f"shifted by one position: {gap:.3g}")
-    assert isinstance(check.judge(2, gap), BrokenTeacherError)
+    assert check.fails(gap)
 
     # A stage that serves each task's rows with the other task's teacher.
     swapped = {
@@ -108,6 +108,4 @@ def test_honest_readings_pass_and_a_shift_or_a_wrong_teacher_fails(
     wrong = TeacherStage(d, swapped, 300).read(batch)
     gap = check.measure(batch, wrong)
     print(f"the other task's teacher: {gap:.3g}")
-    error = check.judge(3, gap)
-    assert isinstance(error, BrokenTeacherError)
-    assert "distill/teacher_logprob_diff" in str(error)
+    assert check.fails(gap)

@@ -139,6 +139,10 @@ def test_recipe_specifics() -> None:
     moe = compose("grpo_qwen3_30b_a3b")  # validated: experts spread over each TP group of 4
     assert moe.rollout.expert_parallel and moe.rollout.tensor_parallel_size == 4
     assert moe.trainer.device.value == "cuda" and moe.trainer.procs_per_node == 8
+    distill = compose("distill_qwen")  # validated: a teacher pool of 2 beside 8 ranks
+    assert distill.distill.teacher == "Qwen/Qwen3-8B" and distill.distill.procs_per_node == 2
+    assert distill.distill.task_weight == 0 and distill.trainer.procs_per_node == 8
+    assert compose("distill_tiny").distill.placement.value == "colocated"
     agent = compose("openai_agent_qwen")
     assert agent.rollout.agent == "openai"
     assert agent.agent.entry.endswith("calculator_openai.py:solve")

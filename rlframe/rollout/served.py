@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from rlframe.config import Config
 from rlframe.config.lora import LoraConfig
-from rlframe.config.served import ServedModelConfig, ServedPlacement, ServedSpec
+from rlframe.config.served import ServedModelConfig, ServedPlacement
+from rlframe.config.served_models import ServedSpec
 from rlframe.core.names import RouterReplay
 from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 
