@@ -103,6 +103,9 @@ class TeacherStage:
             for i, (name, (ids, start)) in enumerate(zip(names, sequences, strict=True))
         ]
         results = [None if f is None else f.result(timeout=self.timeout_s) for f in futures]
+        for i, name in enumerate(names):
+            # One request a row: the next step's rows go to the least-loaded replica again.
+            self.teachers[name].client.end_session(f"row{i}")
         for name in sorted(set(names)):
             self.teachers[name].sleep()
         return self.lay_on_grid(results, names, batch.tensor("response_mask").shape)
