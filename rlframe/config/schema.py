@@ -30,7 +30,7 @@ from rlframe.config.sections import (
     TrainerConfig,
     ValConfig,
 )
-from rlframe.core.names import GROUP_RELATIVE, NEEDS_CRITIC, RouterReplay
+from rlframe.core.names import GROUP_RELATIVE, NEEDS_CRITIC
 
 
 @dataclass
@@ -113,7 +113,6 @@ def check_expert_parallel_setup(cfg: Config) -> None:
     for off, what in (
         (not cfg.model.lora.enabled, "LoRA (model.lora.rank > 0)"),
         (cfg.actor.sequence_parallel_size == 1, "sequence parallelism"),
-        (cfg.algorithm.router_replay == RouterReplay.off, "routing replay"),
     ):
         require(
             off,

@@ -94,7 +94,7 @@ class ActorConfig:
     experts / E of them whole (their gradients and optimizer state too), and each token is
     sent (all-to-all) to the rank that holds its expert and back. Dense parameters stay
     FSDP2-sharded over all ranks. Must divide the ranks and the model's experts per layer;
-    not with LoRA, sequence parallelism or routing replay yet (docs/moe.md). Checkpoints
+    not with LoRA or sequence parallelism yet (docs/moe.md). Checkpoints
     hold the whole experts and resume at any expert-parallel size.
     The reference, if any, is built the same way. 1 = off."""
 

@@ -54,3 +54,10 @@ def test_the_model_must_have_experts_the_size_divides(fields: dict, text: str) -
 def test_the_mesh_line_names_the_expert_groups() -> None:
     cfg = config(procs=4, ep=2, actor={"expert_parallel_size": 2, "micro_batch_size": 8})
     assert describe_mesh(cfg, 4) == "4 data x 1 sequence (training); experts 2 replica x 2 expert"
+
+
+def test_routing_replay_with_expert_parallelism_is_accepted() -> None:
+    """Replayed experts reach the ranks that hold them (the dispatch reads the replayed
+    indices: tests/workers/test_expert_parallel_router_terms.py); no longer refused."""
+    cfg = config(algorithm={"router_replay": "rollout"}, rollout={"engine": "hf"})
+    assert cfg.actor.expert_parallel_size == 2
