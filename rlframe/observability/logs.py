@@ -290,4 +290,7 @@ def describe_mesh(cfg: Config, world_size: int) -> str:
     if cfg.critic.enable and cfg.critic.sequence_parallel_size != sp:
         critic_sp = cfg.critic.sequence_parallel_size
         text += f"; critic {world_size // critic_sp} data x {critic_sp} sequence"
+    critic_ep = cfg.critic.expert_parallel_size
+    if cfg.critic.enable and critic_ep > 1:
+        text += f"; critic experts {world_size // critic_ep} replica x {critic_ep} expert"
     return text

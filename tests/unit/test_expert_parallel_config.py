@@ -54,3 +54,39 @@ def test_the_model_must_have_experts_the_size_divides(fields: dict, text: str) -
 def test_the_mesh_line_names_the_expert_groups() -> None:
     cfg = config(procs=4, ep=2, actor={"expert_parallel_size": 2, "micro_batch_size": 8})
     assert describe_mesh(cfg, 4) == "4 data x 1 sequence (training); experts 2 replica x 2 expert"
+
+
+def test_routing_replay_with_expert_parallelism_is_accepted() -> None:
+    """Replayed experts reach the ranks that hold them (the dispatch reads the replayed
+    indices: tests/workers/test_expert_parallel_router_terms.py); no longer refused."""
+    cfg = config(algorithm={"router_replay": "rollout"}, rollout={"engine": "hf"})
+    assert cfg.actor.expert_parallel_size == 2
+
+
+GAE = {"algorithm": {"advantage": "gae"}}
+
+
+@pytest.mark.parametrize(
+    "critic,text",
+    [
+        ({"expert_parallel_size": 2, "enable": False}, "has no effect without a critic"),
+        ({"expert_parallel_size": 2, "lora": {"rank": 4}}, "does not work with LoRA"),
+        (
+            {"expert_parallel_size": 2, "sequence_parallel_size": 2},
+            "does not work with sequence parallel",
+        ),
+        ({"expert_parallel_size": 3}, "3 must divide the number of ranks"),
+    ],
+)
+def test_what_a_critics_expert_parallelism_cannot_do_is_refused(critic: dict, text: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^critic.expert_parallel_size: .*{text}"):
+        config(ep=1, actor={"expert_parallel_size": 1}, critic=critic, **GAE)
+
+
+def test_a_critics_expert_parallelism_needs_experts_it_divides() -> None:
+    cfg = config(ep=1, actor={"expert_parallel_size": 1}, critic={"expert_parallel_size": 2}, **GAE)
+    assert describe_mesh(cfg, 2).endswith("; critic experts 1 replica x 2 expert")
+    with pytest.raises(ConfigError, match=r"^critic.expert_parallel_size: .*has no experts"):
+        check_expert_parallel(cfg, "some/model", ConfigJson({"model_type": "qwen2"}))
+    with pytest.raises(ConfigError, match=r"^critic.expert_parallel_size: 2 must divide .* 5 "):
+        check_expert_parallel(cfg, "some/model", ConfigJson({"num_experts": 5}))

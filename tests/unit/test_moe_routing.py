@@ -94,6 +94,35 @@ def test_replay_routes_to_the_given_experts_and_the_router_learns() -> None:
     assert torch.equal(block(x).detach(), native_out)
 
 
+def test_replay_hooks_never_wait_for_the_device() -> None:
+    """The replay hook of every MoE layer runs without a host wait: no value read, no
+    boolean-mask index, no copy of the host's int16 routing (on a GPU each stalls the queue,
+    per layer and again in a checkpointed backward). The routing is checked and moved once per
+    ``replaying`` block and the agreement read once by ``take_agreement``. Before: 3 waits and
+    a host copy per layer."""
+    from tests.host_syncs import HostSyncCounter, counting_in_hooks
+    from workers.model_hooks.router_replay import RouterReplay, RoutingRecorder
+
+    block = build_moe_block(norm_topk_prob=True)
+    x = torch.randn(1, TOKENS, HIDDEN, generator=torch.Generator().manual_seed(1))
+    recorder = RoutingRecorder(block)
+    block(x)
+    target = recorder.take()
+    recorder.remove()
+    target[::3] = -1  # some unrecorded tokens
+    replay = RouterReplay(block)
+    with counting_in_hooks(replay.routers, copies_of=torch.int16) as in_hooks:
+        with HostSyncCounter(copies_of=torch.int16) as per_block, replay.replaying(target):
+            block(x)
+            block(x)  # as a checkpointed backward re-runs the layer
+        with HostSyncCounter() as reading:
+            agreement = replay.take_agreement()
+    print(f"host waits in the hooks {dict(in_hooks.counts)}; per block {dict(per_block.counts)}")
+    assert in_hooks.total == 0, in_hooks.counts
+    assert per_block.counts["host_copy"] == 1  # the routing, once
+    assert reading.total == 1 and agreement == 1.0
+
+
 def test_routing_crosses_the_wire_into_the_grid_aligned_with_prompt_and_response() -> None:
     # Row 0: prompt of 2 (left-padded to 3), response of 3 -> 2 + 3 - 1 = 4 routed tokens.
     # Row 1: prompt of 3, response of 1 -> 3 routed tokens.

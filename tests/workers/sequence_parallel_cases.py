@@ -1,6 +1,6 @@
 """One rank's figures for a sequence-parallel case: the token log-probs of the batch, one
-mini-batch's gradient, and what an update of two optimizer steps applied and left; and, for an
-MoE model, the gradient of the routers' load-balancing loss alone.
+mini-batch's gradient, and what an update of two optimizer steps applied and left (an MoE
+model's load-balancing loss: tests/workers/router_loss_cases.py).
 
 Run on each rank of a real two-process gloo group by tests/workers/test_sequence_parallel.py
 (through :func:`tests.workers.rank_grads.run_rank`), once with ``sp=1`` and once with ``sp=2``
@@ -99,37 +99,3 @@ def compute_sequence_parallel_case(
     out["metrics"] = dict(zip(names, (values / world_size).tolist()))
     out |= gather_optimizer_state(role.actor)
     return out
-
-
-def compute_router_aux_case(
-    case: dict, model_path: str, rank: int, world_size: int
-) -> dict[str, torch.Tensor | dict[str, float]]:
-    """The gradient of one mini-batch (8 rows) whose only term is the routers'
-    load-balancing loss (zero advantages, no KL or entropy term), and the loss and the
-    expert-load metrics as reported: ``case`` holds the ``make_config`` keywords, ``model``
-    the MoE model's folder."""
-    from rlframe.core.sequence_layout import balance_ranks, count_row_tokens
-    from workers.train_worker import TrainWorker
-    from workers.training.fsdp import accumulate_gradients
-
-    case = dict(case)
-    model = case.pop("model")
-    cfg = make_config(world_size=world_size, mini=8, kl_coef=0.0, entropy_coef=0.0, **case)
-    cfg.algorithm.router_aux_loss_coef = 1.0
-    role = TrainWorker(cfg, model, "cpu").train_role
-    batch = make_batch()
-    batch = batch.with_tensors(advantages=batch["advantages"] * 0)
-    order = balance_ranks(count_row_tokens(batch, packed=True), world_size, 8)
-    share = batch.rows(order).chunk(world_size)[rank].rows(slice(0, 4))
-    role.actor.model.train()
-    rows, _ = role.actor.gather_rows(share, block=4)
-    sp = role.actor.sequence_parallel_size
-    metrics = accumulate_gradients(rows, cfg.actor, "cpu", role.packed, role.forward_backward, sp)
-    # Per micro-batch values; the driver's view: the mean over micro-batches and ranks.
-    names = sorted(k for k in metrics if k.startswith("moe/") or k == "actor/router_aux_loss")
-    means = torch.tensor([sum(metrics[k]) / len(metrics[k]) for k in names], dtype=torch.float64)
-    dist.all_reduce(means)
-    return {
-        "grads": gather_trainable(role.actor.model, "grad"),
-        "metrics": dict(zip(names, (means / world_size).tolist())),
-    }

@@ -165,3 +165,70 @@ def test_a_checkpoint_at_ep_2_resumes_at_ep_2_and_at_ep_1_and_exports(
     written = exported.state_dict()
     for name, tensor in want.items():
         assert torch.equal(written[name], tensor), f"export: {name}"
+
+
+def compute_critic_case(case: dict, model_path: str, rank: int, world_size: int) -> dict:
+    """A value model (the critic's engine) at ``case["ep"]``: every rank's values of its rows,
+    every parameter's gradient of a fixed weighting of them (experts gathered, after the
+    step's reduction) and the gradient norm an optimizer step clips by."""
+    import torch.distributed as dist
+
+    from rlframe.core.sequence_layout import build_layout
+    from tests.workers.sequence_parallel_cases import gather_rows
+    from workers.training.fsdp import FSDPEngine, OptimizerSpec, full_tensor
+
+    if not dist.is_initialized():  # as the critic worker joins its group (env: run_rank)
+        dist.init_process_group("gloo")
+    cfg = make_config(world_size=world_size, kl_coef=0.0, micro=4)
+    torch.manual_seed(0)  # the value head's initialisation
+    spec = OptimizerSpec(1e-3, 0.0, 1.0, 0, "constant", 10)
+    engine = FSDPEngine(
+        model_path, cfg.model, spec, "cpu", head="value", expert_parallel_size=case["ep"]
+    )
+    layout = build_layout(make_batch().chunk(world_size)[rank], packed=True)
+    engine.model.train()
+    weights = torch.randn(layout.target_ids.shape, generator=torch.Generator().manual_seed(11))
+
+    def backward() -> torch.Tensor:
+        values = engine.compute_token_values(layout)
+        (values * weights).sum().backward()
+        return layout.to_grid(values.detach())
+
+    values = backward()
+    plan = engine.ep
+    if plan is not None:
+        plan.reduce_gradients()
+    grads = {
+        name: plan.gather(p.grad) if plan is not None and plan.holds(p) else full_tensor(p.grad)
+        for name, p in engine.model.named_parameters()
+    }
+    engine.model.zero_grad(set_to_none=True)
+    backward()
+    norm, _ = engine.optimizer_step()
+    return {"values": gather_rows(values), "grads": grads, "norm": norm}
+
+
+@pytest.mark.matrix
+def test_a_critic_at_ep_2_gives_the_values_and_gradient_of_ep_1(moe_path: str, tmp_path) -> None:
+    """``critic.expert_parallel_size``: the value model (transformers' token-classification
+    head over the same MoE backbone) at EP 2 gives EP 1's values, gradients and clipped norm."""
+    out = tmp_path / "critic.pt"
+    mp.start_processes(
+        run_rank,
+        args=(2, free_port(), moe_path, [{"ep": 1}, {"ep": 2}], str(out), compute_critic_case),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    whole, split = torch.load(out)
+    assert whole["values"].abs().max() > 1e-2
+    torch.testing.assert_close(split["values"], whole["values"], atol=1e-6, rtol=1e-5)
+    assert any(".experts." in name for name in whole["grads"])
+    worst = 0.0
+    for name, want in whole["grads"].items():
+        got = split["grads"][name]
+        scale = float(want.abs().max())
+        worst = max(worst, float((got - want).abs().max()) / scale / torch.finfo().eps)
+        assert_same_gradient(got, want, ulps=GRADIENT_ULPS)
+    assert split["norm"] == pytest.approx(whole["norm"], rel=1e-6)
+    print(f"critic EP 2 vs EP 1: largest gradient gap {worst:.1f} fp32 ulps")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -90,6 +90,15 @@ class RoutingRecorder:
             handle.remove()
 
 
+class ReplayTarget(NamedTuple):
+    """One forward's replayed routing, prepared once (per micro-batch, not per layer)."""
+
+    indices: torch.Tensor
+    """[tokens, routers, k] int64 on the routers' device; -1 where nothing was recorded."""
+    recorded: torch.Tensor
+    """[tokens, routers] bool: the token-layers whose recorded experts are replayed."""
+
+
 class RouterReplay:
     """Forward hooks that route tokens to recorded experts while :meth:`replaying` is active.
 
@@ -98,6 +107,12 @@ class RouterReplay:
     response token, which the rollout never fed back) keeps the router's own choice. The
     hooks also count how often the router's own choice (its top-k set) agrees with the
     target: :meth:`take_agreement`.
+
+    The hooks never wait for the device (no ``.item()``, no boolean indexing, no host copy):
+    the target is checked and moved once per :meth:`replaying` block, and the agreement is
+    counted on the device and read once by :meth:`take_agreement`. Each such wait per MoE
+    layer stalls a GPU's queue, twice per layer under gradient checkpointing
+    (bench/router_replay_syncs.py counts them).
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -106,9 +121,11 @@ class RouterReplay:
             raise ValueError(
                 f"{type(model).__name__} has no MoE router (*{ROUTER_SUFFIX}): nothing to replay"
             )
-        self.target: torch.Tensor | None = None
-        self.agreed = 0
-        self.compared = 0
+        self.experts = min(int(getattr(r, "num_experts", 0) or 0) for r in self.routers)
+        """Experts per router (0: not declared, indices left unchecked)."""
+        self.target: ReplayTarget | None = None
+        self.counts: torch.Tensor | None = None
+        """[2] int64 on the device: (agreed, compared) since the last :meth:`take_agreement`."""
         self.handles = [
             router.register_forward_hook(self.make_hook(i)) for i, router in enumerate(self.routers)
         ]
@@ -117,17 +134,34 @@ class RouterReplay:
     def replaying(self, target: torch.Tensor | None) -> Iterator[None]:
         """Replay ``target`` [tokens, routers, k] in the forwards (and the recomputations a
         backward under gradient checkpointing makes) inside the block; None: route freely."""
-        if target is not None and target.shape[1] != len(self.routers):
-            raise ValueError(
-                f"routed_experts has {target.shape[1]} MoE layers, the model {len(self.routers)}"
-            )
+        prepared = None if target is None else self.prepare(target)
         # Restored, not cleared, on exit: a forward's replay may sit inside the update's,
         # which also covers the backward.
-        outer, self.target = self.target, target
+        outer, self.target = self.target, prepared
         try:
             yield
         finally:
             self.target = outer
+
+    def prepare(self, target: torch.Tensor) -> ReplayTarget:
+        """Check ``target`` once and move it to the routers' device as int64. The check reads
+        values only while they are on the host (a layout's routing arrives there)."""
+        if target.dim() != 3:
+            raise ValueError(f"routed_experts must be [tokens, MoE layers, k], got {target.shape}")
+        if target.shape[1] != len(self.routers):
+            raise ValueError(
+                f"routed_experts has {target.shape[1]} MoE layers, the model {len(self.routers)}"
+            )
+        if target.device.type == "cpu" and target.numel() and self.experts:
+            low, high = int(target.min()), int(target.max())
+            if low < -1 or high >= self.experts:
+                raise ValueError(
+                    f"routed_experts holds expert ids in [{low}, {high}]; the model's routers "
+                    f"have {self.experts} experts (-1: not recorded)"
+                )
+        device = next(self.routers[0].parameters()).device
+        indices = target.to(device, torch.long, non_blocking=True)
+        return ReplayTarget(indices, (indices >= 0).all(-1))
 
     def make_hook(
         self, layer: int
@@ -138,30 +172,40 @@ class RouterReplay:
             if self.target is None:
                 return None
             logits, _, native = output
-            target = self.target[:, layer].to(native.device, torch.long)
-            if target.shape[0] != native.shape[0]:
+            target, recorded = self.target.indices[:, layer], self.target.recorded[:, layer]
+            if target.shape[0] != native.shape[0]:  # shapes are host metadata: no wait
                 raise ValueError(
                     f"routed_experts covers {target.shape[0]} tokens, the forward has "
                     f"{native.shape[0]}"
                 )
-            recorded = (target >= 0).all(-1)
-            self.count_agreement(native[recorded], target[recorded])
+            if target.device != native.device:  # a model moved since replaying() began
+                self.target = ReplayTarget(
+                    self.target.indices.to(native.device), self.target.recorded.to(native.device)
+                )
+                target, recorded = target.to(native.device), recorded.to(native.device)
+            self.count_agreement(native, target, recorded)
             indices = torch.where(recorded[:, None], target, native)
             return logits, compute_replayed_weights(module, logits, indices), indices
 
         return replay
 
     @torch.no_grad()
-    def count_agreement(self, native: torch.Tensor, target: torch.Tensor) -> None:
-        same = (native.sort(-1).values == target.sort(-1).values).all(-1)
-        self.agreed += int(same.sum())
-        self.compared += int(same.numel())
+    def count_agreement(
+        self, native: torch.Tensor, target: torch.Tensor, recorded: torch.Tensor
+    ) -> None:
+        """Add the recorded tokens whose own top-k set equals the target's, on the device."""
+        same = (native.sort(-1).values == target.sort(-1).values).all(-1) & recorded
+        counts = torch.stack([same.sum(), recorded.sum()])
+        self.counts = counts if self.counts is None else self.counts + counts
 
     def take_agreement(self) -> float | None:
         """The share of (token, MoE layer) pairs replayed since the last call whose router,
-        left alone, would have chosen the same experts; None when nothing was replayed."""
-        agreed, compared = self.agreed, self.compared
-        self.agreed = self.compared = 0
+        left alone, would have chosen the same experts; None when nothing was replayed.
+        Reads the device's counts: one wait, per micro-batch."""
+        counts, self.counts = self.counts, None
+        if counts is None:
+            return None
+        agreed, compared = counts.tolist()
         return agreed / compared if compared else None
 
     def remove(self) -> None:

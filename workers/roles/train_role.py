@@ -25,7 +25,11 @@ from rlframe.algorithms.policy_objective import (
     PolicyTerms,
     compose_policy_loss,
 )
-from rlframe.algorithms.router import compute_load_balancing_loss, summarize_routing
+from rlframe.algorithms.router import (
+    GroupSum,
+    compute_load_balancing_loss,
+    summarize_routing,
+)
 from rlframe.config import ActorConfig, Config
 from rlframe.config.agent import compute_response_width
 from rlframe.config.lora import LoraConfig, LoraSync
@@ -52,7 +56,7 @@ from workers.training.fsdp import (
 )
 from workers.training.lora import adapters_disabled, iter_adapter_tensors, iter_merged_tensors
 from workers.training.model_build import pick_dtype, resolve_packing
-from workers.training.ulysses import slice_token_mask, sum_over_group
+from workers.training.ulysses import slice_token_mask, sum_over_ranks
 
 
 def count_optimizer_steps(cfg: Config) -> int:
@@ -121,6 +125,20 @@ def pick_sync_tensors(
     if not lora.enabled:
         return partial(iter_full_tensors, with_vision=not freeze_vision)
     return iter_adapter_tensors if lora.sync is LoraSync.adapter else iter_merged_tensors
+
+
+def weigh_router_loss(
+    rows: float, scale: LossScale, device: torch.device, group_sum: GroupSum | None
+) -> float:
+    """The weight of a micro-step's load-balancing loss in its mini-batch's: the rows it
+    covers over the mini-batch's. ``rows`` is this rank's share (a sequence group's rows
+    divided among its ranks); with ``group_sum`` the micro-step is every rank's, and so is
+    the weight, on every rank alike: each rank's backward then takes the union's loss's
+    gradient for its own tokens, and the ranks' gradients add up to the union's."""
+    if group_sum is None:
+        return rows / scale.sequences
+    total = group_sum(torch.tensor([rows], dtype=torch.float64, device=device))
+    return float(total) / scale.sequences
 
 
 class TrainRole:
@@ -327,26 +345,31 @@ class TrainRole:
         micro: Batch,
         scale: LossScale,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The micro-batch's loss plus ``algorithm.router_aux_loss_coef`` x the routers'
-        load-balancing loss (its share of the mini-batch: rows over the mini-batch's rows),
-        and the expert-load metrics, over every real token the routers saw (prompt and
-        response; padding left out)."""
+        """The loss plus ``algorithm.router_aux_loss_coef`` x the routers' load-balancing
+        loss, and the expert-load metrics, over every real token the routers saw (prompt and
+        response; padding left out) in this micro-step on *every* rank: the statistics are
+        summed over the training ranks (data, sequence and expert parallel alike) before any
+        ratio is taken, so the loss is the one a single rank computes on the union of the
+        ranks' micro-batches, not a mean of per-rank losses (Switch's loss is not linear in
+        its tokens: a rank's own balance is not the batch's). Its weight is the union's rows
+        over the mini-batch's rows (see :func:`weigh_router_loss`)."""
         assert self.router is not None
-        sp, group_sum = self.actor.sp, None
+        sp = self.actor.sp
         if sp is not None:
-            # The routers saw this rank's slice: count its real tokens and sum the group's
-            # statistics, so the loss is the micro-batch's (as one data-parallel rank's) and
-            # its gradient reaches each token once.
-            mask, group_sum = slice_token_mask(layout, sp), partial(sum_over_group, sp=sp)
+            # The routers saw this rank's slice: count its real tokens only.
+            mask = slice_token_mask(layout, sp)
         elif layout.attention_mask is not None:
             mask = layout.attention_mask.reshape(-1)
         else:  # packed rows: no padding
             mask = torch.ones(router_logits[0].shape[0], device=router_logits[0].device)
+        group_sum = sum_over_ranks if self.world_size > 1 else None
         top_k = self.router.top_k
         aux = compute_load_balancing_loss(router_logits, top_k, mask, group_sum)
         coef = self.cfg.algorithm.router_aux_loss_coef
         if coef > 0:
-            loss = loss + coef * aux * (len(micro) / scale.sequences)
+            rows = len(micro) / self.actor.sequence_parallel_size
+            weight = weigh_router_loss(rows, scale, router_logits[0].device, group_sum)
+            loss = loss + coef * aux * weight
         routing = summarize_routing(router_logits, top_k, mask, group_sum)
         return loss, metrics | routing | {"actor/router_aux_loss": float(aux.detach())}
 

@@ -230,12 +230,12 @@ class GatherTokens(torch.autograd.Function):
 
 
 class SumOverGroup(torch.autograd.Function):
-    """All-reduce sum over the sequence-parallel group; backward passes the gradient on
+    """All-reduce sum over a group (None: every rank); backward passes the gradient on
     unchanged: every rank computes the same loss from the same sum, so each rank's own
     addend takes the gradient once (summed over the group: once, as :class:`GatherTokens`)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
         out = x.clone()
         dist.all_reduce(out, group=group)
         return out
@@ -245,10 +245,11 @@ class SumOverGroup(torch.autograd.Function):
         return grad, None
 
 
-def sum_over_group(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
-    """``x`` summed over ``sp``'s ranks (differentiable: see :class:`SumOverGroup`)."""
-    # Function.apply is unannotated in torch; SumOverGroup.forward returns a Tensor.
-    return cast(torch.Tensor, SumOverGroup.apply(x, sp.group))
+def sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    """``x`` summed over every rank of the default group (differentiable: see
+    :class:`SumOverGroup`): statistics of a micro-step that all training ranks share (the
+    routers' load-balancing loss, :mod:`rlframe.algorithms.router`)."""
+    return cast(torch.Tensor, SumOverGroup.apply(x, None))
 
 
 def slice_bounds(length: int, sp: SequenceParallel) -> tuple[int, int, int]:
