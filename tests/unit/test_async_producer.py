@@ -12,7 +12,7 @@ import torch
 
 from rlframe.config import Placement
 from rlframe.data.loader import build_prompt_batch
-from rlframe.rollout import ExperienceProducer, run_single_turn
+from rlframe.rollout import ExperienceProducer
 from tests.unit.scripted_engine import TOKENIZER, Engine, make_producer, run_steps
 
 
@@ -89,7 +89,7 @@ def test_staleness_zero_gives_the_lockstep_batches() -> None:
     for step, (batch, metrics) in enumerate(run_steps(producer, engine, 4)):
         prompts = build_prompt_batch(plain.loader.next_records(), 2, 2 * step, 0, 0)
         prompts.meta |= {"stop_token_ids": [TOKENIZER.eos_token_id], "pad_token_id": 0}
-        expected = plain.rewards.compute_rewards(run_single_turn(prompts, plain.context))
+        expected = plain.rewards.compute_rewards(plain.generate(prompts))
         plain_engine.version += 1
         for key in ("group", "prompt_ids", "response_ids", "response_mask", "rollout_logprobs"):
             assert torch.equal(batch[key], expected[key]), key

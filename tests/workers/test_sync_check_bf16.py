@@ -16,7 +16,7 @@ import torch
 
 from rlframe.loop.step_metrics import compute_logprob_diffs
 from rlframe.loop.sync_check import SyncCheck
-from rlframe.rollout.rows import generate_batch
+from tests.rows_grid import generate_batch
 from tests.plugins.corrupt_experts import corrupt_stream
 from tests.ray.factories import prompts_for, tiny_config
 
