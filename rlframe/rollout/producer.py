@@ -407,7 +407,7 @@ class ExperienceProducer:
     def state_dict(self) -> dict[str, Any]:
         """Where the prompts are and every group in flight, after finishing the call in
         flight (nothing new starts): scored groups with their rows, unfinished responses
-        with their kept tokens and their rows' extras (images, routed experts) in the blob
+        with their kept tokens and their rows' images and routed experts in the blob
         table of :func:`~rlframe.rollout.state_json.encode_state`. JSON; resuming continues
         them exactly."""
         if self.call is not None:
