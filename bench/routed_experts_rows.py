@@ -49,9 +49,7 @@ def build_answer(
     return prompts, out
 
 
-def time_once(
-    prompts: list[list[int]], out: Batch, response: int
-) -> tuple[float, float, float]:
+def time_once(prompts: list[list[int]], out: Batch, response: int) -> tuple[float, float, float]:
     """Seconds to file the answer on fresh rows, to collate them, and to collate the same
     rows without their routing (what the grid costs anyway)."""
     rows = [TokenRow(list(p)) for p in prompts]

@@ -15,9 +15,9 @@ from rlframe.envs import ChatFormat
 from rlframe.rollout import AgentContext, run_single_turn
 from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 from rlframe.rollout.multi_turn import mix_seed, run_episodes
-from tests.rows_grid import run_agent
 from rlframe.rollout.turns import TurnRequest, TurnResult
 from tests.ray.factories import prompts_for, tiny_config
+from tests.rows_grid import run_agent
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 

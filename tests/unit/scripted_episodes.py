@@ -22,8 +22,8 @@ from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.rollout import AgentContext
 from rlframe.rollout.multi_turn import run_episodes
-from tests.rows_grid import run_agent
 from rlframe.rollout.rows import build_response
+from tests.rows_grid import run_agent
 
 TOKENIZER = build_tiny_tokenizer()
 EOS = TOKENIZER.eos_token_id

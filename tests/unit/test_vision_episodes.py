@@ -31,8 +31,8 @@ from rlframe.envs.colour_quiz import ColourQuizEnv
 from rlframe.models.images import decode_image, load_processor
 from rlframe.rollout import AgentContext
 from rlframe.rollout.multi_turn import run_episodes
-from tests.rows_grid import run_agent
 from rlframe.rollout.rows import build_response
+from tests.rows_grid import run_agent
 
 
 @pytest.fixture(scope="module")
