@@ -446,6 +446,8 @@ class ExperienceProducer:
             group.done = True
         else:
             group.rows = [restore_row(r) for r in saved["rows"]]
+            for i, row in enumerate(group.rows):  # saved before rows named their prompt row
+                row.source = i if row.source < 0 else row.source
         return group
 
     def close(self) -> None:
