@@ -34,14 +34,13 @@ from typing import Any, cast
 from rlframe.agent_server.app import AgentServer
 from rlframe.agent_server.sessions import Session
 from rlframe.agent_server.trajectory import Episode
-from rlframe.config.agent import compute_response_width
 from rlframe.core.protocol import Batch
 from rlframe.core.registry import load_function
 from rlframe.envs import EnvError
 from rlframe.envs.runner import CallOutcome, run_env_calls
 from rlframe.rollout.agents import AgentContext
 from rlframe.rollout.multi_turn import build_samples
-from rlframe.rollout.rows import TokenRow, attach, collate
+from rlframe.rollout.rows import AgentStats, TokenRow, read_prompt_rows
 
 SERVER = "openai_server"
 
@@ -64,7 +63,7 @@ def as_reward(value: Any) -> float | None:
     raise TypeError(f"the agent returned {value!r:.100}, not a number or None")
 
 
-def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
+def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> list[TokenRow]:
     """The ``openai`` agent (picked by :func:`rlframe.agent_server.pick_agent`); see the
     module docstring."""
     server = get_server(ctx)
@@ -89,13 +88,13 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
         for s in sessions:
             server.sessions.close(s.key)
             ctx.turns.end_session(s.key)
-    batch = assemble(prompts, ctx, sessions, outcomes)
-    if len(batch) > len(prompts) and ctx.config.algorithm.dynamic_sampling:
+    rows = assemble(prompts, ctx, sessions, outcomes)
+    if len(rows) > len(prompts) and ctx.config.algorithm.dynamic_sampling:
         raise EnvError(
-            f"agent {agent.entry} rewrote its history ({len(batch)} rows from {len(prompts)} "
+            f"agent {agent.entry} rewrote its history ({len(rows)} rows from {len(prompts)} "
             "episodes): algorithm.dynamic_sampling needs one row per episode"
         )
-    return batch
+    return rows
 
 
 def closing(entry: Callable[..., Any], server: AgentServer, key: str) -> Callable[..., Any]:
@@ -141,38 +140,32 @@ def episode_result(outcome: CallOutcome, row: int, ctx: AgentContext) -> tuple[f
 
 def assemble(
     prompts: Batch, ctx: AgentContext, sessions: list[Session], outcomes: list[CallOutcome]
-) -> Batch:
-    """One row per chain of calls (at least one per episode), collated as the multi-turn
-    agent's rows are."""
-    cfg = ctx.config
-    index: list[int] = []
+) -> list[TokenRow]:
+    """One row per chain of calls (at least one per episode), each naming its episode's
+    prompt row as its ``source``."""
     rows: list[TokenRow] = []
     for i, (session, outcome) in enumerate(zip(sessions, outcomes)):
         reward, given, failed = episode_result(outcome, i, ctx)
         episode = session.episode
         for row in episode.rows or [empty_row(prompts, i)]:
-            index.append(i)
+            row.source = i
+            row.agent = AgentStats(
+                env_reward=reward * (1 - failed),
+                env_failed=float(failed),
+                agent_reward_given=float(given),
+                agent_episode=i,
+                agent_turns=float(row.turns),
+                agent_tool_calls=float(episode.tool_calls),
+                agent_tool_errors=float(episode.tool_errors),
+                agent_obs_tokens=float(len(row.response_ids) - row.sampled),
+            )
+            row.prompt = ctx.tokenizer.decode(row.prompt_ids, skip_special_tokens=False)
             rows.append(row)
-            row.row_extras = {
-                "env_reward": reward * (1 - failed),
-                "env_failed": float(failed),
-                "agent_reward_given": float(given),
-                "agent_episode": i,
-                "agent_turns": float(row.turns),
-                "agent_tool_calls": float(episode.tool_calls),
-                "agent_tool_errors": float(episode.tool_errors),
-                "agent_obs_tokens": float(len(row.response_ids) - row.sampled),
-                "agent_obs_cut": 0.0,
-                "prompt": ctx.tokenizer.decode(row.prompt_ids, skip_special_tokens=False),
-            }
-    width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, cfg.agent)
-    # A row without a call carries the newest version any row was sampled with.
-    latest = max((r.oldest_version for r in rows if r.first_version >= 0), default=0)
-    grid = collate(rows, width, int(prompts.meta["pad_token_id"]), latest)
-    return attach(prompts.rows(index), grid)
+    return rows
 
 
 def empty_row(prompts: Batch, i: int) -> TokenRow:
     """An episode that made no call: the loader's prompt and an empty response."""
-    ids = prompts.tensor("prompt_ids")[i][prompts.tensor("prompt_mask")[i].bool()].tolist()
-    return TokenRow(ids, finish_reason="env_error")
+    row = read_prompt_rows(prompts.rows([i]))[0]
+    row.finish_reason = "env_error"
+    return row

@@ -2,15 +2,16 @@
 engine, their padding, the agreement metric, and the checks of ``algorithm.router_replay``
 before Ray starts.
 
-An engine records the experts of every token it fed through the model: the prompt and every response
-token but the last (the sampled last token is never fed back; vLLM's ``routed_experts`` covers the
-same ``prompt + response - 1`` tokens). They cross the rollout wire as a ``routed_experts`` column
-(one tensor per row), become the token rows' extra of that name
-(:func:`rlframe.rollout.rows.take_routed_experts`: the prompt's part a prompt extra, the rest per
-response token), and :func:`rlframe.rollout.rows.collate` lays them out as the training grid's
-``routed_experts``: int16 [rows, P + R, MoE layers, top_k], aligned with ``prompt_ids`` +
-``response_ids``, -1 where nothing was recorded. A -1 token is routed by the trainer's own router,
-which changes nothing that is scored: the last token's hidden state predicts no scored token."""
+An engine records the experts of every token it fed through the model: the prompt and every
+response token but the last (the sampled last token is never fed back; vLLM's ``routed_experts``
+covers the same ``prompt + response - 1`` tokens). They cross the rollout wire as a
+``routed_experts`` column (one tensor per row), stay one array per token row
+(``TokenRow.routed_experts``, never a tensor per token:
+:func:`rlframe.rollout.rows.take_routed_experts`), and :func:`rlframe.rollout.rows.collate` lays
+them out as the training grid's ``routed_experts``: int16 [rows, P + R, MoE layers, top_k],
+aligned with ``prompt_ids`` + ``response_ids``, -1 where nothing was recorded. A -1 token is
+routed by the trainer's own router, which changes nothing that is scored: the last token's hidden
+state predicts no scored token."""
 
 from __future__ import annotations
 

@@ -1,18 +1,20 @@
 """Agents: how prompts become responses (``rollout.agent``).
 
-An agent is a function ``agent(prompts: Batch, ctx: AgentContext) -> Batch`` that returns
-the prompt rows with their responses. It may call ``ctx.generate`` (the actor group's
-``generate``: one engine call over all rows given, DP-split across ranks) as often as it
-likes; each call samples one turn for the rows it is given, up to the row's ``max_tokens``.
+An agent is a function ``agent(prompts: Batch, ctx: AgentContext) -> list[TokenRow]``: it
+returns its rows (:class:`~rlframe.rollout.rows.TokenRow`), one per sequence, and the
+experience producer collates them into the training grid, once, in one place
+(:meth:`rlframe.rollout.producer.ExperienceProducer.collate`). A row's ``source`` names the
+prompt row it answers (-1: the row at the same position), so an agent may return several rows
+per prompt. An agent grows its rows with the engines' turns: ``ctx.turns`` is the request
+stream (one turn of one episode at a time, :func:`rlframe.rollout.turns.sample_turn`),
+``ctx.generate`` one blocking engine call over many rows
+(:func:`~rlframe.rollout.rows.sample_turns`). What a row carries besides its tokens is typed:
+``images``, ``routed_experts``, an agent's counters (:class:`~rlframe.rollout.rows.AgentStats`:
+``env_reward``, ``env_failed``, the ``agent_*`` metrics of :func:`collect_agent_metrics`),
+``prompt`` (the prompt text, where the agent built the prompt).
 
-An agent grows :class:`~rlframe.rollout.rows.TokenRow` s (``sample_turns`` runs one engine
-call over them) and returns the prompt rows with their :func:`~rlframe.rollout.rows.collate`
-d grid (width :func:`rlframe.config.agent.compute_response_width`): ``prompt_ids``/
-``prompt_mask`` (an agent may replace them, e.g. to add tool schemas), ``response_ids``,
-``response_mask``, ``loss_mask`` (1 on tokens the policy sampled), ``rollout_logprobs``,
-``token_version``, ``weights_version``, the column ``finish_reason``; optionally
-``env_reward``/``env_failed`` and the ``agent_*`` counters of
-:func:`collect_agent_metrics` (as row extras).
+An agent that returns a Batch (the contract before rows) stops the run at its first call
+with one line saying so (:func:`check_rows`).
 
 Built-ins: ``single_turn`` (here), ``openai`` (an OpenAI-compatible server for agents
 written against the ``openai`` client, :mod:`rlframe.agent_server`) and ``multi_turn``
@@ -32,10 +34,11 @@ from rlframe.config import Config
 from rlframe.core.protocol import SAMPLE_MASK, Batch
 from rlframe.core.registry import Registry
 from rlframe.core.tokenizer import Tokenizer
+from rlframe.envs.base import EnvError
 from rlframe.envs.runner import count_stuck_calls
 from rlframe.rollout.batched_turns import serve_by_generate
 from rlframe.rollout.engine_client import EngineClient
-from rlframe.rollout.rows import generate_batch
+from rlframe.rollout.rows import TokenRow, sample_single_turn
 from rlframe.rollout.turns import TurnServer
 
 
@@ -67,15 +70,27 @@ class AgentContext:
         )
 
 
-AgentFn = Callable[[Batch, AgentContext], Batch]
+AgentFn = Callable[[Batch, AgentContext], list[TokenRow]]
 AGENTS: Registry[AgentFn] = Registry("rollout agent", served_elsewhere=("openai",))
 """The built-in agents; ``openai`` is picked by :func:`rlframe.agent_server.pick_agent`."""
 
 
 @AGENTS.register("single_turn")
-def run_single_turn(prompts: Batch, ctx: AgentContext) -> Batch:
+def run_single_turn(prompts: Batch, ctx: AgentContext) -> list[TokenRow]:
     """One sampled response per row: every response token is the policy's."""
-    return generate_batch(ctx.generate, prompts, ctx.config.rollout.max_tokens)
+    return sample_single_turn(ctx.generate, prompts)
+
+
+def check_rows(rows: object, agent: str) -> list[TokenRow]:
+    """An agent's return value, which must be its rows; EnvError (one line) otherwise."""
+    if isinstance(rows, list) and all(isinstance(r, TokenRow) for r in rows):
+        return rows
+    what = "a Batch" if isinstance(rows, Batch) else f"a {type(rows).__name__}"
+    raise EnvError(
+        f"rollout.agent={agent} returned {what}, not a list of TokenRow: an agent returns its "
+        "rows (rlframe.rollout.rows.TokenRow) and the producer collates them; see "
+        "docs/agents.md, 'Your own agent'"
+    )
 
 
 def collect_agent_metrics(batch: Batch) -> dict[str, float]:

@@ -21,7 +21,8 @@ is 1 on turn tokens only, ``response_mask`` on turns and observations.
 Images (a vision-language model): the opening messages carry the prompt row's images
 (``sample["images"]``) and an observation may carry more (image parts, see
 :mod:`rlframe.envs.chat`); the row's ``images`` extra lists them all in the order their
-expanded pads appear, so every engine call and the trainer's forward get them with the ids.
+expanded pads appear (the row's typed ``images``), so every engine call and the trainer's
+forward get them with the ids.
 A turn that sampled the image pad ends an episode with images: that pad stands for no image,
 and the engine could not serve a context holding it beside real ones.
 """
@@ -32,7 +33,6 @@ import asyncio
 import itertools
 from typing import Any
 
-from rlframe.config.agent import compute_response_width
 from rlframe.controller.reads import IMAGES
 from rlframe.core.protocol import Batch
 from rlframe.envs import ChatFormat, EnvError, build_env_factory, get_tools
@@ -40,19 +40,8 @@ from rlframe.envs.base import as_step_result, check_messages
 from rlframe.envs.chat import read_images
 from rlframe.envs.runner import CallOutcome, check_stuck_calls, run_one
 from rlframe.rollout.agents import AGENTS, AgentContext
-from rlframe.rollout.rows import TokenRow, add_turn_result, attach, collate, image_extras
+from rlframe.rollout.rows import AgentStats, TokenRow, add_turn_result, read_prompt_rows
 from rlframe.rollout.turns import TurnRequest, sample_turn
-
-STATS = (
-    "env_reward",
-    "env_failed",
-    "agent_tool_calls",
-    "agent_tool_errors",
-    "agent_obs_cut",
-    "agent_obs_images",
-)
-"""Per-episode counters, kept as row extras (``agent_turns`` and ``agent_obs_tokens`` are
-read off the row at the end)."""
 
 
 def mix_seed(seed: int, turn: int) -> int:
@@ -91,17 +80,14 @@ class EpisodeRunner:
         self.cfg = ctx.config
         self.agent = ctx.config.agent
         self.env_name = self.agent.env
-        self.pad_id = int(prompts.meta["pad_token_id"])
         self.stop_ids = tuple(int(t) for t in prompts.meta["stop_token_ids"])
         meta = prompts.meta
         self.temperature = 0.0 if meta.get("greedy") else meta.get("temperature")
         """Greedy for ReMax's baseline, validation's own temperature, else the run's."""
         self.samples = build_samples(prompts)
-        self.weights_version = 0
-        """The newest version a turn of this batch ran with."""
         self.envs: list[Any] = []
 
-    def run(self) -> Batch:
+    def run(self) -> list[TokenRow]:
         make_env = build_env_factory(self.env_name, self.agent.env_kwargs)
         self.envs = [make_env() for _ in range(len(self.prompts))]
         self.chat = ChatFormat(self.ctx.tokenizer, tools=get_tools(self.envs[0]))
@@ -109,7 +95,7 @@ class EpisodeRunner:
         self.ctx.turns.open()
         rows = asyncio.run(self.run_all())
         check_stuck_calls(self.agent.max_stuck_calls, self.agent.step_timeout_s, self.env_name)
-        return self.assemble(rows)
+        return [self.finish(t) for t in rows]
 
     async def run_all(self) -> list[TokenRow]:
         """Every episode at once; the first that raises cancels the others and is raised."""
@@ -140,19 +126,13 @@ class EpisodeRunner:
 
     def start(self, i: int, outcome: CallOutcome) -> tuple[TokenRow, bool]:
         """The episode's row, and whether it is over already (its reset failed)."""
-        stats = {name: 0.0 for name in STATS}
-        seed = int(self.prompts.column("seed")[i])
+        stats = AgentStats(agent_obs_images=0.0)
         if outcome.error is not None:
             # on_env_error=mask / fail_episode: nothing to sample from; keep the loader's
             # prompt. The reward stage masks the episode or scores it 0.
-            ids = self.prompts.tensor("prompt_ids")[i][
-                self.prompts.tensor("prompt_mask")[i].bool()
-            ].tolist()
-            stats["env_failed"] = 1.0
-            images = self.samples[i].get("images", [])
-            row = TokenRow(
-                ids, seed=seed, finish_reason="env_error", row_extras=stats | self.carry(images)
-            )
+            row = read_prompt_rows(self.prompts.rows([i]))[0]
+            row.source, row.finish_reason, row.agent = i, "env_error", stats
+            stats.env_failed = 1.0
             return row, True
         messages = check_messages(outcome.value, self.env_name, "reset")
         ids = self.chat.prompt_ids(messages)
@@ -163,12 +143,9 @@ class EpisodeRunner:
                 f"{len(ids)} tokens with the env's opening messages and tools, more than "
                 f"data.max_prompt_length={limit}"
             )
-        return TokenRow(ids, seed=seed, row_extras=stats | self.carry(read_images(messages))), False
-
-    def carry(self, images: list[bytes]) -> dict[str, list[bytes]]:
-        """The ``images`` extra of a row: present on every row when the prompts have images
-        (the grid's column then replaces the prompts' one), else only on a row with some."""
-        return {IMAGES: list(images)} if IMAGES in self.prompts else image_extras(images)
+        seed = int(self.prompts.column("seed")[i])
+        row = TokenRow(ids, seed=seed, source=i, images=read_images(messages), agent=stats)
+        return row, False
 
     async def sample_turn(self, row: TokenRow, turn: int, session: str) -> None:
         """The episode's next turn, from the stream."""
@@ -180,25 +157,25 @@ class EpisodeRunner:
             min(per_turn, budget - row.sampled),
             self.stop_ids,
             self.temperature,
-            tuple(row.row_extras.get(IMAGES, ())),
+            tuple(row.images),
         )
         result = await sample_turn(self.ctx.turns, request, session)
         add_turn_result(row, result)
-        self.weights_version = max(self.weights_version, result.weights_version)
 
     async def step_env(self, t: TokenRow, i: int, turn: int) -> bool:
         """The env sees the turn's text; the episode goes on with the observation. Returns
         whether the episode ended."""
         outcome = await self.call_env(self.envs[i].step, (self.decode_turn(t),), "step", i, turn)
         budget = self.cfg.rollout.max_tokens
-        stats = t.row_extras
+        stats = t.agent
+        assert stats is not None  # set by start
         if outcome.error is not None:
-            stats["env_failed"] = 1.0
+            stats.env_failed = 1.0
             return True
         result = as_step_result(outcome.value, self.env_name)
-        stats["env_reward"] += result.reward
-        stats["agent_tool_calls"] += int(result.info.get("tool_calls", 0))
-        stats["agent_tool_errors"] += int(result.info.get("tool_errors", 0))
+        stats.env_reward += result.reward
+        stats.agent_tool_calls += int(result.info.get("tool_calls", 0))
+        stats.agent_tool_errors += int(result.info.get("tool_errors", 0))
         cut_off = t.finish_reason == "length"
         images = read_images(result.observation) if not result.done else []
         if (
@@ -215,15 +192,15 @@ class EpisodeRunner:
             result.observation, self.agent.max_obs_tokens - len(close)
         )
         t.add_observation(close + obs)
-        stats["agent_obs_cut"] += was_cut
+        stats.agent_obs_cut += was_cut
         if images:
-            t.row_extras.setdefault(IMAGES, []).extend(images)
-            stats["agent_obs_images"] += len(images)
+            t.images.extend(images)
+            stats.agent_obs_images = (stats.agent_obs_images or 0.0) + len(images)
         return False
 
     def sampled_image_pad(self, t: TokenRow, new_images: list[bytes]) -> bool:
         """Whether the row, which holds or would get images, has a sampled image pad."""
-        if not (t.row_extras.get(IMAGES) or new_images):
+        if not (t.images or new_images):
             return False
         pad = self.chat.image_token_id()
         return any(m and token == pad for token, m in zip(t.response_ids, t.loss_mask))
@@ -259,23 +236,20 @@ class EpisodeRunner:
         )
         return f"prompt {prompt!r}, ground truth {truth!r}"
 
-    # -- the batch -----------------------------------------------------------------------
+    # -- the rows ------------------------------------------------------------------------
 
-    def assemble(self, rows: list[TokenRow]) -> Batch:
-        cfg = self.cfg
-        for t in rows:
-            stats = t.row_extras
-            stats["env_reward"] *= 1 - stats["env_failed"]
-            stats["agent_turns"] = float(t.turns)
-            stats["agent_obs_tokens"] = float(len(t.response_ids) - t.sampled)
-            stats["prompt"] = self.ctx.tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
-        width = compute_response_width(cfg.rollout.max_tokens, cfg.rollout.agent, self.agent)
-        # A row no call ran (its env failed at reset) carries the latest version.
-        grid = collate(rows, width, self.pad_id, self.weights_version)
-        return attach(self.prompts, grid)
+    def finish(self, t: TokenRow) -> TokenRow:
+        """The episode's row with its last counters and its prompt's text."""
+        stats = t.agent
+        assert stats is not None  # set by start
+        stats.env_reward *= 1 - stats.env_failed
+        stats.agent_turns = float(t.turns)
+        stats.agent_obs_tokens = float(len(t.response_ids) - t.sampled)
+        t.prompt = self.ctx.tokenizer.decode(t.prompt_ids, skip_special_tokens=False)
+        return t
 
 
 @AGENTS.register("multi_turn")
-def run_episodes(prompts: Batch, ctx: AgentContext) -> Batch:
+def run_episodes(prompts: Batch, ctx: AgentContext) -> list[TokenRow]:
     """The ``multi_turn`` agent: one episode per prompt row against ``agent.env``."""
     return EpisodeRunner(prompts, ctx).run()

@@ -16,9 +16,15 @@ from typing import Any
 
 import torch
 
-from rlframe.core.protocol import Batch
+from rlframe.core.protocol import ROUTED_EXPERTS, Batch
 from rlframe.data.prompts import PromptRecord
-from rlframe.rollout.rows import TokenRow, add_turns, build_request, read_row_images
+from rlframe.rollout.rows import (
+    AgentStats,
+    TokenRow,
+    add_turns,
+    build_request,
+    read_row_images,
+)
 
 
 def continuation_seed(row: TokenRow) -> int:
@@ -39,21 +45,17 @@ class Group:
     prompts: Batch
     """The group's ``n`` prompt rows (``build_prompt_batch`` of its one record)."""
     rows: list[TokenRow]
-    """Its responses as far as they got (``single_turn`` continues them call by call)."""
+    """Its responses as far as they got (``single_turn`` continues them call by call; another
+    agent's rows replace them when its episodes end), each naming its prompt row in
+    ``prompts`` as its ``source``."""
     start_version: int
     """Weights version when the group was admitted: none of its tokens is older (weights
     only move forward), so this is its oldest version for the staleness bound."""
-    output: Batch | None = None
-    """The finished group's rows, before rewards."""
+    done: bool = False
+    """Every row finished: the group waits for its rewards."""
     scored: Batch | None = None
-    """The finished group's rows with their rewards (and ReMax's baseline)."""
+    """The finished group's rows, collated, with their rewards (and ReMax's baseline)."""
     dropped: bool = False
-
-    def require_output(self) -> Batch:
-        """The finished group's rows; ValueError (naming the group) before it finished."""
-        if self.output is None:
-            raise ValueError(f"group {self.group_id} has not finished")
-        return self.output
 
     def require_scored(self) -> Batch:
         """The rows with their rewards; ValueError (naming the group) before scoring."""
@@ -73,6 +75,23 @@ class Group:
         if self.scored is not None:
             return state | {"scored": split_batch(self.scored)}
         return state | {"rows": [asdict(r) for r in self.rows]}
+
+
+def restore_row(saved: dict[str, Any]) -> TokenRow:
+    """A row of :meth:`Group.state_dict`; one saved before rows had typed fields keeps its
+    images (``row_extras``) and its routed experts (prompt and per-token extras)."""
+    saved = dict(saved)
+    extras = saved.pop("row_extras", {})
+    prompt_routing = saved.pop("prompt_extras", {}).get(ROUTED_EXPERTS, [])
+    token_routing = saved.pop("token_extras", {}).get(ROUTED_EXPERTS, [])
+    if "images" in extras:
+        saved["images"] = list(extras["images"])
+    routing = [t for t in [*prompt_routing, *token_routing] if t is not None]
+    if routing:
+        saved["routed_experts"] = torch.stack(routing)
+    if isinstance(saved.get("agent"), dict):
+        saved["agent"] = AgentStats(**saved["agent"])
+    return TokenRow(**saved)
 
 
 def split_batch(batch: Batch) -> dict[str, Any]:
@@ -114,16 +133,3 @@ def merge_call(rows: list[TokenRow], out: Batch, max_tokens: int) -> None:
 def list_unfinished(groups: list[Group]) -> list[TokenRow]:
     """The responses of ``groups`` still in flight, in call order."""
     return [row for g in groups for row in g.rows if row.finish_reason is None]
-
-
-def stamp_versions(out: Batch, version: int) -> Batch:
-    """An agent's rows with ``token_version``/``weights_version``: the agent's own, or for an
-    agent that reports none, the version the call began with (weights only move forward, so
-    no token is older)."""
-    if "token_version" in out:
-        return out
-    width = out.tensor("response_ids").shape[1]
-    return out.with_tensors(
-        token_version=torch.full((len(out), width), version, dtype=torch.long),
-        weights_version=torch.full((len(out),), version, dtype=torch.long),
-    )

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from rlframe.config import Config, StaleGroups
+from rlframe.config.agent import compute_response_width
 from rlframe.core.names import NEEDS_GREEDY_BASELINE
 from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.core.tokenizer import Tokenizer, read_eos_id, read_pad_id
@@ -43,6 +44,7 @@ from rlframe.rollout.agents import (
     AGENTS,
     AgentContext,
     AgentFn,
+    check_rows,
     collect_agent_metrics,
     fill_mini_batches,
 )
@@ -52,9 +54,9 @@ from rlframe.rollout.partial import (
     join_batch,
     list_unfinished,
     merge_call,
-    stamp_versions,
+    restore_row,
 )
-from rlframe.rollout.rows import TokenRow, attach, collate, image_extras
+from rlframe.rollout.rows import TokenRow, collate
 from rlframe.rollout.sampling import (
     collect_masking_metrics,
     collect_sampling_metrics,
@@ -124,10 +126,10 @@ class ExperienceProducer:
         """DAPO: groups of equal rewards a step may drop and replace; later ones top it up."""
         self.reward_masks = cfg.reward.on_error == "mask"
         self.env_masks = cfg.agent.on_env_error == "mask"
-        self.meta = {
-            "stop_token_ids": [read_eos_id(tokenizer)],
-            "pad_token_id": read_pad_id(tokenizer),
-        }
+        self.pad_id = read_pad_id(tokenizer)
+        self.meta = {"stop_token_ids": [read_eos_id(tokenizer)], "pad_token_id": self.pad_id}
+        self.width = compute_response_width(r.max_tokens, r.agent, cfg.agent)
+        """Columns of the grid's responses."""
         self.thread = (
             ThreadPoolExecutor(1, thread_name_prefix="rlframe-producer") if overlap else None
         )
@@ -140,7 +142,7 @@ class ExperienceProducer:
         self.steps_done = 0
         self.version = 0
         """The weights version the rollout engines hold (the next update starts from it)."""
-        self.call: tuple[Future[tuple[Batch, float]], list[Group]] | None = None
+        self.call: tuple[Future[tuple[Batch | list[TokenRow], float]], list[Group]] | None = None
         """The call in flight and the groups it runs."""
         self.counts = self.zero_counts()
         """This step's DAPO counts (``informative``, ``uniform``, ``replaced``) and masking
@@ -197,7 +199,27 @@ class ExperienceProducer:
 
     def generate(self, prompts: Batch) -> Batch:
         """The prompt rows with their responses, by the configured agent (blocking)."""
-        return self.agent(prompts, self.context)
+        return self.collate(prompts, self.run_agent(prompts, self.version))
+
+    def run_agent(self, prompts: Batch, version: int) -> list[TokenRow]:
+        """The agent's rows for ``prompts``; a row no engine call ran (its env failed at
+        reset) carries ``version``, the one the call began with (weights only move forward,
+        so no token is older)."""
+        rows = check_rows(self.agent(prompts, self.context), self.cfg.rollout.agent)
+        for row in rows:
+            if row.first_version < 0:
+                row.first_version = version
+        return rows
+
+    def collate(
+        self, prompts: Batch, rows: list[TokenRow], index: list[int] | None = None
+    ) -> Batch:
+        """The training grid of ``rows`` with their prompt rows' keys: the one place rows
+        become a Batch. ``index``: each row's prompt row (default: the row's ``source``, or
+        its position)."""
+        if index is None:
+            index = [r.source if r.source >= 0 else i for i, r in enumerate(rows)]
+        return collate(rows, prompts.rows(index), self.width, self.pad_id)
 
     def track_sync(self, sync_weights: Callable[[], int]) -> Callable[[], int]:
         """``sync_weights`` that first waits for the call in flight, then records the new
@@ -258,12 +280,12 @@ class ExperienceProducer:
         room = count_admissible(self.admitted, self.steps_done, self.wanted, self.k)
         for _ in range(room):
             self.groups.append(self.admit())
-        todo = [g for g in self.groups if g.output is None]
+        todo = [g for g in self.groups if not g.done]
         if todo:
             run = run_now if self.thread is None else self.thread.submit
             self.call = (run(self.run_call, todo, self.version), todo)
 
-    def run_call(self, todo: list[Group], version: int) -> tuple[Batch, float]:
+    def run_call(self, todo: list[Group], version: int) -> tuple[Batch | list[TokenRow], float]:
         """One call over ``todo`` (on the producer's thread with ``overlap``) and how long it
         took: an engine call continuing every response in flight, or the agent's episodes."""
         started = time.perf_counter()
@@ -275,37 +297,40 @@ class ExperienceProducer:
             request = build_continuation(
                 list_unfinished(todo), r.max_tokens, r.partial_chunk_tokens, meta
             )
-            out = self.context.generate(request)
+            out: Batch | list[TokenRow] = self.context.generate(request)
         else:
-            out = stamp_versions(
-                self.agent(concat_groups([g.prompts for g in todo]), self.context), version
-            )
+            out = self.run_agent(concat_groups([g.prompts for g in todo]), version)
         return out, time.perf_counter() - started
 
-    def merge(self, todo: list[Group], out: Batch) -> list[Group]:
-        """Keep a call's tokens (or episodes); the groups it finished, dropped ones left out."""
-        if self.continues:
-            r = self.cfg.rollout
-            merge_call(list_unfinished(todo), out, r.max_tokens)
-            width, pad = r.max_tokens, read_pad_id(self.tokenizer)
+    def merge(self, todo: list[Group], out: Batch | list[TokenRow]) -> list[Group]:
+        """Keep a call's tokens (or episodes' rows, each in the group of its prompt row);
+        the groups it finished, dropped ones left out."""
+        if isinstance(out, Batch):
+            merge_call(list_unfinished(todo), out, self.cfg.rollout.max_tokens)
             for g in todo:
-                if all(row.finish_reason is not None for row in g.rows):
-                    g.output = attach(g.prompts, collate(g.rows, width, pad))
+                g.done = all(row.finish_reason is not None for row in g.rows)
         else:
-            groups = out.tensor("group").tolist()
+            owners = [(g, j) for g in todo for j in range(len(g.prompts))]
             for g in todo:
-                g.output = out.rows([i for i, gid in enumerate(groups) if gid == g.group_id])
-        return [g for g in todo if g.output is not None and not g.dropped]
+                g.rows, g.done = [], True
+            for position, row in enumerate(out):
+                g, row.source = owners[row.source if row.source >= 0 else position]
+                g.rows.append(row)
+        return [g for g in todo if g.done and not g.dropped]
 
     def score(self, groups: list[Group]) -> None:
         """Rewards for newly finished groups, in one reward-stage call; the drops of groups
         masking left short (:meth:`settle_masked`) and DAPO's; ReMax's greedy baselines."""
         started = time.perf_counter()
-        scored = self.rewards.compute_rewards(concat_groups([g.require_output() for g in groups]))
+        sizes = [len(g.rows) for g in groups]
+        starts = [0, *torch.tensor([len(g.prompts) for g in groups]).cumsum(0).tolist()]
+        index = [start + r.source for g, start in zip(groups, starts) for r in g.rows]
+        rows = [r for g in groups for r in g.rows]
+        batch = self.collate(concat_groups([g.prompts for g in groups]), rows, index)
+        scored = self.rewards.compute_rewards(batch)
         self.timings["reward"] += time.perf_counter() - started
         for key, count in count_masked_samples(scored, self.env_masks).items():
             self.counts[key] += count
-        sizes = [len(g.require_output()) for g in groups]
         ends = torch.tensor(sizes).cumsum(0).tolist()
         for g, end, size in zip(groups, ends, sizes):
             g.scored = scored.rows(slice(end - size, end))
@@ -343,7 +368,7 @@ class ExperienceProducer:
         """ReMax: the reward of one greedy episode per prompt, shared by its group."""
         prompts = concat_groups([g.prompts.rows([0]) for g in groups])
         prompts = Batch(prompts.tensors, prompts.columns, prompts.meta | {"greedy": True})
-        greedy = self.rewards.compute_rewards(self.agent(prompts, self.context))
+        greedy = self.rewards.compute_rewards(self.generate(prompts))
         valid = read_sample_mask(greedy)
         for g in groups:
             row = int(torch.nonzero(greedy.tensor("group") == g.group_id)[0])
@@ -362,13 +387,11 @@ class ExperienceProducer:
 
     def build_group(self, record: PromptRecord, group_id: int, version: int) -> Group:
         # The seeds lockstep gives this group: same prompt index, same samples at k=0.
-        prompts = build_prompt_batch(
-            [record], self.n, group_id, read_pad_id(self.tokenizer), self.cfg.trainer.seed
-        )
+        prompts = build_prompt_batch([record], self.n, group_id, self.pad_id, self.cfg.trainer.seed)
         prompts.meta |= self.meta
         rows = [
-            TokenRow(list(record.prompt_ids), seed=int(s), row_extras=image_extras(record.images))
-            for s in prompts.column("seed")
+            TokenRow(list(record.prompt_ids), seed=int(s), source=i, images=list(record.images))
+            for i, s in enumerate(prompts.column("seed"))
         ]
         return Group(group_id, record, prompts, rows, version)
 
@@ -384,7 +407,7 @@ class ExperienceProducer:
     def state_dict(self) -> dict[str, Any]:
         """Where the prompts are and every group in flight, after finishing the call in
         flight (nothing new starts): scored groups with their rows, unfinished responses
-        with their kept tokens and their rows' extras (images, routed experts) in the blob
+        with their kept tokens and their rows' images and routed experts in the blob
         table of :func:`~rlframe.rollout.state_json.encode_state`. JSON; resuming continues
         them exactly."""
         if self.call is not None:
@@ -420,9 +443,11 @@ class ExperienceProducer:
         )
         if "scored" in saved:
             group.scored = add_missing_columns(join_batch(saved["scored"]))
-            group.output = group.scored
+            group.done = True
         else:
-            group.rows = [TokenRow(**r) for r in saved["rows"]]
+            group.rows = [restore_row(r) for r in saved["rows"]]
+            for i, row in enumerate(group.rows):  # saved before rows named their prompt row
+                row.source = i if row.source < 0 else row.source
         return group
 
     def close(self) -> None:

@@ -1,13 +1,13 @@
 """The experience producer's checkpoint state as JSON, with the binary values rows carry.
 
-Token rows and scored groups hold more than JSON has: a prompt's images (encoded bytes, the
-``images`` row extra and the record's ``images``), a token's routed experts (tensors, the
-``routed_experts`` token and prompt extras), a batch's tensors. :func:`encode_state` puts each
-such value once in a blob table (base64 of its bytes, keyed by their SHA-256) and leaves a tag
-in its place; :func:`decode_state` puts them back. Exact: a tensor's blob is its raw memory, so
-it comes back bit for bit in its dtype and shape (NaN payloads and -0.0 included), and a row's
-images are the bytes the engine was sent. The n rows of a group share their prompt's images,
-so the table holds each image once, however many rows and records name it.
+Token rows and scored groups hold more than JSON has: a prompt's images (encoded bytes, a
+row's and a record's ``images``), a row's routed experts (one tensor), a batch's tensors.
+:func:`encode_state` puts each such value once in a blob table (base64 of its bytes, keyed by
+their SHA-256) and leaves a tag in its place; :func:`decode_state` puts them back. Exact: a
+tensor's blob is its raw memory, so it comes back bit for bit in its dtype and shape (NaN
+payloads and -0.0 included), and a row's images are the bytes the engine was sent. The n rows
+of a group share their prompt's images, so the table holds each image once, however many rows
+and records name it.
 """
 
 from __future__ import annotations

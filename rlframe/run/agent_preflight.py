@@ -7,6 +7,7 @@ start): ``rollout.agent`` loads; ``rollout.agent=openai`` has an entry function 
 
 from __future__ import annotations
 
+import inspect
 import socket
 
 from rlframe.config import Config, ConfigError
@@ -21,13 +22,28 @@ def check_agent(cfg: Config, tokenizer: Tokenizer) -> None:
     from rlframe.agent_server import pick_agent
 
     try:
-        pick_agent(cfg.rollout.agent)
+        agent = pick_agent(cfg.rollout.agent)
     except Exception as e:
         raise ConfigError("rollout.agent", describe_load_error(e)) from None
+    if returns_batch(agent):
+        raise ConfigError(
+            "rollout.agent",
+            f"{cfg.rollout.agent} is declared to return a Batch: an agent returns its rows "
+            "(list[rlframe.rollout.rows.TokenRow]) and the run collates them; see "
+            "docs/agents.md, 'Your own agent'",
+        )
     if cfg.rollout.agent == "openai":
         check_openai_entry(cfg)
     if cfg.agent.env:
         check_env(cfg, tokenizer)
+
+
+def returns_batch(agent: object) -> bool:
+    """Whether ``agent``'s return annotation names a Batch (the contract before rows); an
+    agent without one is checked at its first batch."""
+    annotation = inspect.signature(agent).return_annotation  # type: ignore[arg-type]
+    name = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return name.rsplit(".", 1)[-1] == "Batch"
 
 
 def check_env(cfg: Config, tokenizer: Tokenizer) -> None:

@@ -19,6 +19,7 @@ from rlframe.rewards.stage import combine_rewards
 from rlframe.rollout import AgentContext
 from rlframe.rollout.engine_client import EngineClient
 from tests.agent_server.conftest import make_config
+from tests.rows_grid import run_agent
 from workers.roles.rollout_role import RolloutRole
 
 PLUGINS = "tests.plugins.openai_agents"
@@ -40,7 +41,7 @@ def run(entry: str, dynamic_sampling: bool = False, **agent: Any) -> tuple[Batch
     role = RolloutRole(cfg, path, "cpu", 0)
     ctx = AgentContext(role.generate, tokenizer, cfg, engine=EngineClient([role.serve]))
     try:
-        return prompts, pick_agent("openai")(prompts, ctx)
+        return prompts, run_agent(pick_agent("openai"), prompts, ctx)
     finally:
         ctx.resources["openai_server"].stop()
 

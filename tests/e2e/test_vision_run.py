@@ -219,7 +219,7 @@ def test_resume_with_image_rows_in_flight_matches_straight_run(tmp_path: Path) -
     experience = json.loads((saved / "driver_state.json").read_text())["experience"]
     groups = decode_state(experience)["groups"]
     partial = [r for g in groups for r in g.get("rows", []) if 0 < len(r["response_ids"]) < 3]
-    assert partial and all(len(r["row_extras"]["images"]) == 1 for r in partial)
+    assert partial and all(len(r["images"]) == 1 for r in partial)
     out = run_recipe(resumed, *common, recipe="vlm_tiny").stdout
     assert "at step 2" in out
     a, b = read_metrics(straight), read_metrics(resumed)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rlframe.data.tiny_model import build_tiny_tokenizer
-from rlframe.rollout.rows import generate_batch
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
+from tests.rows_grid import generate_batch
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 

@@ -19,8 +19,8 @@ import torch
 
 from rlframe.data.tiny_moe_families import resolve_tiny_moe_family
 from rlframe.models.moe_families import MOE_FAMILIES
-from rlframe.rollout.rows import generate_batch
 from tests.ray.factories import TinyGroups, logprob_gap, prompts_for, tiny_config
+from tests.rows_grid import generate_batch
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 

@@ -14,10 +14,10 @@ from ray import cloudpickle
 from rlframe.controller.worker_group import WorkerGroup
 from rlframe.core.protocol import Batch
 from rlframe.data.tiny_model import resolve_model_path
-from rlframe.rollout.rows import generate_batch
 from rlframe.run.pools import build_broadcast_sync, join_weight_group, pick_weight_group_spec
 from tests.plugins import corrupt_experts
 from tests.ray.factories import TinyGroups, logprob_gap, prompts_for, tiny_config
+from tests.rows_grid import generate_batch
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 

@@ -17,6 +17,7 @@ from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 from rlframe.rollout.multi_turn import mix_seed, run_episodes
 from rlframe.rollout.turns import TurnRequest, TurnResult
 from tests.ray.factories import prompts_for, tiny_config
+from tests.rows_grid import run_agent
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
@@ -57,7 +58,7 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(
     group = tiny_hybrid_group(cfg)
     prompts = prompts_for(3, task="guess", tokenizer=tokenizer)
     recorder = Recorder(group.generate)
-    batch = run_episodes(prompts, AgentContext(recorder, tokenizer, cfg))
+    batch = run_agent(run_episodes, prompts, AgentContext(recorder, tokenizer, cfg))
 
     # Every engine call's input is the row's prompt + response so far, and what the engine
     # sampled sits unchanged, with its log-probs, right after it in the final response.
@@ -114,8 +115,8 @@ def test_episodes_concatenate_engine_ids_and_logprobs_match_the_trainer(
     # A one-turn episode samples what single_turn samples (same seed, same context).
     single_cfg = make_config(max_turns=1)
     single_cfg.agent.max_tokens_per_turn = 0
-    one = run_episodes(prompts, AgentContext(group.generate, tokenizer, single_cfg))
-    plain = run_single_turn(prompts, AgentContext(group.generate, tokenizer, single_cfg))
+    one = run_agent(run_episodes, prompts, AgentContext(group.generate, tokenizer, single_cfg))
+    plain = run_agent(run_single_turn, prompts, AgentContext(group.generate, tokenizer, single_cfg))
     assert torch.equal(one["response_ids"][:, :6], plain["response_ids"])
     assert torch.equal(one["loss_mask"][:, :6], plain["loss_mask"])
 
@@ -162,7 +163,9 @@ def test_streamed_episodes_stay_on_one_replica_and_match_the_trainer(
     server = RecordingServer(EngineClient(replicas, group.open_stream))
     try:
         prompts = prompts_for(4, task="guess", tokenizer=tokenizer)
-        batch = run_episodes(prompts, AgentContext(group.generate, tokenizer, cfg, engine=server))
+        batch = run_agent(
+            run_episodes, prompts, AgentContext(group.generate, tokenizer, cfg, engine=server)
+        )
         metrics = server.take_metrics()
     finally:
         server.close()

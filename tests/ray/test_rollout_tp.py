@@ -15,9 +15,10 @@ from rlframe.controller.dispatch import Dispatch, split_call
 from rlframe.controller.worker_group import WorkerGroup
 from rlframe.core.protocol import Batch
 from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
-from rlframe.rollout.rows import build_request, generate_batch, read_prompt_rows
+from rlframe.rollout.rows import build_request, read_prompt_rows
 from rlframe.rollout.turns import TurnRequest
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
+from tests.rows_grid import generate_batch
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 

@@ -21,8 +21,8 @@ import pytest
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker_group import WorkerGroup
 from rlframe.core.protocol import Batch
-from rlframe.rollout.rows import generate_batch
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
+from tests.rows_grid import generate_batch
 from workers.hybrid import HybridWorker
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]

@@ -14,9 +14,9 @@ import ray
 import torch
 
 from rlframe.controller.worker_group import WorkerError, WorkerGroup
-from rlframe.rollout.rows import generate_batch
 from rlframe.run.pools import build_broadcast_sync, join_weight_group, pick_weight_group_spec
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
+from tests.rows_grid import generate_batch
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 

@@ -23,6 +23,7 @@ from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.rollout import AgentContext
 from rlframe.rollout.multi_turn import run_episodes
 from rlframe.rollout.rows import build_response
+from tests.rows_grid import run_agent
 
 TOKENIZER = build_tiny_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -99,7 +100,7 @@ def make_prompts(prompts: list[str], truths: list[str]) -> Batch:
 
 
 def run(cfg: Config, policy: ScriptedPolicy, prompts: Batch) -> Batch:
-    return run_episodes(prompts, AgentContext(policy, TOKENIZER, cfg))
+    return run_agent(run_episodes, prompts, AgentContext(policy, TOKENIZER, cfg))
 
 
 GUESS = "guess_number"

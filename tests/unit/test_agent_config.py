@@ -30,6 +30,11 @@ TEMPLATE_LESS_ENV = Path(__file__).resolve().parent / "scripted_episodes.py"
             "agent.env: unknown environment 'chess'; registered: "
             "['calculator', 'colour_quiz', 'guess_number', 'slow_guess']",
         ),
+        (
+            "rollout.agent=tests.plugins.old_agents:collated",
+            "rollout.agent: tests.plugins.old_agents:collated is declared to return a Batch: "
+            "an agent returns its rows",
+        ),
         (f"agent.env={TEMPLATE_LESS_ENV}:NoSuchEnv", "agent.env: has no function 'NoSuchEnv'"),
         ("+agent.env_kwargs.colour=red", "agent.env_kwargs: guess_number cannot be built with"),
         (

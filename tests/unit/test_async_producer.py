@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from rlframe.config import Placement
+from rlframe.core.protocol import Batch
 from rlframe.data.loader import build_prompt_batch
-from rlframe.rollout import ExperienceProducer, run_single_turn
+from rlframe.envs import EnvError
+from rlframe.rollout import AgentContext, ExperienceProducer, run_single_turn
+from tests.rows_grid import collate_rows
 from tests.unit.scripted_engine import TOKENIZER, Engine, make_producer, run_steps
 
 
@@ -89,7 +92,7 @@ def test_staleness_zero_gives_the_lockstep_batches() -> None:
     for step, (batch, metrics) in enumerate(run_steps(producer, engine, 4)):
         prompts = build_prompt_batch(plain.loader.next_records(), 2, 2 * step, 0, 0)
         prompts.meta |= {"stop_token_ids": [TOKENIZER.eos_token_id], "pad_token_id": 0}
-        expected = plain.rewards.compute_rewards(run_single_turn(prompts, plain.context))
+        expected = plain.rewards.compute_rewards(plain.generate(prompts))
         plain_engine.version += 1
         for key in ("group", "prompt_ids", "response_ids", "response_mask", "rollout_logprobs"):
             assert torch.equal(batch[key], expected[key]), key
@@ -131,3 +134,20 @@ def test_launcher_builds_one_producer(placement: str, agent: str) -> None:
         assert producer.continues == (agent == "single_turn")
         assert sync() == engine.version == producer.version == k + 1
         producer.close()
+
+
+def test_an_agent_that_returns_a_batch_stops_with_one_line() -> None:
+    """The contract before rows (an agent returning its collated Batch) is not adapted: the
+    first batch names the agent and what to return instead."""
+    producer = make_producer(Engine(), k=0, chunk=0)
+    prompts = build_prompt_batch(producer.loader.next_records(), 2, 0, 0, 0)
+    prompts.meta |= {"stop_token_ids": [TOKENIZER.eos_token_id], "pad_token_id": 0}
+
+    def old_agent(prompts: Batch, ctx: AgentContext) -> Batch:
+        return collate_rows(run_single_turn(prompts, ctx), prompts, 12)
+
+    producer.agent = old_agent  # type: ignore[assignment]
+    with pytest.raises(EnvError, match=r"returned a Batch, not a list of TokenRow: an agent"):
+        producer.generate(prompts)
+    producer.agent = run_single_turn
+    assert len(producer.generate(prompts)) == 4

@@ -135,7 +135,10 @@ def test_routing_crosses_the_wire_into_the_grid_aligned_with_prompt_and_response
         ]
     )
     add_turns(rows, out)
-    grid = collate(rows, width=4, pad_id=0)
+    # One array per row, kept as the engine sent it: never a tensor per token (issue 45,
+    # desk item 7: 24 us a token on the driver; bench/routed_experts_rows.py).
+    assert all(r.routed_experts is x for r, x in zip(rows, out.column(ROUTED_EXPERTS)))
+    grid = collate(rows, Batch(columns={"seed": [0, 0]}), width=4, pad_id=0)
     routing = grid[ROUTED_EXPERTS]
     assert routing.shape == (2, 7, 1, 2) and routing.dtype == torch.int16
     # Prompt positions, then response positions; the last response token was never fed.

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rlframe.core.protocol import ROUTED_EXPERTS, Batch
+from rlframe.rollout.partial import restore_row
 from rlframe.rollout.rows import TokenRow
 from rlframe.rollout.state_json import BLOBS, decode_state, encode_state
 from tests.unit.scripted_engine import Engine, make_producer, run_steps
@@ -78,7 +79,7 @@ def test_rows_with_images_in_flight_resume_exactly() -> None:
     groups = decode_state(out["state"])["groups"]
     partial = [r for g in groups for r in g.get("rows", []) if r["response_ids"]]
     assert partial, "no response in flight: the test would not test continued image rows"
-    assert all(r["row_extras"]["images"][0] in pngs for r in partial)
+    assert all(r["images"][0] in pngs for r in partial)
     # Each image once in the blob table, however many rows and records show it.
     assert len(out["state"][BLOBS]) <= len(pngs)
     assert_same_requests(out["straight_calls"], out["resumed_calls"])
@@ -113,8 +114,8 @@ def test_the_state_codec_is_exact_for_bytes_and_tensors() -> None:
         "png": make_pngs(1)[0],
     }
     row = TokenRow([1, 2], [3, 4], [1, 1], [-0.5, -0.25], [0, 1], seed=7)
-    row.token_extras[ROUTED_EXPERTS] = [values["i16"][0], None]
-    row.row_extras["images"] = [values["png"], values["png"]]
+    row.routed_experts = values["i16"][0]
+    row.images = [values["png"], values["png"]]
     saved = through_json(encode_state({"values": values, "row": vars(row)}))
     back = decode_state(saved)
     for key, value in values.items():
@@ -126,12 +127,31 @@ def test_the_state_codec_is_exact_for_bytes_and_tensors() -> None:
         else:
             assert back["values"][key] == value
     assert math.copysign(1.0, float(back["values"]["f32"][0, 0])) == -1.0
-    restored = TokenRow(**back["row"])
-    assert restored.row_extras["images"] == [values["png"]] * 2
-    assert torch.equal(restored.token_extras[ROUTED_EXPERTS][0], values["i16"][0])
-    assert restored.token_extras[ROUTED_EXPERTS][1] is None
+    restored = restore_row(back["row"])
+    assert restored.images == [values["png"]] * 2
+    assert restored.routed_experts is not None
+    assert torch.equal(restored.routed_experts, values["i16"][0])
     assert restored.response_ids == [3, 4] and restored.seed == 7
     # Four tensors, the row's routing and the png once, though the row shows it twice more.
     assert len(saved[BLOBS]) == 6
     with pytest.raises(TypeError, match=r"x\.y\[1\]: a set cannot be saved"):
         encode_state({"x": {"y": [1, {2}]}})
+
+
+def test_a_row_saved_before_typed_fields_restores_its_images_and_routing() -> None:
+    """A checkpoint of a row in flight from before rows had typed fields: images as a row
+    extra, routing as one tensor per prompt token and per response token (None for the last)."""
+    routing = torch.arange(12, dtype=torch.int16).view(3, 2, 2)
+    old = {
+        "prompt_ids": [1, 2],
+        "response_ids": [3, 4],
+        "loss_mask": [1, 1],
+        "logprobs": [-0.5, -0.25],
+        "versions": [0, 0],
+        "row_extras": {"images": [b"png"]},
+        "prompt_extras": {ROUTED_EXPERTS: [routing[0], routing[1]]},
+        "token_extras": {ROUTED_EXPERTS: [routing[2], None]},
+    }
+    row = restore_row(old)
+    assert row.images == [b"png"] and row.response_ids == [3, 4]
+    assert row.routed_experts is not None and torch.equal(row.routed_experts, routing)

@@ -32,6 +32,7 @@ from rlframe.models.images import decode_image, load_processor
 from rlframe.rollout import AgentContext
 from rlframe.rollout.multi_turn import run_episodes
 from rlframe.rollout.rows import build_response
+from tests.rows_grid import run_agent
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +110,7 @@ def run_quiz(processor: Any, answers: list[int], rows: int = 2) -> tuple[Batch, 
         algorithm=AlgorithmConfig(advantage="reinforce_pp"),
     )
     policy = QuizPolicy(answers)
-    return run_episodes(prompts, AgentContext(policy, tokenizer, cfg)), policy
+    return run_agent(run_episodes, prompts, AgentContext(policy, tokenizer, cfg)), policy
 
 
 def test_an_observation_image_joins_the_row_after_the_prompt_image(processor: Any) -> None:

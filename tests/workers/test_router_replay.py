@@ -29,7 +29,7 @@ from rlframe.core.protocol import ROUTED_EXPERTS, Batch
 from rlframe.core.sequence_layout import build_layout
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.models.moe_routing import compute_routing_agreement
-from rlframe.rollout.rows import generate_batch
+from tests.rows_grid import generate_batch
 from tests.workers.layout_cases import gather_grads
 
 pytestmark = pytest.mark.usefixtures("one_rank_group")

@@ -16,9 +16,9 @@ import torch
 
 from rlframe.loop.step_metrics import compute_logprob_diffs
 from rlframe.loop.sync_check import SyncCheck
-from rlframe.rollout.rows import generate_batch
 from tests.plugins.corrupt_experts import corrupt_stream
 from tests.ray.factories import prompts_for, tiny_config
+from tests.rows_grid import generate_batch
 
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 ZEROED = "model.layers.1.self_attn.k_proj.weight"
