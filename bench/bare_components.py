@@ -237,7 +237,13 @@ def run_child(args: list[str], env: dict[str, str]) -> dict[str, float]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def report(name: str, bare: dict[str, float], lock: dict[str, float], sync: dict[str, float]):  # type: ignore[no-untyped-def]
+def report(  # type: ignore[no-untyped-def]
+    name: str,
+    bare: dict[str, float],
+    lock: dict[str, float],
+    sync: dict[str, float],
+    forced: dict[str, float] | None,
+):
     load = os.getloadavg()
     print(f"\n{name}  (load {load[0]:.2f} {load[1]:.2f})")
     print(
@@ -254,6 +260,9 @@ def report(name: str, bare: dict[str, float], lock: dict[str, float], sync: dict
     row("lockstep step", lock["timing_s/step"], bare["gen"] + bare["update"], "(gen + update)")
     overlap = max(bare["gen"], bare["update"])
     row("async step (staleness 1)", sync["timing_s/step"], overlap, "(max(gen, update))")
+    if forced is not None:
+        row("async, pass forced", forced["timing_s/step"], overlap, "(recompute_old_logprobs)")
+        print(f"  async with the pass forced: old_logprob {forced['timing_s/old_logprob']:.3f}")
     print(
         f"  async stages: update {sync['timing_s/update']:.3f}, old_logprob "
         f"{sync['timing_s/old_logprob']:.3f}, sync {sync['timing_s/sync']:.3f}; lockstep sync "
@@ -274,6 +283,12 @@ def main() -> None:
     parser.add_argument("--ab-child", help=argparse.SUPPRESS)
     parser.add_argument("--length", type=float, default=24.0, help=argparse.SUPPRESS)
     parser.add_argument("--skip-rlframe", action="store_true", help="bare figures alone")
+    parser.add_argument(
+        "--forced-pass",
+        action="store_true",
+        help="also the async run with algorithm.recompute_old_logprobs=true (the pass before "
+        "issue 47 skipped it)",
+    )
     args = parser.parse_args()
     if args.bare_child:
         print(json.dumps(measure_bare(args.bare_child, args.steps)))
@@ -308,7 +323,15 @@ def main() -> None:
         sync = run(
             here, [*common, "rollout.max_staleness=1"], args.steps, folder / f"{name}-async", KEYS
         )
-        report(f"{name} ({model})", bare, lock, sync)
+        forced = None
+        if args.forced_pass:
+            overrides = [
+                *common,
+                "rollout.max_staleness=1",
+                "algorithm.recompute_old_logprobs=true",
+            ]
+            forced = run(here, overrides, args.steps, folder / f"{name}-forced", KEYS)
+        report(f"{name} ({model})", bare, lock, sync, forced)
 
 
 if __name__ == "__main__":
