@@ -30,9 +30,19 @@ SHAPE = [
     "trainer.val_every=0",
 ]
 STAGES = ("gen", "old_logprob", "update", "sync", "step")
+TIMINGS = tuple(f"timing_s/{stage}" for stage in STAGES)
 
 
-def run(code: str, overrides: list[str], steps: int, out: Path) -> dict[str, float]:
+def run(
+    code: str,
+    overrides: list[str],
+    steps: int,
+    out: Path,
+    keys: tuple[str, ...] = TIMINGS,
+) -> dict[str, float]:
+    """One ``python -m rlframe.main`` run of ``code`` with the shape and ``overrides``: the
+    median of each metric in ``keys`` over the steps after the first two (warm-up), 0 for a
+    metric a step does not log."""
     env = dict(os.environ, PYTHONPATH=code)
     cmd = [
         sys.executable,
@@ -48,9 +58,7 @@ def run(code: str, overrides: list[str], steps: int, out: Path) -> dict[str, flo
         cmd, env=env, check=True, cwd=code, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][2:]
-    return {
-        stage: statistics.median(r.get(f"timing_s/{stage}", 0.0) for r in rows) for stage in STAGES
-    }
+    return {key: statistics.median(r.get(key, 0.0) for r in rows) for key in keys}
 
 
 def main() -> None:
@@ -83,7 +91,8 @@ def main() -> None:
         )
         print(f"{'variant':<42} " + " ".join(f"{s:>11}" for s in STAGES))
         for i, (name, (code, overrides)) in enumerate(variants.items()):
-            results[name] = run(code, overrides, args.steps, Path(tmp) / str(i))
+            timings = run(code, overrides, args.steps, Path(tmp) / str(i))
+            results[name] = {s: timings[f"timing_s/{s}"] for s in STAGES}
             print(
                 f"{name:<42} " + " ".join(f"{results[name][s]:>10.3f}s" for s in STAGES), flush=True
             )

@@ -3,8 +3,10 @@
 ``algorithm.off_policy_correction`` picks the old policy of the update's ratio:
 
 - ``recompute``: the trainer's forward pass over the batch with the weights before the update
-  (skipped when the update is exactly on-policy and runs without dropout: its own detached
-  log-probs are those numbers). The rollout gap is left to ``tis_cap`` / ``mismatch_mask``.
+  (skipped when the update is one optimizer step and runs without dropout: its own detached
+  log-probs are those numbers, taken with the same weights, whether the batch is fresh or
+  ``rollout.max_staleness`` versions old). The rollout gap is left to ``tis_cap`` /
+  ``mismatch_mask``.
 - ``rollout``: the rollout engine's own log-probs; no forward pass ever.
 - ``decoupled`` (AReaL's decoupled PPO): the ratio, and so the clip, is taken against the
   recomputed *proximal* policy (as ``recompute``), and every token's loss is multiplied by the
@@ -32,13 +34,6 @@ if TYPE_CHECKING:
     from rlframe.config import AlgorithmConfig, Config
 
 
-def is_exactly_on_policy(cfg: Config, rows: int) -> bool:
-    """The update's first optimizer step starts from the weights that generated every token
-    of the batch, and it is the only step: no staleness (``rollout.max_staleness``) and one
-    epoch of one mini-batch over ``rows`` responses."""
-    return cfg.rollout.max_staleness == 0 and cfg.actor.updates_in_one_pass(rows)
-
-
 class OldLogprobs(Enum):
     """Where an update's old log-probs (the old policy of its ratio) come from."""
 
@@ -48,8 +43,8 @@ class OldLogprobs(Enum):
     """The trainer's old-log-prob pass with the weights before the update (``recompute``, and
     ``decoupled``'s proximal policy)."""
     update = "update"
-    """The update's own log-probs, detached: an exactly on-policy update skips the pass (the
-    same numbers)."""
+    """The update's own log-probs, detached: an update of one optimizer step skips the pass
+    (the same numbers: its forward runs with the weights the pass would have used)."""
 
 
 def pick_old_logprobs(correction: OffPolicyCorrection, recomputed: bool) -> OldLogprobs:
@@ -74,13 +69,20 @@ def plan_old_logprobs(
     cfg: Config, rows: int, kl_in_reward: bool, actor_updates: bool
 ) -> OldLogprobs:
     """The driver's :func:`pick_old_logprobs` for a step of ``rows`` responses. The pass runs
-    when ``algorithm.recompute_old_logprobs`` asks for it or the update is not exactly
-    on-policy; when the update runs with dropout (:func:`update_has_dropout`); also when the
-    in-reward KL reads the old log-probs before the update, and when a step without an actor
-    update (the actor waits for the critic) has no update to take them from."""
+    when ``algorithm.recompute_old_logprobs`` asks for it or the update makes more than one
+    optimizer step (:meth:`~rlframe.config.ActorConfig.updates_in_one_pass`); when the update
+    runs with dropout (:func:`update_has_dropout`); also when the in-reward KL reads the old
+    log-probs before the update, and when a step without an actor update (the actor waits for
+    the critic) has no update to take them from.
+
+    Staleness does not call for the pass: the old policy of ``recompute`` (and ``decoupled``'s
+    proximal policy) is the trainer's weights before the update, not the weights that sampled
+    the tokens, and nothing changes the trainer's weights between the pass and the update's
+    first forward. An asynchronous step (``rollout.max_staleness`` >= 1) of one optimizer step
+    takes the update's own log-probs as a lockstep one does."""
     recomputed = (
         cfg.algorithm.recompute_old_logprobs
-        or not is_exactly_on_policy(cfg, rows)
+        or not cfg.actor.updates_in_one_pass(rows)
         or update_has_dropout(cfg)
         or kl_in_reward
         or not actor_updates
@@ -90,7 +92,7 @@ def plan_old_logprobs(
 
 def needs_old_logprob_pass(cfg: Config, rows: int, kl_in_reward: bool, actor_updates: bool) -> bool:
     """The trainer's old-log-prob forward pass runs (:func:`plan_old_logprobs`): not when the
-    rollout's log-probs are the old policy, nor when the update is exactly on-policy and takes
+    rollout's log-probs are the old policy, nor when the update is one optimizer step and takes
     its own."""
     return plan_old_logprobs(cfg, rows, kl_in_reward, actor_updates) is OldLogprobs.recomputed
 

@@ -99,9 +99,10 @@ class AlgorithmConfig:
     loss_agg_norm: int = 0
     """seq-mean-token-sum-norm's constant divisor; 0 means rollout.max_tokens."""
     recompute_old_logprobs: bool = False
-    """Always run the old-log-prob forward pass. Off: a step whose update is exactly on-policy
-    (actor.epochs=1, one mini-batch per step, no in-reward KL, rollout.max_staleness=0) skips
-    it and takes the update's own log-probs, detached, as the old ones (the same numbers)."""
+    """Always run the old-log-prob forward pass. Off: a step whose update is one optimizer step
+    (actor.epochs=1, one mini-batch per step, no in-reward KL), in lockstep or asynchronous,
+    skips it and takes the update's own log-probs, detached, as the old ones (the same numbers:
+    the weights before the update)."""
     off_policy_correction: OffPolicyCorrection = OffPolicyCorrection.recompute
     """Which log-probs are the update's old policy. recompute: the trainer's forward pass
     (tis_cap / mismatch_mask correct the rollout gap). rollout: the rollout engine's own, with
