@@ -61,13 +61,9 @@ def test_quickstart_learns_and_its_export_teaches_a_student(tmp_path: Path) -> N
         timeout=300,
     )
     student = run_recipe(
-        tmp_path / "student", f"distill.teacher={teacher}", *DISTILL, recipe="distill_tiny"
+        tmp_path / "student", f"distill.teacher={teacher}", recipe="distill_tiny"
     ).metrics
     check_distillation_learned(student, run.metrics)
-
-
-DISTILL = ["distill.objective=topk_forward_kl", "actor.lr=3e-3"]
-"""The student's objective in the learning proof (``distill_tiny`` otherwise as is)."""
 
 
 def check_distillation_learned(student: list[dict], grpo: list[dict]) -> None:
