@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import resource
+import socket
 import time
 from typing import Any
 
@@ -47,9 +48,26 @@ BUSY_REPLY = (
 
 
 BACKLOG = 64
-"""The listening socket's backlog, which is also how many connections asyncio accepts at
-once before the guard sees any of them (and closes the ones it evicts a loop turn later):
-the cap leaves room for three such bursts."""
+"""How many connections asyncio accepts at once before the guard sees any of them (and
+closes the ones it evicts a loop turn later): the cap leaves room for three such bursts."""
+
+LISTEN_QUEUE = 4096
+"""The kernel's queue of connections not yet accepted (capped by ``net.core.somaxconn``).
+asyncio gives ``listen()`` the accept burst (:data:`BACKLOG`); with that queue, a step's
+256 episodes connecting at once while the server's loop waits for the GIL overflowed it
+(339 dropped handshakes in 4 steps of ``openai_agent_tiny``), and a dropped handshake is
+retried after 1 s, 3 s..., past the client's 5 s connect timeout after three. Queued
+connections hold no descriptor of this process until accepted."""
+
+
+def widen_listen_queue(listener: asyncio.base_events.Server) -> None:
+    """Give the listening sockets of ``listener`` the queue :data:`LISTEN_QUEUE`."""
+    for transport_socket in listener.sockets:
+        # A duplicate descriptor of the same socket: listen() on it sets the socket's queue.
+        with socket.fromfd(
+            transport_socket.fileno(), transport_socket.family, transport_socket.type
+        ) as sock:
+            sock.listen(LISTEN_QUEUE)
 
 
 def count_open_fds() -> int:
