@@ -51,13 +51,15 @@ BACKLOG = 64
 """How many connections asyncio accepts at once before the guard sees any of them (and
 closes the ones it evicts a loop turn later): the cap leaves room for three such bursts."""
 
-LISTEN_QUEUE = 4096
+LISTEN_QUEUE = 256
 """The kernel's queue of connections not yet accepted (capped by ``net.core.somaxconn``).
 asyncio gives ``listen()`` the accept burst (:data:`BACKLOG`); with that queue, a step's
 256 episodes connecting at once while the server's loop waits for the GIL overflowed it
 (339 dropped handshakes in 4 steps of ``openai_agent_tiny``), and a dropped handshake is
-retried after 1 s, 3 s..., past the client's 5 s connect timeout after three. Queued
-connections hold no descriptor of this process until accepted."""
+retried after 1 s, 3 s..., past the client's 5 s connect timeout after three. It holds one
+such step and no more: a wider one (4096) fills with a local flood's connections ahead of
+legitimate ones, which then got reset (``test_a_local_flood_leaves_legitimate_calls_answered``).
+Queued connections hold no descriptor of this process until accepted."""
 
 
 def widen_listen_queue(listener: asyncio.base_events.Server) -> None:

@@ -161,7 +161,7 @@ def test_a_burst_of_connections_is_queued_while_the_loop_is_busy(
     """A step's episodes connect at once while the server's loop may wait (for the GIL, for a
     long request): the kernel queues every handshake, where a queue of 64 dropped the rest,
     which their clients retried after 1 s, 3 s... and gave up on after 5 s."""
-    burst = 300
+    burst = 250
     with started(engine) as served:
         loop = served.server.loop
         loop.call_soon_threadsafe(time.sleep, 2.0)  # the loop accepts nothing for 2 s
