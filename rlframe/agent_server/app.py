@@ -174,7 +174,7 @@ class AgentServer:
         self.listener = await self.loop.create_server(
             self.guard, self.agent.server_host, self.agent.server_port, backlog=BACKLOG
         )
-        widen_listen_queue(self.listener)
+        widen_listen_queue(self.listener, cap)
         self.port = int(self.listener.sockets[0].getsockname()[1])
 
     async def close_sockets(self) -> None:

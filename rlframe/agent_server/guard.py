@@ -57,19 +57,21 @@ asyncio gives ``listen()`` the accept burst (:data:`BACKLOG`); with that queue, 
 256 episodes connecting at once while the server's loop waits for the GIL overflowed it
 (339 dropped handshakes in 4 steps of ``openai_agent_tiny``), and a dropped handshake is
 retried after 1 s, 3 s..., past the client's 5 s connect timeout after three. It holds one
-such step and no more: a wider one (4096) fills with a local flood's connections ahead of
-legitimate ones, which then got reset (``test_a_local_flood_leaves_legitimate_calls_answered``).
-Queued connections hold no descriptor of this process until accepted."""
+such step, and never more than the connection cap: a queue wider than the cap (4096 over
+200, 256 over 64) fills with a local flood's connections ahead of legitimate ones, and an
+accept burst past the cap then evicts those too before their requests are read (the flood
+tests failed). Queued connections hold no descriptor of this process until accepted."""
 
 
-def widen_listen_queue(listener: asyncio.base_events.Server) -> None:
-    """Give the listening sockets of ``listener`` the queue :data:`LISTEN_QUEUE`."""
+def widen_listen_queue(listener: asyncio.base_events.Server, cap: int) -> None:
+    """Give the listening sockets of ``listener`` the queue :data:`LISTEN_QUEUE`, at most
+    ``cap`` (the connection cap) and at least :data:`BACKLOG`."""
     for transport_socket in listener.sockets:
         # A duplicate descriptor of the same socket: listen() on it sets the socket's queue.
         with socket.fromfd(
             transport_socket.fileno(), transport_socket.family, transport_socket.type
         ) as sock:
-            sock.listen(LISTEN_QUEUE)
+            sock.listen(max(BACKLOG, min(LISTEN_QUEUE, cap)))
 
 
 def count_open_fds() -> int:
