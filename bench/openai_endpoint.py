@@ -1,24 +1,31 @@
-"""The OpenAI-compatible endpoint's cost: overhead per call, and concurrent sessions.
+"""The ``openai`` agent's cost on the driver, per chat completion, split between the endpoint
+and the agents' own ``openai`` client.
 
-One engine in this process (the tiny model; ``--engine vllm``, the training engine, or
-``hf``), the RolloutRole the workers hold, and the real ``openai`` client:
+The engine answers at once (each request: one digit token, no model), so all that is left is
+the driver's side of the ``openai`` agent: the agents (``recipes/agents/guess_openai.py``, the
+real ``openai`` client), the OpenAI-compatible server (:mod:`rlframe.agent_server`) and the
+request stream (:class:`~rlframe.rollout.engine_client.EngineClient`). A step is 256 episodes
+of up to 4 calls, as in ``openai_agent_tiny``. Two placements of the agents:
 
-1. overhead: the same one-row prompt sampled ``--calls`` times directly with ``generate``
-   and through the endpoint (one session, a fresh conversation per call, so the same
-   work); the difference per call is the endpoint's (HTTP, JSON, template, bookkeeping).
-2. sessions: ``S`` episodes at once, each a 4-call conversation with feedback (the
-   guess-the-number agent), for growing ``S``; prints calls/s, rows per engine call and
-   failures. The largest ``S`` without failures is what this machine sustains.
+- **in-process**: as a training run does (``run_env_calls`` on this process's event loop);
+  this process's CPU seconds per call are the whole driver-side cost.
+- **client process**: the same episodes from a child process; this process's CPU per call is
+  the endpoint's own (server, stream), the child's is the client's (openai, httpx, asyncio).
 
-    python bench/openai_endpoint.py [--engine vllm] [--calls 50] [--sessions 16,64,256,1024,2048]
+CPU seconds (``getrusage``) rather than wall time: on a shared machine they move far less with
+the load, which is printed beside them.
+
+    python bench/openai_endpoint.py [--steps 3] [--episodes 256]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import json
 import os
-import statistics
+import random
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,8 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from openai import AsyncOpenAI, OpenAI  # noqa: E402
-
+from rlframe.agent_server.agent import closing  # noqa: E402
 from rlframe.agent_server.app import AgentServer  # noqa: E402
 from rlframe.agent_server.trajectory import Episode  # noqa: E402
 from rlframe.config import (  # noqa: E402
@@ -38,135 +44,143 @@ from rlframe.config import (  # noqa: E402
     DataConfig,
     ModelConfig,
     RolloutConfig,
-    RolloutEngineName,
 )
+from rlframe.core.registry import load_function  # noqa: E402
 from rlframe.data.tiny_model import resolve_model_path  # noqa: E402
-from rlframe.rollout.rows import build_request  # noqa: E402
+from rlframe.envs.runner import run_env_calls  # noqa: E402
+from rlframe.rollout.engine_client import EngineClient  # noqa: E402
+from rlframe.rollout.turns import TurnRequest, TurnResult  # noqa: E402
 
+ENTRY = "recipes/agents/guess_openai.py:play"
 PROMPT = "guess0-9:"
-TURN_TOKENS = 4
+
+CHILD = """
+import asyncio, json, resource, sys
+sys.path.insert(0, {repo!r})
+from rlframe.core.registry import load_function
+spec = json.loads(sys.stdin.read())
+entry = load_function(spec["entry"])
+async def main():
+    calls = (entry(spec["base_url"], key, sample) for key, sample in spec["episodes"])
+    return await asyncio.gather(*calls, return_exceptions=True)
+start = resource.getrusage(resource.RUSAGE_SELF)
+out = asyncio.run(main())
+end = resource.getrusage(resource.RUSAGE_SELF)
+cpu = end.ru_utime + end.ru_stime - start.ru_utime - start.ru_stime
+print(json.dumps({{"cpu": cpu, "errors": sum(isinstance(o, BaseException) for o in out)}}))
+"""
 
 
-def build(engine: str) -> tuple[Config, Any, Any, str]:
-    from transformers import AutoTokenizer
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
-    from workers.roles.rollout_role import RolloutRole
 
-    # What a worker process of a pool of one has (vLLM's executor reads them).
-    for key, value in (("OMP_NUM_THREADS", "2"), ("RANK", "0"), ("LOCAL_RANK", "0"),
-                       ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", "29517")):  # fmt: skip
-        os.environ.setdefault(key, value)
-    cfg = Config(
+def load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+class InstantEngine:
+    """A replica's ``serve`` that answers every request with one random digit at once."""
+
+    def __init__(self, digits: list[int]) -> None:
+        self.digits, self.rng, self.requests = digits, random.Random(0), 0
+
+    def serve(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        self.requests += len(requests)
+        return [
+            TurnResult(r.request_id, [self.rng.choice(self.digits)], [-1.0], "length", 0)
+            for r in requests
+        ]
+
+
+def build_config() -> Config:
+    """``openai_agent_tiny``'s shape."""
+    return Config(
         model=ModelConfig(path="tiny:0"),
-        data=DataConfig(task="guess", batch_size=16, max_prompt_length=64),
-        rollout=RolloutConfig(
-            engine=RolloutEngineName(engine),
-            agent="openai",
-            n=16,
-            max_tokens=16,
-            cpu_kv_cache_gb=1,
-        ),  # fmt: skip
-        agent=AgentConfig(max_turns=4, max_obs_tokens=16, max_pending_requests=4096),
+        data=DataConfig(task="guess", batch_size=16, max_prompt_length=16),
+        rollout=RolloutConfig(agent="openai", n=16, max_tokens=4, temperature=1.0),
+        agent=AgentConfig(max_turns=4, max_obs_tokens=16, entry=ENTRY),
         actor=ActorConfig(mini_batch_size=256, micro_batch_size=128),
     )
-    path = resolve_model_path("tiny:0")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    return cfg, RolloutRole(cfg, path, "cpu", 0), tokenizer, path
 
 
-def direct_call(role: Any, tokenizer: Any, ids: list[int], seed: int) -> None:
-    meta = {"stop_token_ids": [tokenizer.eos_token_id], "pad_token_id": tokenizer.pad_token_id}
-    role.generate(build_request([ids], [seed], [TURN_TOKENS], meta))
-
-
-def measure_overhead(server: AgentServer, role: Any, tokenizer: Any, calls: int) -> None:
-    ids = list(tokenizer(PROMPT, add_special_tokens=False)["input_ids"])
-    client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
-    messages = [{"role": "user", "content": PROMPT}]
-
-    def endpoint_call(seed: int) -> None:
-        # A session per call: an episode keeps at most agent.max_rows_per_episode rows, and
-        # each fresh conversation is a row of its own.
-        session = open_session(server, tokenizer, seed)
-        client.with_options(api_key=session.key).chat.completions.create(
-            model="m", messages=messages, max_tokens=TURN_TOKENS
+def play_step(
+    server: AgentServer, client: EngineClient, tokenizer: Any, episodes: int, in_process: bool
+) -> tuple[float, float | None, int]:
+    """One step's episodes: (this process's CPU s, the child's CPU s or None, failures)."""
+    stop = {int(tokenizer.eos_token_id)}
+    sessions = [
+        server.sessions.open(
+            {"prompt": PROMPT, "ground_truth": str(i % 10)}, i, Episode(tokenizer, stop)
         )
-        server.sessions.close(session.key)
-
-    for _ in range(5):  # warm both paths
-        direct_call(role, tokenizer, ids, 0)
-        endpoint_call(0)
-    direct, endpoint = [], []
-    for i in range(calls):
-        start = time.perf_counter()
-        direct_call(role, tokenizer, ids, i)
-        direct.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        endpoint_call(i)
-        endpoint.append(time.perf_counter() - start)
-    d, e = statistics.median(direct) * 1e3, statistics.median(endpoint) * 1e3
-    print(
-        f"overhead: {calls} calls of {TURN_TOKENS} tokens, median direct generate {d:.2f} ms, "
-        f"through the endpoint {e:.2f} ms: +{e - d:.2f} ms per call"
-    )
-
-
-def open_session(server: AgentServer, tokenizer: Any, seed: int) -> Any:
-    episode = Episode(tokenizer, {int(tokenizer.eos_token_id)})
-    return server.sessions.open({"prompt": PROMPT, "ground_truth": "5"}, seed, episode)
-
-
-async def episode(client: AsyncOpenAI, key: str) -> int:
-    messages: list[Any] = [{"role": "user", "content": PROMPT}]
-    session = client.with_options(api_key=key)
-    for _ in range(4):
-        reply = await session.chat.completions.create(model="m", messages=messages, max_tokens=1)
-        messages += [
-            {"role": "assistant", "content": reply.choices[0].message.content or ""},
-            {"role": "user", "content": " higher:"},
+        for i in range(episodes)
+    ]
+    start = cpu_seconds()
+    child_cpu = None
+    if in_process:
+        entry = load_function(ENTRY)
+        calls = [
+            (closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions
         ]
-    return 4
-
-
-async def run_sessions(server: AgentServer, tokenizer: Any, count: int) -> tuple[int, int, float]:
-    keys = [open_session(server, tokenizer, i).key for i in range(count)]
-    async with AsyncOpenAI(base_url=server.base_url, api_key="none", max_retries=0) as client:
-        start = time.perf_counter()
-        results = await asyncio.gather(*(episode(client, k) for k in keys), return_exceptions=True)
-        seconds = time.perf_counter() - start
-    for k in keys:
-        server.sessions.close(k)
-    failures = sum(isinstance(r, BaseException) for r in results)
-    return sum(r for r in results if isinstance(r, int)), failures, seconds
+        failures = sum(o.error is not None for o in run_env_calls(calls, 300, 4096, 8))
+    else:
+        spec = {
+            "entry": ENTRY,
+            "base_url": server.base_url,
+            "episodes": [(s.key, s.sample) for s in sessions],
+        }
+        child = subprocess.run(
+            [sys.executable, "-c", CHILD.format(repo=str(REPO))],
+            input=json.dumps(spec), capture_output=True, text=True, check=True, cwd=REPO,
+        )  # fmt: skip
+        report = json.loads(child.stdout.strip().splitlines()[-1])
+        child_cpu, failures = float(report["cpu"]), int(report["errors"])
+    own_cpu = cpu_seconds() - start
+    for s in sessions:
+        server.sessions.close(s.key)
+        client.end_session(s.key)
+    return own_cpu, child_cpu, failures
 
 
 def main() -> None:
+    from transformers import AutoTokenizer
+
     parser = argparse.ArgumentParser()
-    parser.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
-    parser.add_argument("--calls", type=int, default=50)
-    parser.add_argument("--sessions", default="16,64,256,1024,2048")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--episodes", type=int, default=256)
     args = parser.parse_args()
-    cfg, role, tokenizer, path = build(args.engine)
-    server = AgentServer(cfg, role.generate, tokenizer, "tiny")
-    server.batcher.meta = {
-        "stop_token_ids": [tokenizer.eos_token_id],
-        "pad_token_id": tokenizer.pad_token_id,
-    }
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny:0"))
+    digits = [int(tokenizer.convert_tokens_to_ids(str(d))) for d in range(10)]
+    engine = InstantEngine(digits)
+    client = EngineClient([engine.serve])
+    server = AgentServer(build_config(), client, tokenizer, "tiny")
+    server.sample_like({"stop_token_ids": [tokenizer.eos_token_id]})
     server.start()
-    print(f"engine {args.engine}, tiny model, {os.cpu_count()} cores")
-    measure_overhead(server, role, tokenizer, args.calls)
-    for count in (int(s) for s in args.sessions.split(",")):
-        calls_before, rows_before = server.batcher.calls, server.batcher.rows
-        calls, failures, seconds = asyncio.run(run_sessions(server, tokenizer, count))
-        engine_calls = server.batcher.calls - calls_before
-        rows = server.batcher.rows - rows_before
-        print(
-            f"sessions {count:4d}: {calls} calls in {seconds:.2f} s ({calls / seconds:.0f} "
-            f"calls/s), {rows / max(engine_calls, 1):.1f} rows per engine call, "
-            f"{failures} failed episodes"
-        )
-    server.stop()
+    print(f"{args.episodes} guess_openai episodes a step, instant engine, {os.cpu_count()} cores")
+    try:
+        for in_process in (True, False):
+            where = "in-process" if in_process else "client process"
+            for step in range(args.steps):
+                before, wall = engine.requests, time.perf_counter()
+                own, child, failures = play_step(
+                    server, client, tokenizer, args.episodes, in_process
+                )
+                wall = time.perf_counter() - wall
+                n = max(engine.requests - before, 1)
+                split = (
+                    f"driver {own / n * 1e3:.2f} ms"
+                    if child is None
+                    else f"endpoint {own / n * 1e3:.2f} ms + client {child / n * 1e3:.2f} ms"
+                )
+                print(
+                    f"{where} step {step + 1}: {n} calls in {wall:.2f} s; CPU per call: "
+                    f"{split}; {failures} failed episodes; load {load_average()}",
+                    flush=True,
+                )
+    finally:
+        server.stop()
+        client.close()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ requests and the mean requests in flight at each engine call instead.
 
     python bench/openai_vs_native.py [--steps 4] [--rounds 1]
 
-For the endpoint alone (overhead per call, sessions sustained) see ``bench/openai_endpoint.py``.
+For the driver's CPU per call, the endpoint's and the agents' client's apart, see
+``bench/openai_endpoint.py``.
 """
 
 from __future__ import annotations

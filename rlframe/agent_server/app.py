@@ -32,6 +32,7 @@ from rlframe.agent_server.guard import (
     QuietAiohttp,
     RateLimitedLog,
     plan_connection_cap,
+    widen_listen_queue,
 )
 from rlframe.agent_server.replies import ReplyBuilder
 from rlframe.agent_server.requests import (
@@ -173,6 +174,7 @@ class AgentServer:
         self.listener = await self.loop.create_server(
             self.guard, self.agent.server_host, self.agent.server_port, backlog=BACKLOG
         )
+        widen_listen_queue(self.listener, cap)
         self.port = int(self.listener.sockets[0].getsockname()[1])
 
     async def close_sockets(self) -> None:

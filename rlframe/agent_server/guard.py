@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import resource
+import socket
 import time
 from typing import Any
 
@@ -47,9 +48,30 @@ BUSY_REPLY = (
 
 
 BACKLOG = 64
-"""The listening socket's backlog, which is also how many connections asyncio accepts at
-once before the guard sees any of them (and closes the ones it evicts a loop turn later):
-the cap leaves room for three such bursts."""
+"""How many connections asyncio accepts at once before the guard sees any of them (and
+closes the ones it evicts a loop turn later): the cap leaves room for three such bursts."""
+
+LISTEN_QUEUE = 256
+"""The kernel's queue of connections not yet accepted (capped by ``net.core.somaxconn``).
+asyncio gives ``listen()`` the accept burst (:data:`BACKLOG`); with that queue, a step's
+256 episodes connecting at once while the server's loop waits for the GIL overflowed it
+(339 dropped handshakes in 4 steps of ``openai_agent_tiny``), and a dropped handshake is
+retried after 1 s, 3 s..., past the client's 5 s connect timeout after three. It holds one
+such step, and never more than the connection cap: a queue wider than the cap (4096 over
+200, 256 over 64) fills with a local flood's connections ahead of legitimate ones, and an
+accept burst past the cap then evicts those too before their requests are read (the flood
+tests failed). Queued connections hold no descriptor of this process until accepted."""
+
+
+def widen_listen_queue(listener: asyncio.base_events.Server, cap: int) -> None:
+    """Give the listening sockets of ``listener`` the queue :data:`LISTEN_QUEUE`, at most
+    ``cap`` (the connection cap) and at least :data:`BACKLOG`."""
+    for transport_socket in listener.sockets:
+        # A duplicate descriptor of the same socket: listen() on it sets the socket's queue.
+        with socket.fromfd(
+            transport_socket.fileno(), transport_socket.family, transport_socket.type
+        ) as sock:
+            sock.listen(max(BACKLOG, min(LISTEN_QUEUE, cap)))
 
 
 def count_open_fds() -> int:

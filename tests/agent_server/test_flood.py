@@ -153,3 +153,30 @@ def test_repeated_server_failures_reach_the_log_once_a_minute(
     assert len(lines) == 1 and lines[0].levelno == logging.INFO and not lines[0].exc_info
     assert "socket.accept() out of system resource" in lines[0].getMessage()
     assert log.repeats["socket.accept() out of system resource"] == 999
+
+
+def test_a_burst_of_connections_is_queued_while_the_loop_is_busy(
+    engine: tuple[RolloutRole, Any],
+) -> None:
+    """A step's episodes connect at once while the server's loop may wait (for the GIL, for a
+    long request): the kernel queues every handshake, where a queue of 64 dropped the rest,
+    which their clients retried after 1 s, 3 s... and gave up on after 5 s."""
+    burst = 250
+    with started(engine) as served:
+        loop = served.server.loop
+        loop.call_soon_threadsafe(time.sleep, 2.0)  # the loop accepts nothing for 2 s
+        time.sleep(0.1)
+        sockets = [socket.socket() for _ in range(burst)]
+        try:
+            for sock in sockets:
+                sock.setblocking(False)
+                sock.connect_ex(("127.0.0.1", served.server.port))
+            # A handshake the kernel queued is complete: the socket is writable.
+            deadline, pending = time.monotonic() + 0.8, set(sockets)
+            while pending and time.monotonic() < deadline:
+                _, writable, _ = select.select([], list(pending), [], 0.05)
+                pending -= set(writable)
+            assert not pending, f"{len(pending)} of {burst} handshakes not done within 0.8 s"
+        finally:
+            for sock in sockets:
+                sock.close()
