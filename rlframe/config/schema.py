@@ -75,6 +75,8 @@ class Config:
         check_expert_parallel_setup(self)
         if self.distill.enabled:
             check_served(self.distill, "distill", self.trainer)
+        if self.reward.judge.enabled:
+            check_served(self.reward.judge, "reward.judge", self.trainer)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",

@@ -226,6 +226,13 @@ def check_plugins(cfg: Config) -> None:
     ]
     if cfg.reward.fn != "auto":
         entries.append(("reward.fn", cfg.reward.fn, REWARDS))
+    judge = cfg.reward.judge
+    if judge.enabled:
+        from rlframe.rewards.judge_scorers import JUDGE_PARSERS, JUDGE_SCORERS  # built-ins in
+
+        entries.append(("reward.judge.scorer", judge.scorer, JUDGE_SCORERS))
+        if judge.scorer == "verdict":
+            entries.append(("reward.judge.parser", judge.parser, JUDGE_PARSERS))
     for key, name, registry in entries:
         try:
             registry.get(name)

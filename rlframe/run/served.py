@@ -20,6 +20,8 @@ from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 
 if TYPE_CHECKING:
     from rlframe.controller import roles
+    from rlframe.core.tokenizer import Tokenizer
+    from rlframe.rewards.judging import JudgeStage
 
 SERVED_WORKER_CLS = "workers.rollout_worker.RolloutWorker"
 """A served model's worker: the separate placement's rollout worker, never synced."""
@@ -70,3 +72,39 @@ def connect_served(spec: ServedSpec, group: roles.RolloutGroup, cfg: Config) -> 
     tp, timeout = spec.serving.tensor_parallel_size, cfg.ray.call_timeout_s
     replicas = connect_ray_replicas(group.role, group.actors, tp, timeout)
     return ServedModel(spec, group, EngineClient(replicas, group.open_stream))
+
+
+def build_judge_stage(cfg: Config, served: dict[str, ServedModel], path: str) -> JudgeStage | None:
+    """The reward stage's judge (``reward.judge``) over the served ``judge``, with the
+    judge's own tokenizer (from ``path``, its folder) and its stop ids; None without one."""
+    from rlframe.rewards.judge import JudgeClient
+    from rlframe.rewards.judging import JudgeStage
+
+    judge = served.get("judge")
+    if judge is None:
+        return None
+    tokenizer = load_judge_tokenizer(path, cfg.model.trust_remote_code)
+    client = JudgeClient(judge.client, tokenizer, cfg.reward.judge, read_stop_ids(path, tokenizer))
+    return JudgeStage(client, judge)
+
+
+def load_judge_tokenizer(path: str, trust_remote_code: bool) -> Tokenizer:
+    from transformers import AutoTokenizer
+
+    from rlframe.core.tokenizer import as_tokenizer
+
+    return as_tokenizer(AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code))
+
+
+def read_stop_ids(path: str, tokenizer: Tokenizer) -> tuple[int, ...]:
+    """What ends the judge's verdict: its tokenizer's EOS and its generation config's EOS ids
+    (an instruct model's end-of-turn token: Qwen's ``<|im_end|>``)."""
+    from transformers import GenerationConfig
+
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    try:
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:  # no generation_config.json
+        eos = None
+    ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return tuple(sorted(ids))
