@@ -1,5 +1,5 @@
 """The ``reward.judge`` section: a generative judge, an LLM served beside the policy that
-reads each response and scores it (:mod:`rlframe.rewards.judge`). Its serving keys
+reads each response and scores it (:mod:`rlframe.judges.client`). Its serving keys
 (placement, engine, size) are those of every served model (:mod:`rlframe.config.served`)."""
 
 from __future__ import annotations
@@ -94,8 +94,7 @@ class JudgeConfig(ServedModelConfig):
         require(
             self.template is None or "{" in self.template,
             "reward.judge.template",
-            "holds no field: give the judge the response with {response} (listwise: "
-            "{responses})",
+            "holds no field: give the judge the response with {response} (listwise: {responses})",
         )
 
     @property

@@ -30,7 +30,7 @@ TINY_PREFIX = "tiny:"
 TINY_LORA_PREFIX = "tiny-lora:"
 TINY_MOE_PREFIX = "tiny-moe:"
 TINY_JUDGE_PREFIX = "tiny-judge:"
-"""A tiny judge of the quickstart's answers (:mod:`rlframe.data.tiny_judge_model`)."""
+"""A tiny judge of the quickstart's answers (:mod:`rlframe.judges.tiny_judge`)."""
 TINY_MOE_FAMILY_PREFIX = "tiny-moe-"
 """``tiny-moe-<model_type>:<seed>``: another MoE family (:mod:`rlframe.data.tiny_moe_families`)."""
 MOE_EXPERTS = 8
@@ -88,11 +88,8 @@ def resolve_model_path(path: str, cache_dir: Path | None = None, build: bool = T
     ``tiny-moe:<seed>`` are built on first use (``build=False``: their cached folder, built or
     not), anything else is kept (``tiny-vl:<seed>``:
     :func:`rlframe.data.tiny_vl_model.resolve_tiny_vl_path`, which also resolves
-    ``tiny-moe-<model_type>:<seed>``; ``tiny-judge:<seed>`` is trained on first use)."""
-    if path.startswith(TINY_JUDGE_PREFIX):
-        from rlframe.data.tiny_judge_model import resolve_tiny_judge_path
-
-        return resolve_tiny_judge_path(path, cache_dir, build)
+    ``tiny-moe-<model_type>:<seed>``; :func:`rlframe.run.preflight.resolve_model_folder`
+    trains ``tiny-judge:<seed>``)."""
     if path.startswith(TINY_MOE_PREFIX):
         return resolve_tiny_build(
             path,

@@ -14,8 +14,7 @@ sandbox in :mod:`.sandbox`). :mod:`.scoring` runs them, in parallel processes
 (:mod:`.pool`) with a time limit per sample.
 
 A generative judge (``reward.judge``) scores on the driver, through async scorers that get a
-:class:`~rlframe.rewards.judge.JudgeClient` (:mod:`.judge`, :mod:`.judge_scorers`,
-:mod:`.judging`).
+:class:`~rlframe.judges.client.JudgeClient` (:mod:`rlframe.judges`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ One name per quantity, per row (all float tensors of shape ``[rows]``):
 - ``rule_score``: the raw value of the rule reward ``reward.fn`` on the decoded response
   (0 where it failed under ``reward.on_error=zero`` or ``mask``). Never weighted or combined.
 - ``rm_score``: the reward model's raw score.
-- ``judge_score``: the generative judge's raw score (:mod:`rlframe.rewards.judging`; 0
+- ``judge_score``: the generative judge's raw score (:mod:`rlframe.judges.stage`; 0
   where it failed), with ``judge_parse_failures``, ``judge_timeouts``, ``judge_errors``
   (1 where it failed so).
 - ``env_reward``: the sum of an environment's step rewards (multi-turn agents only; set by
@@ -33,7 +33,7 @@ Metrics: ``reward/rule_mean`` and ``reward/model_mean`` are the means of the raw
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -45,8 +45,29 @@ from rlframe.core.protocol import SAMPLE_MASK, Batch
 from rlframe.core.tokenizer import Tokenizer
 from rlframe.rewards.scoring import RuleScorer
 
-if TYPE_CHECKING:
-    from rlframe.rewards.judging import JudgeStage
+
+class JudgedRows(Protocol):
+    """One judged batch (:class:`rlframe.judges.stage.JudgeScores`)."""
+
+    scores: list[float]
+    """0 where the row failed."""
+    failures: list[str | None]
+    """None, or how the judge failed on the row (``judge/<kind>``)."""
+
+    def flags(self, kind: str) -> torch.Tensor: ...
+
+
+class Judge(Protocol):
+    """The judge stage (:class:`rlframe.judges.stage.JudgeStage`; the reward folder does not
+    import the judges', which build on it)."""
+
+    def start(self, batch: Batch, responses: list[str]) -> Future[JudgedRows]: ...
+
+    def take_metrics(self) -> dict[str, float]: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class RewardStage:
@@ -64,9 +85,14 @@ class RewardStage:
         cfg: Config,
         tokenizer: Tokenizer,
         reward_model: RewardModelGroup | None = None,
-        judge: JudgeStage | None = None,
+        judge: Judge | None = None,
     ) -> None:
-        self.cfg, self.tokenizer, self.reward_model, self.judge = cfg, tokenizer, reward_model, judge
+        self.cfg, self.tokenizer, self.reward_model, self.judge = (
+            cfg,
+            tokenizer,
+            reward_model,
+            judge,
+        )
         self.rule_scorer = (
             RuleScorer(resolve_reward_name(cfg), cfg.reward) if cfg.reward.uses_rule else None
         )

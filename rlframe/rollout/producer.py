@@ -166,9 +166,9 @@ class ExperienceProducer:
 
     def next_batch(self) -> tuple[Batch, dict[str, float]]:
         """The step's groups, once enough are finished and scored, and ``timing_s/gen``,
-        ``timing_s/reward`` (``/baseline`` for ReMax), the judge's ``judge/*``, DAPO's ``rollout/kept_group_frac``
-        and ``rollout/uniform_dropped``, ``agent/*``; under ``on_error=mask``
-        ``reward/masked`` or ``agent/masked`` and ``rollout/masked_groups_*``
+        ``timing_s/reward`` (``/baseline`` for ReMax), the judge's ``judge/*``, DAPO's
+        ``rollout/kept_group_frac`` and ``rollout/uniform_dropped``, ``agent/*``; under
+        ``on_error=mask`` ``reward/masked`` or ``agent/masked`` and ``rollout/masked_groups_*``
         (:func:`~rlframe.rollout.sampling.collect_masking_metrics`); at ``max_staleness >= 1`` also
         ``off_policy/*``, ``timing_s/trainer_idle`` (the driver waited for experience) and
         ``timing_s/rollout_idle`` (no call ran since the last batch)."""

@@ -21,7 +21,7 @@ from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 if TYPE_CHECKING:
     from rlframe.controller import roles
     from rlframe.core.tokenizer import Tokenizer
-    from rlframe.rewards.judging import JudgeStage
+    from rlframe.judges.stage import JudgeStage
 
 SERVED_WORKER_CLS = "workers.rollout_worker.RolloutWorker"
 """A served model's worker: the separate placement's rollout worker, never synced."""
@@ -77,15 +77,17 @@ def connect_served(spec: ServedSpec, group: roles.RolloutGroup, cfg: Config) -> 
 def build_judge_stage(cfg: Config, served: dict[str, ServedModel], path: str) -> JudgeStage | None:
     """The reward stage's judge (``reward.judge``) over the served ``judge``, with the
     judge's own tokenizer (from ``path``, its folder) and its stop ids; None without one."""
-    from rlframe.rewards.judge import JudgeClient
-    from rlframe.rewards.judging import JudgeStage
+    from rlframe.judges.client import JudgeClient
+    from rlframe.judges.stage import JudgeStage
 
     judge = served.get("judge")
     if judge is None:
         return None
     tokenizer = load_judge_tokenizer(path, cfg.model.trust_remote_code)
     client = JudgeClient(judge.client, tokenizer, cfg.reward.judge, read_stop_ids(path, tokenizer))
-    return JudgeStage(client, judge)
+    if judge.spec.serving.placement is ServedPlacement.colocated:
+        return JudgeStage(client, judge.sleep, judge.client.open)
+    return JudgeStage(client)  # its own pool: awake throughout
 
 
 def load_judge_tokenizer(path: str, trust_remote_code: bool) -> Tokenizer:

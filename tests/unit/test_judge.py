@@ -27,9 +27,9 @@ from rlframe.config.judge import JudgeConfig
 from rlframe.config.served import MAX_TOP_K, list_served_models
 from rlframe.core.protocol import SAMPLE_MASK, Batch
 from rlframe.data.tiny_model import build_tiny_tokenizer
-from rlframe.rewards.judge import JudgeClient, JudgedGroup, JudgeError, JudgeParseError
-from rlframe.rewards.judge_scorers import parse_label, parse_number, parse_ranking
-from rlframe.rewards.judging import JudgeStage
+from rlframe.judges.client import JudgeClient, JudgedGroup, JudgeError, JudgeParseError
+from rlframe.judges.scorers import parse_label, parse_number, parse_ranking
+from rlframe.judges.stage import JudgeStage
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.engine_client import EngineClient
 from rlframe.rollout.turns import ScoredTokens, TurnRequest, TurnResult
@@ -99,7 +99,12 @@ def make_batch(prompts: list[str], responses: list[str], groups: list[int]) -> B
         row = ids_of(r) + [EOS]
         ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
     return Batch(
-        {"response_ids": ids, "response_mask": mask, "loss_mask": mask.clone(), "group": torch.tensor(groups)},
+        {
+            "response_ids": ids,
+            "response_mask": mask,
+            "loss_mask": mask.clone(),
+            "group": torch.tensor(groups),
+        },
         {
             "prompt": prompts,
             "ground_truth": ["" for _ in prompts],
@@ -291,7 +296,9 @@ def test_the_judge_is_a_served_model_and_its_keys_are_checked() -> None:
     cfg = judged_config("mask")
     [spec] = list_served_models(cfg)
     assert (spec.name, spec.key, spec.section) == ("judge", "reward.judge.path", "reward.judge")
-    with pytest.raises(ConfigError, match=r"reward.judge.on_error: must be one of \['mask', 'raise'\]"):
+    with pytest.raises(
+        ConfigError, match=r"reward.judge.on_error: must be one of \['mask', 'raise'\]"
+    ):
         JudgeConfig(path="x", on_error="zero")
     with pytest.raises(ConfigError, match="reward.judge.weight"):
         JudgeConfig(path="x", weight=0.0)
@@ -317,7 +324,7 @@ def test_a_judged_group_reaches_a_users_scorer_whole() -> None:
         verdict = await judge.generate(judge.render("{prompt}", prompt=group.prompt))
         return [float(verdict)] * len(group.responses)
 
-    from rlframe.rewards.judge import JUDGE_SCORERS
+    from rlframe.judges.client import JUDGE_SCORERS
 
     JUDGE_SCORERS.entries["test_scorer"] = scorer
     try:
@@ -329,3 +336,20 @@ def test_a_judged_group_reaches_a_users_scorer_whole() -> None:
         stage.close()
     finally:
         del JUDGE_SCORERS.entries["test_scorer"]
+
+
+def test_judge_recipes_compose_and_validate() -> None:
+    """judge_tiny: the tiny judge alone scores, on a pool of its own; judge_qwen (GPU, not
+    run): Qwen2.5-7B-Instruct on 2 GPUs of its own, tensor parallel 2, judging a 1.5B policy."""
+    from tests.unit.test_config import compose
+
+    tiny = compose("judge_tiny")
+    assert tiny.reward.weight == 0 and not tiny.reward.uses_rule
+    assert tiny.reward.judge.path == "tiny-judge:0" and tiny.reward.judge.scorer == "expected"
+    assert [s.name for s in list_served_models(tiny)] == ["judge"]
+    qwen = compose("judge_qwen")
+    j = qwen.reward.judge
+    assert (j.path, j.tensor_parallel_size, j.procs_per_node) == ("Qwen/Qwen2.5-7B-Instruct", 2, 2)
+    assert qwen.model.path == "Qwen/Qwen2.5-1.5B-Instruct" and qwen.trainer.device.value == "cuda"
+    colocated = compose("judge_tiny", "reward.judge.placement=colocated")
+    assert [s.pool for s in list_served_models(colocated)] == [None]  # the trainer's bundles

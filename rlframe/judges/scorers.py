@@ -1,4 +1,4 @@
-"""The built-in judge scorers and verdict parsers (see :mod:`rlframe.rewards.judge`).
+"""The built-in judge scorers and verdict parsers (see :mod:`rlframe.judges.client`).
 
 - ``verdict``: the judge generates a verdict for each response; ``reward.judge.parser``
   reads its score (``number``: the last number; ``label``: the last verdict label).
@@ -17,7 +17,7 @@ import asyncio
 import math
 import re
 
-from rlframe.rewards.judge import (
+from rlframe.judges.client import (
     JUDGE_PARSERS,
     JUDGE_SCORERS,
     JudgeClient,

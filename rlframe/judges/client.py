@@ -8,7 +8,7 @@ next-token distribution, each under ``reward.judge.timeout_s``, counted for ``ju
 A **scorer** scores one group (the responses to one prompt) and returns one score per
 response, or, in a response's place, the exception that kept it from being scored
 (:class:`JudgeParseError`, :class:`JudgeTimeout`, an engine error); raising fails every
-response of the group. Built-ins (:mod:`rlframe.rewards.judge_scorers`) are registered in
+response of the group. Built-ins (:mod:`rlframe.judges.scorers`) are registered in
 :data:`JUDGE_SCORERS` by name; ``reward.judge.scorer: pkg.module:fn`` picks a user's, which
 may mix the judge's verdict with rules of its own::
 

@@ -2,7 +2,8 @@
 answers, so a judged run (``+recipe=judge_tiny``) has a signal its policy can learn.
 
 ``reward.judge.path: tiny-judge:<seed>`` builds (once, then caches) a Qwen2 that reads
-``JUDGE_TEMPLATE`` filled with an arithmetic prompt and a response (``3+4=7?``) and answers
+``JUDGE_TEMPLATE`` filled with an arithmetic prompt, its reference answer and a response
+(``3+4=7:7?``: a reference-guided judge) and answers
 one token: ``y`` with the probability that ``char_match`` gives the response, ``n`` with the
 rest. Its expected value over ``{y: 1, n: 0}`` is then close to the rule reward, and its
 greedy verdict is ``y`` for a response the rule scores above one half. It is trained on
@@ -25,7 +26,7 @@ from rlframe.data.tiny_model import (
     save_model_atomically,
 )
 
-JUDGE_TEMPLATE = "{prompt}{response}?"
+JUDGE_TEMPLATE = "{prompt}{ground_truth}:{response}?"
 """What the tiny judge reads; ``judge_tiny`` sets ``reward.judge.template`` to it."""
 VERDICTS = {"y": 1.0, "n": 0.0}
 """Its verdict tokens and their values."""
@@ -33,8 +34,9 @@ TRAIN_STEPS = 1000
 BATCH = 64
 LR = 1e-3
 """Peak learning rate, decayed linearly to 0. Measured on 1000 held-out verdicts: the
-judge's P(y | y or n) is off char_match by 0.14 on average (0.21 after 400 steps of 256 at
-a constant 3e-3; 0.31 at 5e-3)."""
+judge's P(y | y or n) is off char_match by 0.065 on average (0.18 at 3e-3). Without the
+reference answer in its input it must add, and 1000 steps leave it 0.14 off, rating
+``3+4=8`` as ``3+4=7``."""
 MAX_RESPONSE = 3
 """Longest response it is trained on (the quickstart's ``rollout.max_tokens``)."""
 
@@ -73,7 +75,7 @@ def sample_verdict(rng: random.Random) -> tuple[str, float]:
     if chars and rng.random() < 0.4:
         chars[0] = truth
     response = "".join(chars)
-    text = JUDGE_TEMPLATE.format(prompt=f"{a}+{b}=", response=response)
+    text = JUDGE_TEMPLATE.format(prompt=f"{a}+{b}=", response=response, ground_truth=truth)
     return text, score_char_match(response, truth, {})
 
 
@@ -87,7 +89,7 @@ def build_tiny_judge_model(spec: TinyModelSpec, target: Path) -> None:
     config = build_tiny_config(spec, tokenizer, tie_word_embeddings=True)
     torch.manual_seed(spec.seed)
     model = Qwen2ForCausalLM(config)
-    yes, no = (tokenizer.convert_tokens_to_ids(t) for t in VERDICTS)
+    yes, no = (int(tokenizer.convert_tokens_to_ids(t)) for t in VERDICTS)  # type: ignore[arg-type]
     rng = random.Random(spec.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / TRAIN_STEPS)

@@ -1,4 +1,5 @@
-"""The judge stage of the reward stage: every group of a scored batch judged at once.
+"""The judge stage, run by the reward stage (:class:`rlframe.rewards.stage.RewardStage`):
+every group of a scored batch judged at once.
 
 The groups' scorers run as coroutines on one event loop, in a driver thread of this stage,
 while the rule reward scores in its processes; the judge's engines batch their requests
@@ -19,27 +20,24 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from rlframe.config.checks import ConfigError, first_line
 from rlframe.config.judge import JUDGE_FAILURES, JudgeConfig
-from rlframe.config.served import ServedPlacement
 from rlframe.core.protocol import Batch
-from rlframe.rewards import judge_scorers
-from rlframe.rewards.judge import (
+from rlframe.judges import scorers
+from rlframe.judges.client import (
     JUDGE_SCORERS,
     JudgeClient,
     JudgedGroup,
     JudgeError,
     JudgeParseError,
 )
-
-if TYPE_CHECKING:
-    from rlframe.run.served import ServedModel
+from rlframe.rewards.stage import JudgedRows
 
 FAILURE_KINDS = JUDGE_FAILURES
 
@@ -70,14 +68,19 @@ class JudgeScores:
 class JudgeStage:
     """Args:
     client: the judge's client.
-    served: the served judge (to wake a colocated one before judging and put it to sleep
-        after the step's judging, :meth:`release`); None when its engines are not ours to
-        manage (tests with a scripted engine).
+        sleep: puts a colocated judge to sleep (:meth:`release`, after the step's judging);
+        None for a judge that stays awake (its own pool).
+        wake: wakes it again before it judges (the stream's ``open``).
     """
 
-    def __init__(self, client: JudgeClient, served: ServedModel | None = None) -> None:
+    def __init__(
+        self,
+        client: JudgeClient,
+        sleep: Callable[[], None] | None = None,
+        wake: Callable[[], None] | None = None,
+    ) -> None:
         cfg = client.config
-        self.client, self.served, self.cfg = client, served, cfg
+        self.client, self.sleep, self.wake, self.cfg = client, sleep, wake, cfg
         self.scorer = JUDGE_SCORERS.get(cfg.scorer)
         check_template(cfg)
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="judge")
@@ -86,14 +89,15 @@ class JudgeStage:
         self.failed = dict.fromkeys(FAILURE_KINDS, 0)
         self.scored: list[float] = []
 
-    def start(self, batch: Batch, responses: list[str]) -> Future[JudgeScores]:
-        """Judge every group of ``batch`` (rows with the same ``group``) in the background."""
+    def start(self, batch: Batch, responses: list[str]) -> Future[JudgedRows]:
+        """Judge every group of ``batch`` (rows with the same ``group``) in the background:
+        its :class:`JudgeScores`."""
         return self.thread.submit(self.judge, batch, responses)
 
     def judge(self, batch: Batch, responses: list[str]) -> JudgeScores:
         started = time.perf_counter()
-        if self.asleep and self.served is not None:
-            self.served.client.open()  # wakes a colocated judge the trainer put to sleep
+        if self.asleep and self.wake is not None:
+            self.wake()  # a colocated judge slept while the policy trained
             self.asleep = False
         rows = split_groups(batch.tensor("group").tolist())
         groups = [
@@ -101,7 +105,8 @@ class JudgeStage:
                 batch.column("prompt")[idx[0]],
                 [responses[i] for i in idx],
                 batch.column("ground_truth")[idx[0]],
-                dict(batch.column("extra")[idx[0]]) | {"messages": batch.column("messages")[idx[0]]},
+                dict(batch.column("extra")[idx[0]])
+                | {"messages": batch.column("messages")[idx[0]]},
             )
             for idx in rows
         ]
@@ -160,9 +165,9 @@ class JudgeStage:
 
     def release(self) -> None:
         """After the step's judging: a colocated judge sleeps while the policy trains."""
-        if self.served is not None and not self.asleep:
-            self.served.sleep()  # a judge of its own pool stays awake
-            self.asleep = self.served.spec.serving.placement is ServedPlacement.colocated
+        if self.sleep is not None and not self.asleep:
+            self.sleep()
+            self.asleep = True
 
     def close(self) -> None:
         self.thread.shutdown(wait=False, cancel_futures=True)
@@ -186,7 +191,7 @@ def split_groups(group_ids: list[int]) -> list[list[int]]:
 
 def check_template(cfg: JudgeConfig) -> None:
     """A custom template names only fields the built-in scorers fill."""
-    if cfg.template is None or cfg.scorer not in judge_scorers.DEFAULT_TEMPLATES:
+    if cfg.template is None or cfg.scorer not in scorers.DEFAULT_TEMPLATES:
         return
     fields = {"prompt": "", "response": "", "ground_truth": "", "responses": "", "n": 0}
     try:
