@@ -33,6 +33,7 @@ from rlframe.judges.stage import JudgeStage
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout.engine_client import EngineClient
 from rlframe.rollout.turns import ScoredTokens, TurnRequest, TurnResult
+from tests.unit.cli_errors import check_config_error
 from tests.unit.test_masked_samples import advantages_of
 
 TOKENIZER = build_tiny_tokenizer()
@@ -353,3 +354,18 @@ def test_judge_recipes_compose_and_validate() -> None:
     assert qwen.model.path == "Qwen/Qwen2.5-1.5B-Instruct" and qwen.trainer.device.value == "cuda"
     colocated = compose("judge_tiny", "reward.judge.placement=colocated")
     assert [s.pool for s in list_served_models(colocated)] == [None]  # the trainer's bundles
+
+
+@pytest.mark.parametrize(
+    "override,key,text",
+    [
+        ("reward.judge.scorer=nope", "reward.judge.scorer", "unknown judge scorer 'nope'"),
+        ("reward.judge.on_error=zero", "reward.judge.on_error", "must be one of ['mask', 'raise']"),
+        ("reward.judge.placement=beside", "reward.judge.placement", "beside"),
+        ("reward.judge.procs_per_node=0", "reward.judge.procs_per_node", "must be > 0"),
+    ],
+)
+def test_a_judge_mistake_stops_before_ray_naming_the_key(
+    override: str, key: str, text: str
+) -> None:
+    check_config_error("+recipe=judge_tiny", override, key=key, text=text)
