@@ -50,3 +50,24 @@ def test_judge_tiny_learns(tmp_path: Path, placement: str) -> None:
         assert m["judge/score_mean"] == pytest.approx(m["reward/mean"], abs=1e-5)
     assert last - first >= 0.15
     assert worst_gap < 1e-4
+
+
+@pytest.mark.matrix
+def test_judge_tiny_verdicts_generated_by_the_engine_parse(tmp_path: Path) -> None:
+    """The ``verdict`` scorer through a real engine: the tiny judge generates its verdict
+    (greedy, up to 2 tokens: "y" or "n" and its EOS) and the ``label`` parser reads it; every
+    response gets one, none fails to parse, and the scores are 0 or 1."""
+    run = run_recipe(
+        tmp_path / "run",
+        "trainer.total_steps=3",
+        "reward.judge.scorer=verdict",
+        "reward.judge.parser=label",
+        "reward.judge.max_tokens=2",
+        recipe="judge_tiny",
+    )
+    for m in run.metrics:
+        assert m["judge/calls"] == 16 * 16
+        assert m["judge/parse_failures"] == m["judge/timeouts"] == m["judge/errors"] == 0
+        # Bernoulli scores: the spread is that of a 0/1 variable of this mean.
+        p = m["judge/score_mean"]
+        assert m["judge/score_std"] == pytest.approx((p * (1 - p)) ** 0.5, abs=1e-6)
