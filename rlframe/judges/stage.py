@@ -12,7 +12,9 @@ is not a score.
 
 Metrics (:meth:`JudgeStage.take_metrics`, per step): ``judge/calls``, ``judge/tokens``,
 ``judge/s`` (the stage's wall time), ``judge/parse_failures``, ``judge/timeouts``,
-``judge/errors`` (counts), ``judge/score_mean`` and ``judge/score_std`` over the rows scored.
+``judge/errors`` (counts of the failures that stand), ``judge/score_mean`` and
+``judge/score_std`` over the rows scored; with ``reward.retry_on_error``, ``judge/retries``
+(rows judged a second time).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class JudgeStage:
         sleep: puts a colocated judge to sleep (:meth:`release`, after the step's judging);
         None for a judge that stays awake (its own pool).
         wake: wakes it again before it judges (the stream's ``open``).
+        retry: judge once more each group with a failed row (``reward.retry_on_error``): a
+            failed row takes its second outcome, the others keep their first.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class JudgeStage:
         client: JudgeClient,
         sleep: Callable[[], None] | None = None,
         wake: Callable[[], None] | None = None,
+        retry: bool = False,
     ) -> None:
         cfg = client.config
         self.client, self.sleep, self.wake, self.cfg = client, sleep, wake, cfg
@@ -86,7 +91,9 @@ class JudgeStage:
         self.thread = ThreadPoolExecutor(1, thread_name_prefix="judge")
         self.asleep = False
         self.seconds = 0.0
+        self.retry = retry
         self.failed = dict.fromkeys(FAILURE_KINDS, 0)
+        self.retried = 0
         self.scored: list[float] = []
 
     def start(self, batch: Batch, responses: list[str]) -> Future[JudgedRows]:
@@ -111,6 +118,8 @@ class JudgeStage:
             for idx in rows
         ]
         outcomes = asyncio.run(self.judge_groups(groups))
+        if self.retry:
+            outcomes = self.judge_again(groups, outcomes)
         scores: list[float] = [0.0] * len(batch)
         failures: list[str | None] = [None] * len(batch)
         reasons = [""] * len(batch)
@@ -129,6 +138,23 @@ class JudgeStage:
         if self.cfg.on_error == "raise":
             raise_first_failure(judged, batch, responses, self.cfg.scorer)
         return judged
+
+    def judge_again(
+        self, groups: list[JudgedGroup], outcomes: list[list[float | BaseException]]
+    ) -> list[list[float | BaseException]]:
+        """Each group with a failed row judged once more (whole: a listwise scorer ranks the
+        group in one call); a failed row takes its second outcome, the others keep the first."""
+        again = [k for k, got in enumerate(outcomes) if any(is_failure(v) for v in got)]
+        if not again:
+            return outcomes
+        second = asyncio.run(self.judge_groups([groups[k] for k in again]))
+        merged = list(outcomes)
+        for k, got in zip(again, second, strict=True):
+            self.retried += sum(is_failure(v) for v in outcomes[k])
+            merged[k] = [
+                new if is_failure(old) else old for old, new in zip(outcomes[k], got, strict=True)
+            ]
+        return merged
 
     async def judge_groups(self, groups: list[JudgedGroup]) -> list[list[float | BaseException]]:
         return list(await asyncio.gather(*(self.judge_group(g) for g in groups)))
@@ -156,11 +182,14 @@ class JudgeStage:
             "judge/tokens": float(counters.tokens),
             "judge/s": self.seconds,
         } | {f"judge/{kind}": float(count) for kind, count in self.failed.items()}
+        if self.retry:
+            metrics["judge/retries"] = float(self.retried)
         if self.scored:
             scored = torch.tensor(self.scored, dtype=torch.float64)
             metrics["judge/score_mean"] = float(scored.mean())
             metrics["judge/score_std"] = float(scored.std(unbiased=False))
         self.seconds, self.failed, self.scored = 0.0, dict.fromkeys(FAILURE_KINDS, 0), []
+        self.retried = 0
         return metrics
 
     def release(self) -> None:
@@ -171,6 +200,10 @@ class JudgeStage:
 
     def close(self) -> None:
         self.thread.shutdown(wait=False, cancel_futures=True)
+
+
+def is_failure(value: float | BaseException) -> bool:
+    return isinstance(value, BaseException)
 
 
 def check_score(value: object) -> float | BaseException:

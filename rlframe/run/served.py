@@ -85,9 +85,10 @@ def build_judge_stage(cfg: Config, served: dict[str, ServedModel], path: str) ->
         return None
     tokenizer = load_judge_tokenizer(path, cfg.model.trust_remote_code)
     client = JudgeClient(judge.client, tokenizer, cfg.reward.judge, read_stop_ids(path, tokenizer))
+    retry = cfg.reward.retry_on_error
     if judge.spec.serving.placement is ServedPlacement.colocated:
-        return JudgeStage(client, judge.sleep, judge.client.open)
-    return JudgeStage(client)  # its own pool: awake throughout
+        return JudgeStage(client, judge.sleep, judge.client.open, retry)
+    return JudgeStage(client, retry=retry)  # its own pool: awake throughout
 
 
 def load_judge_tokenizer(path: str, trust_remote_code: bool) -> Tokenizer:

@@ -252,6 +252,33 @@ def test_a_judge_that_times_out_under_mask_leaves_the_group_statistics() -> None
         rewards.close()
 
 
+def test_with_retry_a_sample_the_judge_timed_out_on_is_judged_again() -> None:
+    """``reward.retry_on_error``: "b" hangs the first time only; its group is judged once more,
+    "b" takes its second verdict (y: 1), nothing is masked, ``judge/retries`` is 1 and
+    ``judge/timeouts`` (the failures that stand) 0."""
+    seen: set[str] = set()
+
+    def hangs_once(text: str, r: TurnRequest) -> dict[str, float] | None:
+        if text.endswith("b?") and text not in seen:
+            seen.add(text)
+            return None
+        return {"y": 1.0} if text.endswith(("a?", "b?")) else {"n": 1.0}
+
+    cfg = judged_config("mask")
+    engine = ScriptedJudge(hangs_once)
+    client = EngineClient([engine.serve])
+    stage = JudgeStage(JudgeClient(client, TOKENIZER, cfg.reward.judge, (EOS,)), retry=True)
+    try:
+        judged = judge_batch(stage, ["1+0="] * 4, ["a", "b", "c", "d"], [0] * 4)
+        assert judged.scores == [1.0, 1.0, 0.0, 0.0] and judged.failures == [None] * 4
+        metrics = stage.take_metrics()
+        assert metrics["judge/retries"] == 1 and metrics["judge/timeouts"] == 0
+        assert metrics["judge/calls"] == 8  # the whole group, twice
+    finally:
+        client.close()
+        stage.close()
+
+
 def test_a_judge_failure_under_raise_stops_the_run_with_one_line() -> None:
     cfg = judged_config("raise")
     engine = ScriptedJudge(right_or_wrong)
