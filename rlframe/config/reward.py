@@ -1,11 +1,13 @@
 """The schema's ``reward`` section: the rule reward, its process pool and limits, overlong
-shaping, and the reward model (``reward.model``)."""
+shaping, the reward model (``reward.model``) and the generative judge (``reward.judge``,
+:mod:`rlframe.config.judge`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from rlframe.config.checks import require, require_choice, require_positive
+from rlframe.config.judge import JudgeConfig
 from rlframe.core.registry import absolutize
 
 REWARD_ERROR_POLICIES = ("raise", "mask", "zero")
@@ -99,6 +101,8 @@ class RewardConfig:
     ``reward.timeout_s``: samples not scored by then count as timed out (``raise`` stops)."""
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """Reward model (off unless ``reward.model.path`` is set)."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """Generative judge (off unless ``reward.judge.path`` is set)."""
 
     def __post_init__(self) -> None:
         import math
@@ -125,10 +129,10 @@ class RewardConfig:
             f"must be >= 0, got {self.weight}",
         )
         require(
-            self.weight > 0 or self.model.path is not None,
+            self.weight > 0 or self.model.path is not None or self.judge.enabled,
             "reward.weight",
-            "is 0, which turns the rule reward off, and no reward.model.path is set: nothing "
-            "would score the responses",
+            "is 0, which turns the rule reward off, and neither reward.model.path nor "
+            "reward.judge.path is set: nothing would score the responses",
         )
 
     @property
@@ -138,3 +142,7 @@ class RewardConfig:
     @property
     def uses_model(self) -> bool:
         return self.model.path is not None
+
+    @property
+    def uses_judge(self) -> bool:
+        return self.judge.enabled

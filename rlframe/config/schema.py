@@ -82,6 +82,8 @@ class Config:
                 "topk_forward_kl does not work with sequence parallelism yet "
                 "(actor.sequence_parallel_size > 1): use advantage, k1 or k3",
             )
+        if self.reward.judge.enabled:
+            check_served(self.reward.judge, "reward.judge", self.trainer)
         require(
             self.rollout.agent != "multi_turn" or bool(self.agent.env),
             "agent.env",

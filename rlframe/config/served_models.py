@@ -33,11 +33,15 @@ class ServedSpec:
 
 
 def list_served_models(cfg: Config) -> list[ServedSpec]:
-    """Every frozen model the config serves: the teachers of ``distill``."""
+    """Every frozen model the config serves: the teachers of ``distill``, the judge of
+    ``reward.judge``."""
     d = cfg.distill
     specs = [ServedSpec("teacher", d.teacher, "distill", "distill.teacher", d)] if d.teacher else []
     specs += [
         ServedSpec(f"teacher/{k}", path, "distill", f"distill.teachers.{k}", d)
         for k, path in d.teachers.items()
     ]
+    judge = cfg.reward.judge
+    if judge.path is not None:
+        specs.append(ServedSpec("judge", judge.path, "reward.judge", "reward.judge.path", judge))
     return specs

@@ -31,6 +31,8 @@ TINY_LORA_PREFIX = "tiny-lora:"
 TINY_MOE_PREFIX = "tiny-moe:"
 TINY_TEACHER_PREFIX = "tiny-teacher:"
 """A tiny teacher for distillation (:mod:`rlframe.data.tiny_teacher`)."""
+TINY_JUDGE_PREFIX = "tiny-judge:"
+"""A tiny judge of the quickstart's answers (:mod:`rlframe.judges.tiny_judge`)."""
 TINY_MOE_FAMILY_PREFIX = "tiny-moe-"
 """``tiny-moe-<model_type>:<seed>``: another MoE family (:mod:`rlframe.data.tiny_moe_families`)."""
 MOE_EXPERTS = 8
@@ -75,6 +77,7 @@ def is_tiny_model(path: str) -> bool:
             TINY_MOE_FAMILY_PREFIX,
             TINY_VL_PREFIX,
             TINY_TEACHER_PREFIX,
+            TINY_JUDGE_PREFIX,
         )
     )
 
@@ -88,7 +91,8 @@ def resolve_model_path(path: str, cache_dir: Path | None = None, build: bool = T
     ``tiny-moe:<seed>`` are built on first use (``build=False``: their cached folder, built or
     not), anything else is kept (``tiny-vl:<seed>``:
     :func:`rlframe.data.tiny_vl_model.resolve_tiny_vl_path`, which also resolves
-    ``tiny-moe-<model_type>:<seed>``)."""
+    ``tiny-moe-<model_type>:<seed>``; :func:`rlframe.run.preflight.resolve_model_folder`
+    trains ``tiny-judge:<seed>``)."""
     if path.startswith(TINY_MOE_PREFIX):
         return resolve_tiny_build(
             path,

@@ -12,6 +12,9 @@ Built in: ``exact_match``, ``char_match`` and ``math_answer`` (:mod:`.rules`),
 ``math_verify`` (:mod:`.math_equivalence`), ``code_tests`` (:mod:`.code_tests`, through the
 sandbox in :mod:`.sandbox`). :mod:`.scoring` runs them, in parallel processes
 (:mod:`.pool`) with a time limit per sample.
+
+A generative judge (``reward.judge``) scores on the driver, through async scorers that get a
+:class:`~rlframe.judges.client.JudgeClient` (:mod:`rlframe.judges`).
 """
 
 from __future__ import annotations

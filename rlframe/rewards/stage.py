@@ -5,18 +5,23 @@ One name per quantity, per row (all float tensors of shape ``[rows]``):
 - ``rule_score``: the raw value of the rule reward ``reward.fn`` on the decoded response
   (0 where it failed under ``reward.on_error=zero`` or ``mask``). Never weighted or combined.
 - ``rm_score``: the reward model's raw score.
+- ``judge_score``: the generative judge's raw score (:mod:`rlframe.judges.stage`; 0
+  where it failed), with ``judge_parse_failures``, ``judge_timeouts``, ``judge_errors``
+  (1 where it failed so).
 - ``env_reward``: the sum of an environment's step rewards (multi-turn agents only; set by
   the agent, not here).
 - ``score``: the task score the run optimises, before shaping:
-  ``reward.weight * rule_score + reward.model.weight * rm_score``; in a batch with an
+  ``reward.weight * rule_score + reward.model.weight * rm_score +
+  reward.judge.weight * judge_score``; in a batch with an
   ``env_reward`` that task score is then weighted again and the env's reward added:
   ``agent.rule_reward_weight * task + agent.env_reward_weight * env_reward`` (the two rule
   weights multiply). An episode its env failed (``agent.on_env_error=fail_episode``) scores 0.
 - ``reward``: ``score`` plus DAPO's overlong penalty (0 for a failed episode). The advantage
   reads this one.
 - ``sample_mask`` (:data:`~rlframe.core.protocol.SAMPLE_MASK`): 1, or 0 for a sample taken
-  out of training because its rule reward failed under ``reward.on_error=mask`` or its env
-  under ``agent.on_env_error=mask`` (:func:`mask_failed_samples`). Such a row's ``score``
+  out of training because its rule reward failed under ``reward.on_error=mask``, its judge
+  under ``reward.judge.on_error=mask`` or its env under ``agent.on_env_error=mask``
+  (:func:`mask_failed_samples`). Such a row's ``score``
   and ``reward`` are 0 and not scores, and its ``loss_mask`` is all 0, so it is in no loss
   and no token count; the advantage estimators leave it out of their group statistics.
 
@@ -28,15 +33,41 @@ Metrics: ``reward/rule_mean`` and ``reward/model_mean`` are the means of the raw
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 import torch
 
 from rlframe.config import Config, RewardConfig
 from rlframe.config.agent import AgentConfig
+from rlframe.config.judge import JUDGE_FAILURES
 from rlframe.controller.roles import RewardModelGroup
 from rlframe.core.protocol import SAMPLE_MASK, Batch
 from rlframe.core.tokenizer import Tokenizer
 from rlframe.rewards.scoring import RuleScorer
+
+
+class JudgedRows(Protocol):
+    """One judged batch (:class:`rlframe.judges.stage.JudgeScores`)."""
+
+    scores: list[float]
+    """0 where the row failed."""
+    failures: list[str | None]
+    """None, or how the judge failed on the row (``judge/<kind>``)."""
+
+    def flags(self, kind: str) -> torch.Tensor: ...
+
+
+class Judge(Protocol):
+    """The judge stage (:class:`rlframe.judges.stage.JudgeStage`; the reward folder does not
+    import the judges', which build on it)."""
+
+    def start(self, batch: Batch, responses: list[str]) -> Future[JudgedRows]: ...
+
+    def take_metrics(self) -> dict[str, float]: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class RewardStage:
@@ -46,12 +77,22 @@ class RewardStage:
         cfg: the run's config (``reward.*``, ``agent.*`` weights, ``rollout.max_tokens``).
         tokenizer: decodes the response ids for the rule reward and the reward model.
         reward_model: the reward-model worker group (its ``compute_rm_scores``), or None.
+        judge: the judge stage (``reward.judge``), or None; closed by :meth:`close`.
     """
 
     def __init__(
-        self, cfg: Config, tokenizer: Tokenizer, reward_model: RewardModelGroup | None = None
+        self,
+        cfg: Config,
+        tokenizer: Tokenizer,
+        reward_model: RewardModelGroup | None = None,
+        judge: Judge | None = None,
     ) -> None:
-        self.cfg, self.tokenizer, self.reward_model = cfg, tokenizer, reward_model
+        self.cfg, self.tokenizer, self.reward_model, self.judge = (
+            cfg,
+            tokenizer,
+            reward_model,
+            judge,
+        )
         self.rule_scorer = (
             RuleScorer(resolve_reward_name(cfg), cfg.reward) if cfg.reward.uses_rule else None
         )
@@ -73,6 +114,7 @@ class RewardStage:
             for ids, mask in zip(batch.tensor("response_ids"), batch.tensor("response_mask"))
         ]
         pending_rm = self.start_reward_model(batch, texts)
+        pending_judge = self.judge.start(batch, texts) if self.judge is not None else None
         score = torch.zeros(len(batch))
         parts: dict[str, torch.Tensor] = {}
         if self.rule_scorer is not None:
@@ -91,6 +133,11 @@ class RewardStage:
         if pending_rm is not None:
             parts["rm_score"] = pending_rm.result()
             score += r.model.weight * parts["rm_score"]
+        if pending_judge is not None:
+            judged = pending_judge.result()
+            parts["judge_score"] = torch.tensor(judged.scores)
+            parts |= {f"judge_{kind}": judged.flags(kind) for kind in JUDGE_FAILURES}
+            score += r.judge.weight * parts["judge_score"]
         # Sampled tokens against their budget: observations in a multi-turn response do not count.
         penalty = compute_overlong_penalty(
             batch.tensor("loss_mask").sum(1), self.cfg.rollout.max_tokens, r
@@ -113,10 +160,21 @@ class RewardStage:
             lambda: reward_model.compute_rm_scores(request).tensor("rm_score")
         )
 
+    def take_metrics(self) -> dict[str, float]:
+        """The judge's ``judge/*`` figures since the last call (none without a judge)."""
+        return self.judge.take_metrics() if self.judge is not None else {}
+
+    def release(self) -> None:
+        """The step's experience is made: a colocated judge sleeps while the policy trains."""
+        if self.judge is not None:
+            self.judge.release()
+
     def close(self) -> None:
-        """Stop the reward processes and the reward-model thread."""
+        """Stop the reward processes and the reward-model and judge threads."""
         if self.rule_scorer is not None:
             self.rule_scorer.close()
+        if self.judge is not None:
+            self.judge.close()
         if self.reward_model_thread is not None:
             self.reward_model_thread.shutdown(wait=False, cancel_futures=True)
 
@@ -164,12 +222,15 @@ def combine_rewards(batch: Batch, cfg: AgentConfig) -> Batch:
 
 def mask_failed_samples(batch: Batch, cfg: Config) -> Batch:
     """``sample_mask`` (:data:`~rlframe.core.protocol.SAMPLE_MASK`): 0 where the rule reward
-    failed under ``reward.on_error=mask`` (:func:`find_rule_failures`) or the env under
+    failed under ``reward.on_error=mask`` (:func:`find_rule_failures`), the judge under
+    ``reward.judge.on_error=mask`` (:func:`find_judge_failures`) or the env under
     ``agent.on_env_error=mask``, else 1. A masked row leaves training here: its ``score`` and
     ``reward`` become 0 and its ``loss_mask`` all 0, so it is in no loss and no token count."""
     masked = torch.zeros(len(batch), dtype=torch.bool)
     if cfg.reward.on_error == "mask":
         masked |= find_rule_failures(batch, cfg.agent)
+    if cfg.reward.judge.enabled and cfg.reward.judge.on_error == "mask":
+        masked |= find_judge_failures(batch)
     if cfg.agent.on_env_error == "mask" and "env_failed" in batch:
         masked |= batch.tensor("env_failed").bool()
     loss_mask = batch.tensor("loss_mask")
@@ -199,6 +260,15 @@ def find_rule_failures(batch: Batch, cfg: AgentConfig) -> torch.Tensor:
     episode = batch.tensor("agent_episode").long()
     last = find_last_rows(episode)
     return failed[last[episode]] & ~batch.tensor("agent_reward_given").bool()
+
+
+def find_judge_failures(batch: Batch) -> torch.Tensor:
+    """[rows] bool: rows the judge failed on (a parse failure, a timeout, an error)."""
+    failed = torch.zeros(len(batch), dtype=torch.bool)
+    for kind in JUDGE_FAILURES:
+        if f"judge_{kind}" in batch:
+            failed |= batch.tensor(f"judge_{kind}").bool()
+    return failed
 
 
 def find_last_rows(episode: torch.Tensor) -> torch.Tensor:

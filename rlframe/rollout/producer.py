@@ -124,7 +124,11 @@ class ExperienceProducer:
         self.dynamic = a.dynamic_sampling
         self.replaceable = (a.max_sampling_rounds - 1) * self.wanted
         """DAPO: groups of equal rewards a step may drop and replace; later ones top it up."""
-        self.reward_masks = cfg.reward.on_error == "mask"
+        judge = cfg.reward.judge
+        self.reward_masks = cfg.reward.on_error == "mask" or (
+            judge.enabled and judge.on_error == "mask"
+        )
+        """Rewards may mask samples: the rule reward's or the judge's failures."""
         self.env_masks = cfg.agent.on_env_error == "mask"
         self.pad_id = read_pad_id(tokenizer)
         self.meta = {"stop_token_ids": [read_eos_id(tokenizer)], "pad_token_id": self.pad_id}
@@ -164,9 +168,9 @@ class ExperienceProducer:
 
     def next_batch(self) -> tuple[Batch, dict[str, float]]:
         """The step's groups, once enough are finished and scored, and ``timing_s/gen``,
-        ``timing_s/reward`` (``/baseline`` for ReMax), DAPO's ``rollout/kept_group_frac``
-        and ``rollout/uniform_dropped``, ``agent/*``; under ``on_error=mask``
-        ``reward/masked`` or ``agent/masked`` and ``rollout/masked_groups_*``
+        ``timing_s/reward`` (``/baseline`` for ReMax), the judge's ``judge/*``, DAPO's
+        ``rollout/kept_group_frac`` and ``rollout/uniform_dropped``, ``agent/*``; under
+        ``on_error=mask`` ``reward/masked`` or ``agent/masked`` and ``rollout/masked_groups_*``
         (:func:`~rlframe.rollout.sampling.collect_masking_metrics`); at ``max_staleness >= 1`` also
         ``off_policy/*``, ``timing_s/trainer_idle`` (the driver waited for experience) and
         ``timing_s/rollout_idle`` (no call ran since the last batch)."""
@@ -185,6 +189,8 @@ class ExperienceProducer:
             metrics |= collect_masking_metrics(self.counts, self.reward_masks, self.env_masks)
         metrics |= collect_agent_metrics(batch)
         metrics |= self.context.turns.take_metrics()
+        metrics |= self.rewards.take_metrics()
+        self.rewards.release()  # a colocated judge sleeps while the trainer trains
         if self.k > 0:
             now = time.perf_counter()
             window, self.last_batch = now - self.last_batch, now

@@ -34,6 +34,7 @@ from rlframe.observability.tracking import Tracker
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer, Producer
 from rlframe.run.interrupts import install_interrupt_handlers
+from rlframe.run.judge import build_judge_stage
 from rlframe.state.checkpoint import (
     Checkpointer,
     read_driver_state,
@@ -246,7 +247,8 @@ def build_loop(
     run.tracker = tracker = Tracker(out, t.loggers, t.total_steps, cfg, t.project, t.experiment)
     loader = PromptLoader(inputs.records, cfg.data.batch_size, t.seed)
     checkpointer = build_checkpointer(cfg, out, found.model_path, tokenizer, workers)
-    rewards = RewardStage(cfg, tokenizer, workers.reward_model)
+    judge = build_judge_stage(cfg, workers.served, found.served_paths.get("judge", ""))
+    rewards = RewardStage(cfg, tokenizer, workers.reward_model, judge)
     experience, sync_weights = build_producer(cfg, workers, tokenizer, loader, rewards)
     run.experience = experience
     validator = (

@@ -245,6 +245,13 @@ def check_plugins(cfg: Config) -> None:
     ]
     if cfg.reward.fn != "auto":
         entries.append(("reward.fn", cfg.reward.fn, REWARDS))
+    judge = cfg.reward.judge
+    if judge.enabled:
+        from rlframe.judges.scorers import JUDGE_PARSERS, JUDGE_SCORERS  # built-ins in
+
+        entries.append(("reward.judge.scorer", judge.scorer, JUDGE_SCORERS))
+        if judge.scorer == "verdict":
+            entries.append(("reward.judge.parser", judge.parser, JUDGE_PARSERS))
     for key, name, registry in entries:
         try:
             registry.get(name)
@@ -317,11 +324,15 @@ def resolve_model_files(cfg: Config) -> str:
 def resolve_model_folder(configured: str, key: str) -> str:
     """``configured`` (the value of ``key``) as a loadable model: a folder with a
     config.json and loadable weights (``tiny:N`` and friends built), or a model id."""
-    from rlframe.data.tiny_model import is_tiny_model
+    from rlframe.data.tiny_model import TINY_JUDGE_PREFIX, is_tiny_model
     from rlframe.data.tiny_vl_model import resolve_tiny_vl_path
+    from rlframe.judges.tiny_judge import resolve_tiny_judge_path
 
     try:
-        path = resolve_tiny_vl_path(configured)
+        if configured.startswith(TINY_JUDGE_PREFIX):
+            path = resolve_tiny_judge_path(configured)  # trained on first use
+        else:
+            path = resolve_tiny_vl_path(configured)
     except ValueError as e:
         raise ConfigError(key, str(e)) from None
     local = Path(path).expanduser()
