@@ -217,6 +217,7 @@ def run_loop(tmp_path: Path, **trainer: Any) -> tuple[list[int], list[int], Path
     loop.step_count = 0
     loop.tracker = RecordingTracker()
     loop.sync_check, loop.probes, loop.scored_with = SyncCheck(None), [], 0
+    loop.distillation = None
     loop.validator = CountingValidator()
     loop.checkpointer = Checkpointer(tmp_path, 100, {}, lambda d: d.mkdir(), export_hf=False)
     loop.fit()

@@ -116,6 +116,7 @@ def test_a_failing_step_is_logged_not_saved(tmp_path: Path) -> None:
     loop.step_count, loop.validator, loop.tracker = 0, None, GapTracker()
     loop.checkpointer = Checkpointer(tmp_path, 10, {}, lambda d: d.mkdir(), export_hf=False)
     loop.sync_check, loop.probes, loop.scored_with = SyncCheck(1e-3, calibrate=False), [], 1
+    loop.distillation = None
     with pytest.raises(BrokenSyncError) as caught:
         loop.fit()
     assert loop.tracker.logged == [1, 2, 3]
