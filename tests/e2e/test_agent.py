@@ -55,6 +55,8 @@ def test_agent_tiny_learns_to_play(tmp_path: Path) -> None:
     assert any("<eos>higher:" in r["response"] or "<eos>lower:" in r["response"] for r in rollouts)
 
 
+# A cross product (the agent x an algorithm x ranks): the matrix tier.
+@pytest.mark.matrix
 def test_agent_two_ranks_with_ppo(tmp_path: Path) -> None:
     metrics = run_agent(
         tmp_path / "ppo",
@@ -70,6 +72,8 @@ def test_agent_two_ranks_with_ppo(tmp_path: Path) -> None:
     assert all("critic/value_loss" in m and m["rollout/logprob_diff"] < 1e-4 for m in metrics)
 
 
+# A cross product (the agent x an algorithm x ranks): the matrix tier.
+@pytest.mark.matrix
 def test_agent_remax_baseline_and_dynamic_sampling(tmp_path: Path) -> None:
     metrics = run_agent(
         tmp_path / "remax",
