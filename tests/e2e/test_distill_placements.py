@@ -12,7 +12,8 @@ from tests.harness import deterministic, run_recipe
 
 pytestmark = [pytest.mark.slow, pytest.mark.matrix, pytest.mark.usefixtures("ray_cluster")]
 
-SHORT = ["trainer.total_steps=3"]
+# A teacher pool of its own needs a third CPU beside the trainer's two (the session's Ray has 4).
+SHORT = ["trainer.total_steps=3", "ray.num_cpus=3"]
 
 
 def test_separate_and_colocated_teachers_give_the_same_steps(tmp_path: Path) -> None:
