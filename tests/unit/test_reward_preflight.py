@@ -23,7 +23,8 @@ from tests.unit.cli_errors import check_config_error
         ("reward.timeout_s=0", "reward.timeout_s: must be > 0"),
         (
             "reward.weight=0",
-            "reward.weight: is 0, which turns the rule reward off, and no reward.model.path is set",
+            "reward.weight: is 0, which turns the rule reward off, and neither "
+            "reward.model.path nor reward.judge.path is set",
         ),
         ("reward.model.path=/no/such/rm", "reward.model.path: no such folder /no/such/rm"),
         (
