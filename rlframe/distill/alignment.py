@@ -17,6 +17,7 @@ import torch
 from rlframe.config.distill import DistillConfig
 from rlframe.core.protocol import Batch
 from rlframe.distill.teachers import TeacherReading, pick_teacher, read_sequences
+from rlframe.rollout.turns import score_with_model
 
 FP32_MAX_TEACHER_DIFF = 1e-3
 HALF_MAX_TEACHER_DIFF = 0.1
@@ -85,6 +86,4 @@ class TeacherCheck:
             finally:
                 hf_logging.enable_progress_bar()
             self.models[path] = model
-        logits = model(input_ids=torch.tensor([ids])).logits[0, start - 1 : -1].float()
-        logp = torch.log_softmax(logits, -1)
-        return logp.gather(1, torch.tensor(ids[start:])[:, None])[:, 0]
+        return torch.tensor(score_with_model(model, ids, start, 0).logprobs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -70,6 +70,19 @@ class ScoredTokens:
     when ``top_k`` is 0)."""
     top_logprobs: list[list[float]]
     """Their log-probs, in the same order."""
+
+
+def score_with_model(model: Any, ids: list[int], start: int, top_k: int) -> ScoredTokens:
+    """A transformers causal LM's reading of ``ids[start:]`` (each given its prefix, fp32
+    softmax at temperature 1) and its ``top_k`` at each of those positions: what a served
+    engine's scoring request returns, computed by the training stack's library."""
+    tokens = torch.tensor([ids], device=model.device)
+    with torch.no_grad():
+        logits = model(input_ids=tokens).logits[0, start - 1 : -1].float()
+    logp = torch.log_softmax(logits, -1)
+    given = logp.gather(1, tokens[0, start:, None])[:, 0].tolist()
+    top = logp.topk(top_k, -1)
+    return ScoredTokens(given, top.indices.tolist(), top.values.tolist())
 
 
 @dataclass

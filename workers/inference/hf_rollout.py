@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rlframe.rollout.turns import ScoredTokens
+from rlframe.rollout.turns import ScoredTokens, score_with_model
 from workers.inference.base import RolloutSample, SamplingSpec
 from workers.model_hooks.router_replay import RoutingRecorder
 from workers.model_hooks.weight_names import ModelSlots
@@ -120,16 +120,10 @@ class HFRollout:
         """Log-probs of ``ids[1:]`` given their prefixes (temperature 1): the sync probe."""
         return self.score(ids, 1, 0).logprobs
 
-    @torch.no_grad()
     def score(self, ids: list[int], start: int, top_k: int) -> ScoredTokens:
         """Log-probs of ``ids[start:]`` given their prefixes (temperature 1), and the
         ``top_k`` most likely tokens at each of those positions."""
-        tokens = torch.tensor([ids], device=self.device)
-        logits = self.model(input_ids=tokens).logits[0, start - 1 : -1].float()
-        logp = torch.log_softmax(logits, -1)
-        given = logp.gather(1, tokens[0, start:, None])[:, 0].tolist()
-        top = logp.topk(top_k, -1)
-        return ScoredTokens(given, top.indices.tolist(), top.values.tolist())
+        return score_with_model(self.model, ids, start, top_k)
 
     def describe_weights(self) -> str:
         return "the weights loaded last"

@@ -184,10 +184,9 @@ class VLLMRollout:
         (out,) = self.llm.generate(
             [TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False, **self.lora_kwargs()
         )
-        if out.prompt_logprobs is None:
-            raise RuntimeError("vLLM returned no prompt log-probs (prompt_logprobs=0 was asked)")
-        given = out.prompt_logprobs
-        return [read_token_logprob(given[i], t) for i, t in enumerate(ids) if i > 0]
+        scored = read_scored(ids, out.prompt_logprobs, (1, 0))
+        assert scored is not None  # asked for above
+        return scored.logprobs
 
     def lora_kwargs(self) -> dict[str, Any]:
         """The adapter version requests sample from (none: the loaded weights alone)."""
