@@ -105,6 +105,11 @@ class HybridWorker(TrainEndpoints):
         actor by :class:`rlframe.rollout.engine_client.EngineClient`."""
         return self.rollout_role.serve(requests)
 
+    def abort_stream(self) -> list[TurnResult]:
+        """The stream's pause (:meth:`RolloutRole.abort_stream`); the engine must be awake
+        (an engine put to sleep holds no request: the producer pauses the stream first)."""
+        return self.rollout_role.abort_stream()
+
     @dispatch(Dispatch.ONE_TO_ALL)
     def sync_weights(self) -> int:
         """Stream the trained weights into the rollout engine; returns the new version."""

@@ -79,3 +79,7 @@ class RolloutWorker(Worker):
     def serve(self, requests: list[TurnRequest]) -> list[TurnResult]:
         """One call of the request stream (:meth:`RolloutRole.serve`)."""
         return self.rollout_role.serve(requests)
+
+    def abort_stream(self) -> list[TurnResult]:
+        """The stream's pause (:meth:`RolloutRole.abort_stream`)."""
+        return self.rollout_role.abort_stream()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -41,25 +41,51 @@ class ReplicaStats:
 
 
 Serve = Callable[[list[TurnRequest]], list[TurnResult]]
-"""One ``serve`` call on an engine replica (blocking): new requests in, finished ones out."""
+"""One ``serve`` call on an engine replica (blocking): new requests in, finished ones out. A
+``serve`` with an ``abort`` attribute (:class:`RayReplica`) can also end what it holds
+part-way (:meth:`EngineClient.pause`); one without finishes every request it is handed in
+that call (:func:`~rlframe.rollout.batched_turns.serve_by_generate`)."""
+
+Abort = Callable[[], list[TurnResult]]
+"""End every request a replica holds, now: each with what it sampled so far."""
 
 
-def connect_ray_replicas(role: str, actors: list[Any], tp: int, timeout_s: float) -> list[Serve]:
-    """A ``serve`` per engine replica of a worker group: ranks ``[g*tp, (g+1)*tp)`` hold
-    replica ``g``; a call goes to every rank of it (tensor-parallel ranks step alike) and
-    returns the first rank's results, or raises the WorkerError naming the rank that failed
-    (``rollout worker rank 1 failed in serve()``) or did not answer within ``timeout_s``."""
+@dataclass
+class RayReplica:
+    """One engine replica of a worker group: ranks ``ranks`` (a tensor-parallel group step
+    alike, so each call goes to every one of them and the first rank's results are kept).
+    A call that fails raises the WorkerError naming the rank (``rollout worker rank 1 failed
+    in serve()``), or that it did not answer within ``timeout_s``."""
 
-    def connect(ranks: list[int]) -> Serve:
-        def serve(requests: list[TurnRequest]) -> list[TurnResult]:
-            refs = {actors[rank].serve.remote(requests): rank for rank in ranks}
-            handle = CallHandle(role, "serve", refs, timeout_s, actors)
-            results: list[TurnResult] = handle.result()[0]
-            return results
+    role: str
+    actors: list[Any]
+    ranks: list[int]
+    timeout_s: float
 
-        return serve
+    def __call__(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        return self.call("serve", requests)
 
-    return [connect(list(range(g * tp, (g + 1) * tp))) for g in range(len(actors) // tp)]
+    def abort(self) -> list[TurnResult]:
+        """Every rank's ``abort_stream`` (``RolloutRole.abort_stream``)."""
+        return self.call("abort_stream")
+
+    def call(self, method: str, *args: Any) -> list[TurnResult]:
+        refs = {getattr(self.actors[rank], method).remote(*args): rank for rank in self.ranks}
+        results: list[TurnResult] = CallHandle(
+            self.role, method, refs, self.timeout_s, self.actors
+        ).result()[0]
+        return results
+
+
+def connect_ray_replicas(
+    role: str, actors: list[Any], tp: int, timeout_s: float
+) -> list[RayReplica]:
+    """A replica per tensor-parallel group of a worker group: ranks ``[g*tp, (g+1)*tp)``
+    hold replica ``g``."""
+    return [
+        RayReplica(role, actors, list(range(g * tp, (g + 1) * tp)), timeout_s)
+        for g in range(len(actors) // tp)
+    ]
 
 
 @dataclass
@@ -75,6 +101,8 @@ class ReplicaPump:
     sessions: int = 0
     stats: ReplicaStats = field(default_factory=ReplicaStats)
     thread: threading.Thread | None = None
+    busy: bool = False
+    """A ``serve`` call is running (:meth:`EngineClient.pause` waits for it to return)."""
 
     @property
     def in_flight(self) -> int:
@@ -89,7 +117,7 @@ class ReplicaPump:
         client = self.client
         while True:
             with client.lock:
-                while not (self.queue or self.waiting or client.closed):
+                while not client.closed and (client.paused or not (self.queue or self.waiting)):
                     client.work.wait()
                 if client.closed:
                     return
@@ -98,6 +126,7 @@ class ReplicaPump:
                     self.waiting[request.request_id] = (future, len(request.context))
                 self.stats.calls += 1
                 self.stats.in_flight_sum += len(self.waiting)
+                self.busy = True
             try:
                 results = self.serve([request for request, _ in batch])
             except Exception as error:  # the call's failure reaches every request it carried
@@ -107,6 +136,8 @@ class ReplicaPump:
 
     def finish(self, results: list[TurnResult]) -> None:
         with self.client.lock:
+            self.busy = False
+            self.client.work.notify_all()
             # A request an earlier failed call gave up on may still finish: nobody waits.
             done = [
                 (self.waiting.pop(r.request_id), r) for r in results if r.request_id in self.waiting
@@ -119,8 +150,28 @@ class ReplicaPump:
         for (future, _), result in done:
             settle(future, result)
 
+    def abort(self) -> None:
+        """End what this replica holds (the client is paused and no call runs): requests
+        in the engine with their tokens so far, queued ones with none."""
+        abort: Abort | None = getattr(self.serve, "abort", None)
+        try:
+            results = abort() if abort is not None and self.waiting else []
+        except Exception as error:
+            self.fail_all(error)
+            return
+        self.finish(results)
+        with self.client.lock:
+            left = [(r, f) for r, f in self.queue] + [
+                (TurnRequest([], 0, 0, (), request_id=i), f) for i, (f, _) in self.waiting.items()
+            ]
+            self.queue, self.waiting = [], {}
+        for request, future in left:
+            settle(future, TurnResult(request.request_id, [], [], "abort", -1))
+
     def fail_all(self, error: Exception) -> None:
         with self.client.lock:
+            self.busy = False
+            self.client.work.notify_all()
             futures = [f for f, _ in self.waiting.values()] + [f for _, f in self.queue]
             self.waiting, self.queue = {}, []
         for future in futures:
@@ -135,12 +186,14 @@ class EngineClient:
     """
 
     def __init__(
-        self, replicas: list[Serve], open_stream: Callable[[], object] = lambda: None
+        self, replicas: Sequence[Serve], open_stream: Callable[[], object] = lambda: None
     ) -> None:
         self.open_stream = open_stream
         self.lock = threading.Lock()
         self.work = threading.Condition(self.lock)
         self.closed = False
+        self.paused = False
+        """Between :meth:`pause` and :meth:`resume`: no ``serve`` call starts."""
         self.routes: dict[str, ReplicaPump] = {}
         """Session -> the replica that serves it."""
         self.ids = itertools.count()
@@ -166,6 +219,25 @@ class EngineClient:
             replica.queue.append((request, future))
             self.work.notify_all()
         return future
+
+    def pause(self) -> None:
+        """Stop the stream for a weight sync (blocking): no call starts; the calls running
+        return; then every request in flight ends now, its future answered with what it
+        sampled so far (finish reason ``abort``, the version that sampled it; a request
+        still queued: no tokens, version -1). Sessions keep their replicas. Requests
+        submitted meanwhile wait for :meth:`resume`."""
+        with self.lock:
+            self.paused = True
+            while any(r.busy for r in self.replicas):
+                self.work.wait()
+        for replica in self.replicas:
+            replica.abort()
+
+    def resume(self) -> None:
+        """Serve again after :meth:`pause`."""
+        with self.lock:
+            self.paused = False
+            self.work.notify_all()
 
     def route(self, session: str) -> ReplicaPump:
         """The session's replica; a new session goes to the least-loaded one (lock held)."""

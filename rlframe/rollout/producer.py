@@ -6,8 +6,11 @@ within ``rollout.max_staleness`` versions of its admission. At 0 that is one ste
 a time, which is lockstep training; at ``k >= 1`` generation runs ahead of the trainer. The
 work in flight runs one call at a time:
 
-- ``single_turn``: one engine call over every response in flight, each continued by up to
-  ``rollout.partial_chunk_tokens`` tokens (:mod:`rlframe.rollout.partial`);
+- ``single_turn``: every response in flight a request of the engines' stream, ended where it
+  is by a weight sync (or a colocated step taking its batch) and continued after it
+  (:mod:`rlframe.rollout.response_stream`); with ``rollout.partial_chunk_tokens > 0``, one
+  engine call over every response in flight instead, each continued by up to that many
+  tokens (:mod:`rlframe.rollout.partial`), which makes a run reproducible;
 - any other agent (``multi_turn``, ``openai``, users'): the agent over every admitted group
   not yet run; an episode runs whole.
 
@@ -17,9 +20,10 @@ in its place (:mod:`rlframe.rollout.sampling`); with DAPO's dynamic sampling, so
 whose rewards are all equal; for ReMax its greedy baseline is generated.
 :meth:`ExperienceProducer.next_batch` returns as soon as the step's groups are chosen
 (:func:`~rlframe.rollout.staleness.select_step_groups`, earliest deadline first). With a
-separate rollout pool (``overlap``) a call runs in a driver thread while the trainer trains;
-the weight sync waits for it (:meth:`track_sync`), so a call runs on one weights version and
-what a run samples does not depend on when the sync came.
+separate rollout pool (``overlap``) the stream, or a call in a driver thread, runs while the
+trainer trains; the weight sync pauses the stream, or waits for the call (:meth:`track_sync`),
+so a call runs on one weights version and what a run of calls samples does not depend on when
+the sync came.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import torch
 
 from rlframe.config import Config, StaleGroups
 from rlframe.config.agent import compute_response_width
-from rlframe.core.names import NEEDS_GREEDY_BASELINE
+from rlframe.core.names import NEEDS_GREEDY_BASELINE, RouterReplay
 from rlframe.core.protocol import Batch, read_sample_mask
 from rlframe.core.tokenizer import Tokenizer, read_eos_id, read_pad_id
 from rlframe.data.loader import PromptLoader, build_prompt_batch
@@ -48,6 +52,7 @@ from rlframe.rollout.agents import (
     collect_agent_metrics,
     fill_mini_batches,
 )
+from rlframe.rollout.engine_client import EngineClient
 from rlframe.rollout.partial import (
     Group,
     build_continuation,
@@ -56,6 +61,7 @@ from rlframe.rollout.partial import (
     merge_call,
     restore_row,
 )
+from rlframe.rollout.response_stream import ResponseStream
 from rlframe.rollout.rows import TokenRow, collate
 from rlframe.rollout.sampling import (
     collect_masking_metrics,
@@ -137,6 +143,9 @@ class ExperienceProducer:
         self.thread = (
             ThreadPoolExecutor(1, thread_name_prefix="rlframe-producer") if overlap else None
         )
+        self.stream = self.build_stream()
+        """Single-turn responses ahead of the trainer as requests of the stream (None:
+        lockstep, fixed-size calls, or another agent)."""
         self.groups: list[Group] = []
         self.records: deque[PromptRecord] = deque()
         """Prompts drawn from the loader (a batch at a time) and not yet admitted."""
@@ -155,6 +164,19 @@ class ExperienceProducer:
         self.timings = self.zero_timings()
         self.engine_busy_s = 0.0
         self.last_batch = time.perf_counter()
+
+    def build_stream(self) -> ResponseStream | None:
+        """At ``max_staleness >= 1`` single-turn responses stream, unless fixed-size calls
+        are asked for (``partial_chunk_tokens``) or router replay needs every response's
+        routing from one call (whole responses: the sync waits for the call)."""
+        r, replay = self.cfg.rollout, self.cfg.algorithm.router_replay
+        if not (self.continues and self.k > 0 and r.partial_chunk_tokens == 0):
+            return None
+        if replay is not RouterReplay.off:
+            return None
+        if not isinstance(self.context.turns, EngineClient):
+            raise TypeError("streamed responses pause the engines: they need an EngineClient")
+        return ResponseStream(self.context.turns, r.max_tokens, (read_eos_id(self.tokenizer),))
 
     def zero_counts(self) -> dict[str, int]:
         dapo = {"informative": 0, "uniform": 0, "replaced": 0}
@@ -182,6 +204,8 @@ class ExperienceProducer:
         self.steps_done += 1
         if self.thread is not None and self.call is None:
             self.launch_call()
+        elif self.stream is not None and self.thread is None:
+            self.stream.pause()  # the colocated engine sleeps while the trainer trains
         metrics = {f"timing_s/{k}": v for k, v in self.timings.items()}
         if self.dynamic:
             metrics |= collect_sampling_metrics(self.counts)
@@ -195,6 +219,8 @@ class ExperienceProducer:
             now = time.perf_counter()
             window, self.last_batch = now - self.last_batch, now
             busy, self.engine_busy_s = self.engine_busy_s, 0.0
+            if self.stream is not None:
+                busy += self.stream.take_busy_s()
             metrics |= compute_off_policy_metrics(
                 batch.tensor("token_version"), batch.tensor("response_mask"), self.version, dropped
             )
@@ -234,7 +260,11 @@ class ExperienceProducer:
         def sync() -> int:
             if self.call is not None:
                 self.call[0].result()
+            if self.stream is not None:
+                self.stream.pause()
             self.version = sync_weights()
+            if self.stream is not None and self.thread is not None:
+                self.launch_call()  # the responses in flight continue on the new weights
             return self.version
 
         return sync
@@ -265,21 +295,44 @@ class ExperienceProducer:
         """Wait for the call in flight (starting one if none is), keep what it made, score
         the groups it finished."""
         started = time.perf_counter()
-        if self.call is None:
+        # Answers a pause took in (the sync's, the state's) may have finished groups.
+        finished = self.take_streamed() if self.stream is not None else []
+        if not finished and not self.has_work():
             self.launch_call()
-        if self.call is None:
+        if not finished and not self.has_work():
             raise RuntimeError(
                 "the experience producer has nothing to generate and too few finished "
                 f"groups ({sum(g.scored is not None for g in self.groups)} of {self.wanted})"
             )
-        future, todo = self.call
-        out, busy = future.result()
-        self.call = None
+        if self.stream is not None:
+            if not finished:
+                self.stream.wait()
+                finished = self.take_streamed()
+        else:
+            assert self.call is not None
+            future, todo = self.call
+            out, busy = future.result()
+            self.call = None
+            self.engine_busy_s += busy
+            finished = self.merge(todo, out)
         self.timings["gen"] += time.perf_counter() - started
-        self.engine_busy_s += busy
-        finished = self.merge(todo, out)
         if finished:
             self.score(finished)
+
+    def has_work(self) -> bool:
+        """A call, or a streamed request, is in flight."""
+        return self.call is not None or (self.stream is not None and bool(self.stream.in_flight))
+
+    def take_streamed(self) -> list[Group]:
+        """The groups whose every streamed response is complete, now done."""
+        finished = [
+            g
+            for g in self.groups
+            if not g.done and all(row.finish_reason is not None for row in g.rows)
+        ]
+        for g in finished:
+            g.done = True
+        return finished
 
     def launch_call(self) -> None:
         """Admit what the bound allows, then start one call over the work in flight."""
@@ -287,7 +340,9 @@ class ExperienceProducer:
         for _ in range(room):
             self.groups.append(self.admit())
         todo = [g for g in self.groups if not g.done]
-        if todo:
+        if self.stream is not None:
+            self.stream.submit([row for g in todo for row in g.rows])
+        elif todo:
             run = run_now if self.thread is None else self.thread.submit
             self.call = (run(self.run_call, todo, self.version), todo)
 
@@ -418,6 +473,8 @@ class ExperienceProducer:
         them exactly."""
         if self.call is not None:
             self.advance()
+        if self.stream is not None:
+            self.stream.pause()
         return encode_state(
             {
                 "groups_served": self.groups_served,

@@ -86,6 +86,12 @@ class RolloutEngine(Protocol):
         """Whether a request added is not finished yet."""
         ...
 
+    def abort(self) -> list[tuple[str, RolloutSample]]:
+        """End every request added and not finished, now: each with what it sampled so far
+        (finish reason ``abort``; a request not started yet, or a scoring one, with
+        nothing). Nothing of them is left in the engine."""
+        ...
+
     def compute_prompt_logprobs(self, ids: list[int]) -> list[float]:
         """Log-probs of ``ids[1:]`` given their prefixes at temperature 1 (the sync probe)."""
         ...

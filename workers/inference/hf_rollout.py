@@ -82,6 +82,13 @@ class HFRollout:
     def has_unfinished(self) -> bool:
         return bool(self.queued)
 
+    def abort(self) -> list[tuple[str, RolloutSample]]:
+        """Every queued request, with nothing sampled: ``step`` serves one whole, so none
+        is part-way between two calls."""
+        aborted = [(request_id, RolloutSample([], [], "abort")) for request_id, *_ in self.queued]
+        self.queued.clear()
+        return aborted
+
     def generate_one(self, prompt: list[int], seed: int, spec: SamplingSpec) -> RolloutSample:
         generator = torch.Generator(device=self.device).manual_seed(seed)
         if self.recorder is not None:

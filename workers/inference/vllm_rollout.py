@@ -77,8 +77,9 @@ class VLLMRollout:
         self.adapter = AdapterSlot(self.llm, served, path) if served is not None else None
         self.image_token_id = read_image_token_id(path)
         """A vision-language model's image token (None for a text model)."""
-        self.streamed: dict[str, list[int]] = {}
-        """The prompt of each streamed request not finished yet, by request id."""
+        self.streamed: dict[str, tuple[list[int], str]] = {}
+        """The prompt of each streamed request not finished yet and vLLM's own id of it
+        (what its output processor keys the request's state by), by request id."""
         self.score_from: dict[str, tuple[int, int]] = {}
         """The scoring requests among them: where scoring starts, and the top-k asked."""
 
@@ -112,8 +113,10 @@ class VLLMRollout:
         params.output_kind = RequestOutputKind.FINAL_ONLY  # the finished turn alone
         (token_prompt,) = build_token_prompts([prompt], [images or []], self.image_token_id)
         lora = self.lora_kwargs().get("lora_request")
-        self.llm.llm_engine.add_request(request_id, token_prompt, params, lora_request=lora)
-        self.streamed[request_id] = prompt
+        engine_id = self.llm.llm_engine.add_request(
+            request_id, token_prompt, params, lora_request=lora
+        )
+        self.streamed[request_id] = (prompt, engine_id)
         if spec.score_from is not None:
             self.score_from[request_id] = (spec.score_from, spec.top_k)
 
@@ -123,12 +126,37 @@ class VLLMRollout:
         finished = []
         for out in self.llm.llm_engine.step():
             if out.finished and isinstance(out, RequestOutput):
-                prompt = self.streamed.pop(out.request_id)
+                prompt, _ = self.streamed.pop(out.request_id)
                 finished.append((out.request_id, self.read_sample(prompt, out)))
         return finished
 
     def has_unfinished(self) -> bool:
         return bool(self.llm.llm_engine.has_unfinished_requests())
+
+    def abort(self) -> list[tuple[str, RolloutSample]]:
+        """End every streamed request now, each with the tokens and log-probs the engine
+        has returned so far. With ``RequestOutputKind.FINAL_ONLY`` (what ``add_request``
+        asks for) vLLM makes no output before the end, and the in-process engine's abort
+        makes none either, so the request's state in vLLM's output processor is read
+        first: the same token ids and log-probs a finished output would be built from."""
+        states = self.llm.llm_engine.output_processor.request_states
+        aborted = []
+        for request_id, (_, engine_id) in self.streamed.items():
+            state = states.get(engine_id)
+            ids: list[int] = []
+            logprobs: list[float] = []
+            if state is not None and request_id not in self.score_from:
+                # Both exist for a sampled request that asked for log-probs (build_params).
+                assert state.detokenizer is not None and state.logprobs_processor is not None
+                ids = list(state.detokenizer.output_token_ids)
+                given = state.logprobs_processor.logprobs
+                assert given is not None
+                logprobs = [read_token_logprob(given[i], t) for i, t in enumerate(ids)]
+            aborted.append((request_id, RolloutSample(ids, logprobs, "abort")))
+        self.llm.llm_engine.abort_request(list(self.streamed))
+        self.streamed.clear()
+        self.score_from.clear()
+        return aborted
 
     def build_params(self, seed: int, spec: SamplingSpec) -> SamplingParams:
         """One request's sampling: its seed and cap, log-probs of the sampled tokens."""

@@ -154,6 +154,15 @@ class RolloutRole:
             if finished or not self.engine.has_unfinished():
                 break
             finished = self.engine.step()
+        return self.build_results(finished)
+
+    def abort_stream(self) -> list[TurnResult]:
+        """End every request of the stream now (a weight sync pauses the stream): each
+        sampled one with its tokens so far and the version that sampled them, finish reason
+        ``abort``. Its sampler can continue it as a new request (context + those tokens)."""
+        return self.build_results(self.engine.abort())
+
+    def build_results(self, samples: list[tuple[str, RolloutSample]]) -> list[TurnResult]:
         return [
             TurnResult(
                 request_id,
@@ -166,7 +175,7 @@ class RolloutRole:
                 self.rank,
                 s.scored,
             )
-            for request_id, s in finished
+            for request_id, s in samples
         ]
 
     def verify_weights(self, probe: SyncProbe) -> None:
