@@ -93,11 +93,13 @@ class RolloutConfig:
     group over the bound is dropped and its prompt slot refilled (counted in
     off_policy/dropped)."""
     partial_chunk_tokens: int = 0
-    """max_staleness >= 1: response tokens one engine call may add to a request before the
-    producer looks again (a partial rollout: an unfinished request keeps its tokens and
-    log-probs and continues in a later call, possibly on newer weights). 0: no partial
-    rollouts, every request runs to its end in one call. single_turn only (an episode of
-    another agent is never cut)."""
+    """max_staleness >= 1, single_turn: how responses run ahead of the trainer. 0 (default):
+    each is a request of the engines' stream; a weight sync (colocated: a step taking its
+    batch) ends the requests in flight where they are and continues them on the new weights
+    (partial rollouts by abort and continuation), so how far a response got depends on the
+    trainer's timing. N > 0: engine calls that add at most N tokens to every response in
+    flight, the sync waiting for the call: slower, but a run samples the same every time and
+    resumes bit for bit. An episode of another agent is never cut."""
     max_logprob_diff: float | None = None
     """The sync check: the run stops (exit 76) when the engine is not sampling from the trained
     weights. It reads the gap between the engine's and the trainer's log-probs of the tokens
