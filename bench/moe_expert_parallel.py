@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -148,6 +149,8 @@ def main() -> None:
                     f"peak RSS {f['peak_mb']:5.0f} MiB",
                     flush=True,
                 )
+    load = os.getloadavg()
+    print(f"load average (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
 
 
 if __name__ == "__main__":

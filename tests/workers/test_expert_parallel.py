@@ -91,7 +91,9 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 def save_and_resume(case: dict, model_path: str, rank: int, world_size: int) -> dict[str, object]:
     """Train one step at EP 2 and save; load that checkpoint at EP 2 and at EP 1: each
-    parameter (whole) and each expert's optimizer moments as saved."""
+    parameter (whole) and each expert's optimizer moments as saved. The saving engine then
+    trains on (a save once left DTensor moments in the experts' AdamW state: the next step
+    failed)."""
     from workers.train_worker import TrainWorker
     from workers.training.checkpointing import load_engine, save_engine
     from workers.training.fsdp import full_tensor
@@ -117,6 +119,7 @@ def save_and_resume(case: dict, model_path: str, rank: int, world_size: int) -> 
         i: local(state["exp_avg"]).clone()
         for i, state in enumerate(trained.actor.optimizer.state.values())
     }
+    trained.update(make_batch().chunk(world_size)[rank])
     results: dict[str, object] = {"want": want}
     for ep in (2, 1):
         resumed = build(ep)

@@ -55,14 +55,18 @@ def wrap_expert_state(
 ) -> None:
     """Expert-parallel experts and their optimizer state as slices of the whole tensors
     (:meth:`ExpertParallel.as_global`): every rank holds other experts under the same name,
-    which DCP would otherwise take for copies of one tensor and save once."""
+    which DCP would otherwise take for copies of one tensor and save once.
+
+    A parameter's moments dict from ``get_state_dict`` is the optimizer's own: the wrappers
+    go into a new dict, or the next AdamW step after a save would meet DTensor moments."""
     for name in names & model_state.keys():
         model_state[name] = plan.as_global(model_state[name])
     for name in names & optim_state["state"].keys():
-        moments = optim_state["state"][name]
-        for key, value in moments.items():
-            if value.ndim > 0:  # the step count is one scalar, the same on every rank
-                moments[key] = plan.as_global(value)
+        optim_state["state"][name] = {
+            # The step count is one scalar, the same on every rank.
+            key: plan.as_global(value) if value.ndim > 0 else value
+            for key, value in optim_state["state"][name].items()
+        }
 
 
 def unwrap_expert_state(names: set[str], state: dict[str, Any]) -> None:
