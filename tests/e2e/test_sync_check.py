@@ -1,5 +1,6 @@
 """The sync check survives asynchronous training and checks every sync: at
-``rollout.max_staleness=1`` a weight sync that the engine loses (tests/plugins/lost_sync.py: the
+``rollout.max_staleness=1`` (streamed responses, paused at every sync) a weight sync that the
+engine loses (tests/plugins/lost_sync.py: the
 version is claimed, the weights stay old) stops the run at the step that made it, through the
 receiver's probe, in separate placement, where no step has tokens sampled with the weights
 the trainer holds, as in colocated placement and in lockstep on the mixture-of-experts
@@ -31,7 +32,6 @@ SHORT = [
     "actor.mini_batch_size=64",
     "actor.micro_batch_size=64",
     "rollout.max_staleness=1",
-    "rollout.partial_chunk_tokens=1",
 ]
 CLEAN = 1e-4
 """The rollout/trainer gap of tokens sampled with the trainer's weights (fp32 numerics)."""
