@@ -9,8 +9,9 @@ groups already done.
 Modes, each a whole ``python -m rlframe.main`` run on the same 2 CPUs:
 
 - ``lockstep``: colocated, ``rollout.max_staleness=0`` (today's trainer), one rank of 2 CPUs.
-- ``colocated-async``: the same rank, ``max_staleness=1`` with partial rollouts
-  (``rollout.partial_chunk_tokens``).
+- ``colocated-async``: the same rank, ``max_staleness=1`` with partial rollouts: streamed
+  responses ended at the step's handoff and continued after it (``--chunk 0``, the default),
+  or fixed-size calls of ``--chunk`` tokens (``rollout.partial_chunk_tokens``).
 - ``separate-async``: one trainer rank and one rollout rank of 1 CPU each, ``max_staleness=1``;
   the rollout pool generates while the trainer trains.
 
@@ -19,7 +20,7 @@ the trainer's and the rollout engine's idle shares (lockstep: the trainer waits 
 generation and rewards, the engine for everything else; async: ``timing_s/trainer_idle``
 and ``timing_s/rollout_idle``), the reward, and tokens/s against lockstep.
 
-    python bench/async_modes.py [--steps 10] [--max-tokens 128] [--chunk 16]
+    python bench/async_modes.py [--steps 10] [--max-tokens 128] [--chunk 0]
 
 ``--recipe agent_tiny`` runs the multi-turn guessing game instead (the tiny model, its own
 ``max_tokens``; episodes run whole, so no chunk): lockstep waits for every turn's engine call
@@ -118,7 +119,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per step")
     parser.add_argument("--n", type=int, default=8, help="responses per prompt")
-    parser.add_argument("--chunk", type=int, default=16, help="rollout.partial_chunk_tokens")
+    parser.add_argument(
+        "--chunk", type=int, default=0, help="rollout.partial_chunk_tokens (0: streamed)"
+    )
     parser.add_argument("--modes", default="lockstep,colocated-async,separate-async")
     parser.add_argument("--staleness", type=int, default=1, help="rollout.max_staleness")
     parser.add_argument("--stale-groups", default="wait", help="rollout.stale_groups")
