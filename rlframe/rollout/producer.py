@@ -230,7 +230,11 @@ class ExperienceProducer:
         return batch, metrics
 
     def generate(self, prompts: Batch) -> Batch:
-        """The prompt rows with their responses, by the configured agent (blocking)."""
+        """The prompt rows with their responses, by the configured agent (blocking). A
+        blocking engine call (validation, ReMax's baselines) finds the engines empty: the
+        streamed responses in flight are paused, and continue at the next advance."""
+        if self.stream is not None:
+            self.stream.pause()
         return self.collate(prompts, self.run_agent(prompts, self.version))
 
     def run_agent(self, prompts: Batch, version: int) -> list[TokenRow]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import ray
 
+from rlframe.controller.worker_group import WorkerError
 from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 from rlframe.rollout.response_stream import ResponseStream
 from rlframe.rollout.rows import collate, read_prompt_rows
@@ -37,6 +38,10 @@ def test_a_paused_response_continues_with_the_trainers_logprobs(
         stream = ResponseStream(client, MAX_TOKENS, (int(tokenizer.eos_token_id),))
         stream.submit(rows)
         stream.wait()  # the first answer: the others are some steps into their responses
+        # A blocking call while the stream's requests are in the engine would step them and
+        # take their outputs: refused (the producer pauses the stream before one).
+        with pytest.raises(WorkerError, match="pause the stream"):
+            group.generate(prompts)
         stream.pause()
         cut = [len(r.response_ids) for r in rows if r.finish_reason is None]
         # The engine holds nothing after the pause: a call without requests finishes none.

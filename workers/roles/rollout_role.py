@@ -115,6 +115,12 @@ class RolloutRole:
         """
         if not (self.awake and self.weights_valid):
             raise RuntimeError("generate needs the rollout engine awake with loaded weights")
+        if self.engine.has_unfinished():
+            # A blocking call would step the stream's requests too and take their outputs.
+            raise RuntimeError(
+                "generate while requests of the stream are in the engine: pause the stream "
+                "(EngineClient.pause) before a blocking call"
+            )
         rows = [[int(t) for t in ids] for ids in prompts.column("prompt_tokens")]
         seeds = [int(s) for s in prompts.column("seed")]
         start = time.perf_counter()
