@@ -36,6 +36,8 @@ class HybridWorker(TrainEndpoints):
             self.rollout_role.calibrate_probe(probe)
         # The engine starts awake with the checkpoint's weights: the first stage is rollout.
         self.train_role.offload()
+        # The engine's first request: on vLLM it compiles the log-prob gather (seconds).
+        self.startup.mark("sync_probe")
 
     # -- mode switch ---------------------------------------------------------------------
     #

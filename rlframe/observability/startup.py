@@ -10,7 +10,11 @@ Phases are consecutive: each is the time since the previous mark, so they add up
 A phase marked twice adds both spans (``preflight``: the checks before Ray, then those made
 while Ray starts). What ran beside the driver's own line is shown in brackets inside the phase
 it overlapped and not added: ``ray (ray start S)`` is Ray's whole start on its thread, ``workers
-(..., driver checks S)`` the tokenizer and prompt checks made while the workers constructed.
+(..., driver checks S, placement S)`` the tokenizer and prompt checks made while the workers
+constructed, and the creation of the pools' placement groups (before the workers started: it
+is part of the phase's own time, not beside it). A worker's own phases start at its process's
+start, so what ``workers`` holds beyond placement and the longest group's phases is Ray
+starting the worker processes.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def start_pools(
     workers = start_workers(launch, check_while_workers_start)
     startup.DRIVER.mark("workers")
     inputs, seconds = checked[0]
-    startup.DRIVER.attach("workers", {"driver checks": seconds})
+    startup.DRIVER.attach("workers", {"driver checks": seconds, "placement": launch.placement_s})
     return workers, inputs
 
 

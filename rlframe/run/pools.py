@@ -12,6 +12,7 @@ the weight seam that the loop is given.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,6 +82,8 @@ class Launch:
     """Each served model's resolved folder (``tiny:N`` built), by name."""
     served: list[ServedModel] = field(default_factory=list)
     """The streams into served models, closed before their groups shut down."""
+    placement_s: float = 0.0
+    """Seconds spent creating the pools' placement groups (a start-up phase of the driver)."""
 
     def create_pool(
         self, section: str, colocate: int, shape: PoolShape | None = None
@@ -106,7 +109,9 @@ class Launch:
             section=section,
         )
         self.pools.append(pool)
+        began = time.time()
         pool.create(timeout_s=self.cfg.ray.placement_timeout_s)
+        self.placement_s += time.time() - began
         return pool
 
     def start(
