@@ -12,9 +12,7 @@ while Ray starts). What ran beside the driver's own line is shown in brackets in
 it overlapped and not added: ``ray (ray start S)`` is Ray's whole start on its thread, ``workers
 (..., driver checks S, placement S)`` the tokenizer and prompt checks made while the workers
 constructed, and the creation of the pools' placement groups (before the workers started: it
-is part of the phase's own time, not beside it). A worker's own phases start at its process's
-start, so what ``workers`` holds beyond placement and the longest group's phases is Ray
-starting the worker processes.
+is part of the phase's own time, not beside it).
 """
 
 from __future__ import annotations
