@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.inference.vllm_rollout import remove_stale_cpu_shm
+from workers.inference.vllm_cpu import remove_stale_cpu_shm
 
 SHM = Path("/dev/shm")
 

@@ -23,6 +23,7 @@ from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.models.hf_config import has_vision_tower
 from rlframe.rollout.turns import ScoredTokens
 from workers.inference.base import RolloutSample, SamplingSpec
+from workers.inference.vllm_cpu import prepare_cpu_engine
 from workers.inference.vllm_lora import AdapterSlot, build_lora_engine_args
 from workers.inference.vllm_moe import forget_moe_kernels
 
@@ -53,8 +54,8 @@ class VLLMRollout:
             )
         self.record_routing = record_routing
         os.environ.update(build_engine_env(cfg, device, record_routing))
-        if device == "cpu" and cfg.tensor_parallel_size > 1:
-            remove_stale_cpu_shm(int(os.environ.get("RANK", "0")), cfg.tensor_parallel_size)
+        if device == "cpu":
+            prepare_cpu_engine(int(os.environ.get("RANK", "0")), cfg.tensor_parallel_size)
         from vllm import LLM
 
         # vLLM's engine build calls gc.collect() five times, and each pass walks the ~700k
@@ -382,41 +383,6 @@ def build_engine_args(
         # which vLLM requires here, is on above).
         args["enable_return_routed_experts"] = True
     return args
-
-
-def remove_stale_cpu_shm(rank: int, tp: int) -> None:
-    """Delete this rank's leftover /dev/shm segment of vLLM's CPU tensor-parallel all-reduce.
-
-    With ``external_launcher`` vLLM names the segment after the TP group alone (the same name
-    in every run) and creates it exclusively; a rank killed without shutting its engine down
-    (how Ray stops actors) leaves it behind, and the next TP engine on this machine fails with
-    ``create shm in SHMManager failed. errno: 17``. A segment that no live process maps is
-    stale and removed; one in use (another TP run on this machine) is left alone.
-    """
-    first = rank - rank % tp
-    group = "[" + "-".join(str(r) for r in range(first, first + tp)) + "]"
-    shm = Path("/dev/shm")
-    if not shm.is_dir():
-        return
-    for segment in shm.glob(f"*-cpushm_{rank}"):
-        if (
-            group in segment.name
-            and segment.stat().st_uid == os.getuid()
-            and not is_mapped(str(segment))
-        ):
-            segment.unlink(missing_ok=True)
-
-
-def is_mapped(path: str) -> bool:
-    """Whether a process whose memory map this user may read maps ``path``. The segments are
-    created ``0600``, so only processes of their owner, whose maps are readable, can map them."""
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            if path in maps.read_text():
-                return True
-        except OSError:  # gone meanwhile, or another user's process
-            continue
-    return False
 
 
 def read_scored(
