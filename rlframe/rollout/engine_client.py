@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlframe.controller.worker_group import CallHandle
-from rlframe.rollout.turns import TurnRequest, TurnResult, settle
+from rlframe.rollout.turns import ABORTED, TurnRequest, TurnResult, settle
 
 
 @dataclass
@@ -161,12 +161,11 @@ class ReplicaPump:
             return
         self.finish(results)
         with self.client.lock:
-            left = [(r, f) for r, f in self.queue] + [
-                (TurnRequest([], 0, 0, (), request_id=i), f) for i, (f, _) in self.waiting.items()
-            ]
+            left = [(r.request_id, f) for r, f in self.queue]
+            left += [(request_id, f) for request_id, (f, _) in self.waiting.items()]
             self.queue, self.waiting = [], {}
-        for request, future in left:
-            settle(future, TurnResult(request.request_id, [], [], "abort", -1))
+        for request_id, future in left:
+            settle(future, TurnResult(request_id, [], [], ABORTED, -1))
 
     def fail_all(self, error: Exception) -> None:
         with self.client.lock:

@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
+from functools import partial
+from queue import SimpleQueue
 
 from rlframe.rollout.engine_client import EngineClient
 from rlframe.rollout.partial import continuation_seed
 from rlframe.rollout.rows import TokenRow, add_turn_result
-from rlframe.rollout.turns import TurnRequest, TurnResult
-
-ABORTED = "abort"
-"""The finish reason of a request a pause ended (:meth:`EngineClient.pause`)."""
+from rlframe.rollout.turns import ABORTED, TurnRequest, TurnResult
 
 
 class ResponseStream:
@@ -47,6 +46,9 @@ class ResponseStream:
         self.client, self.max_tokens, self.stop_ids = client, max_tokens, stop_ids
         self.in_flight: dict[int, tuple[TokenRow, Future[TurnResult], str]] = {}
         """Requests not answered yet, by ``id`` of their row, with the row's session."""
+        self.answered: SimpleQueue[int] = SimpleQueue()
+        """Keys of ``in_flight`` whose future is done, in the order answered (put by the
+        futures' callbacks, on the engine client's threads): no scan of what is in flight."""
         self.sessions = (f"response-{i}" for i in itertools.count())
         self.open = False
         """The engines were opened for requests since the last pause."""
@@ -73,15 +75,19 @@ class ResponseStream:
                 images=tuple(row.images),
             )
             session = next(self.sessions)
-            self.in_flight[id(row)] = (row, self.client.submit(request, session), session)
+            future = self.client.submit(request, session)
+            self.in_flight[id(row)] = (row, future, session)
+            future.add_done_callback(partial(self.note_answer, id(row)))
+
+    def note_answer(self, key: int, _: Future[TurnResult]) -> None:
+        self.answered.put(key)
 
     def wait(self) -> list[TokenRow]:
         """Block until some request is answered; the rows that finished (none if every
         answer was an abort)."""
         if not self.in_flight:
             raise RuntimeError("the response stream has nothing in flight to wait for")
-        wait([future for _, future, _ in self.in_flight.values()], return_when=FIRST_COMPLETED)
-        return self.take_answered()
+        return self.take_answered([self.answered.get()])
 
     def pause(self) -> None:
         """End every request in flight where it is (the engines hold none after) and keep
@@ -92,12 +98,15 @@ class ResponseStream:
             self.take_answered()
         self.open = False
 
-    def take_answered(self) -> list[TokenRow]:
+    def take_answered(self, keys: list[int] | None = None) -> list[TokenRow]:
+        """Merge every answer received (``keys``: some taken from :attr:`answered` already);
+        the rows that finished."""
+        keys = keys or []
+        while not self.answered.empty():
+            keys.append(self.answered.get())
         finished = []
-        for key, (row, future, session) in list(self.in_flight.items()):
-            if not future.done():
-                continue
-            del self.in_flight[key]
+        for key in keys:
+            row, future, session = self.in_flight.pop(key)
             self.client.end_session(session)
             if self.add_answer(row, future.result()):
                 finished.append(row)

@@ -85,6 +85,11 @@ def score_with_model(model: Any, ids: list[int], start: int, top_k: int) -> Scor
     return ScoredTokens(given, top.indices.tolist(), top.values.tolist())
 
 
+ABORTED = "abort"
+"""The finish reason of a request ended part-way by a pause of the stream
+(:meth:`~rlframe.rollout.engine_client.EngineClient.pause`): its tokens so far, to continue."""
+
+
 @dataclass
 class TurnResult:
     """What the engine sampled for one :class:`TurnRequest`."""

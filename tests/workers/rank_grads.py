@@ -1,7 +1,7 @@
 """One rank of a real two-process FSDP2 group (gloo) computing a mini-batch's gradient.
 
-Started by tests/workers/test_micro_batches.py and test_sequence_parallel.py with
-torch.multiprocessing; rank 0 writes what ``compute`` returns for every case to a file.
+Started by :func:`run_two_ranks` (torch.multiprocessing); rank 0 writes what ``compute``
+returns for every case to a file.
 """
 
 from __future__ import annotations
@@ -10,8 +10,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.multiprocessing as mp
 
-from tests.workers.layout_cases import gather_grads, make_batch, make_config, set_rank_env
+from tests.workers.layout_cases import (
+    free_port,
+    gather_grads,
+    make_batch,
+    make_config,
+    set_rank_env,
+)
 
 
 def compute_case_grads(
@@ -50,3 +57,21 @@ def run_rank(
     results = [compute(case, model_path, rank, world_size) for case in cases]
     if rank == 0:
         torch.save(results, out)
+
+
+def run_two_ranks(
+    model_path: str,
+    cases: list[dict],
+    out: str,
+    compute: Callable[[dict, str, int, int], Any] = compute_case_grads,
+) -> list[Any]:
+    """``compute`` of every case on two spawned gloo ranks; rank 0's results, in order."""
+    mp.start_processes(
+        run_rank,
+        args=(2, free_port(), model_path, cases, out, compute),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    results: list[Any] = torch.load(out)
+    return results

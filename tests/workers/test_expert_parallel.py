@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlframe.data.tiny_model import resolve_model_path
 from tests.workers.cases import assert_same_gradient
-from tests.workers.layout_cases import free_port, make_batch, make_config
-from tests.workers.rank_grads import run_rank
+from tests.workers.layout_cases import make_batch, make_config
+from tests.workers.rank_grads import run_two_ranks
 
 GRADIENT_ULPS = 32
 """Bound on a gradient computed with the experts' outputs summed in another order (the
@@ -62,14 +61,7 @@ def compute_named_grads(
 @pytest.mark.slow
 def test_expert_parallel_gives_the_gradient_of_whole_experts(moe_path: str, tmp_path) -> None:
     out = tmp_path / "grads.pt"
-    mp.start_processes(
-        run_rank,
-        args=(2, free_port(), moe_path, [{"ep": 1}, {"ep": 2}], str(out), compute_named_grads),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
-    whole, split = torch.load(out)
+    whole, split = run_two_ranks(moe_path, [{"ep": 1}, {"ep": 2}], str(out), compute_named_grads)
     assert whole.keys() == split.keys()
     assert any(".experts." in name for name in whole)
     worst = 0.0
@@ -147,14 +139,7 @@ def test_a_checkpoint_at_ep_2_resumes_at_ep_2_and_at_ep_1_and_exports(
 
     out = tmp_path / "state.pt"
     case = {"dir": str(tmp_path / "ckpt")}
-    mp.start_processes(
-        run_rank,
-        args=(2, free_port(), moe_path, [case], str(out), save_and_resume),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
-    (result,) = torch.load(out)
+    (result,) = run_two_ranks(moe_path, [case], str(out), save_and_resume)
     assert result["moments_equal"]
     want = result["want"]
     assert any(".experts." in name for name in want)
@@ -216,14 +201,7 @@ def test_a_critic_at_ep_2_gives_the_values_and_gradient_of_ep_1(moe_path: str, t
     """``critic.expert_parallel_size``: the value model (transformers' token-classification
     head over the same MoE backbone) at EP 2 gives EP 1's values, gradients and clipped norm."""
     out = tmp_path / "critic.pt"
-    mp.start_processes(
-        run_rank,
-        args=(2, free_port(), moe_path, [{"ep": 1}, {"ep": 2}], str(out), compute_critic_case),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
-    whole, split = torch.load(out)
+    whole, split = run_two_ranks(moe_path, [{"ep": 1}, {"ep": 2}], str(out), compute_critic_case)
     assert whole["values"].abs().max() > 1e-2
     torch.testing.assert_close(split["values"], whole["values"], atol=1e-6, rtol=1e-5)
     assert any(".experts." in name for name in whole["grads"])

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from tests.workers.layout_cases import LOSS_AGGS, free_port, make_batch, make_config
-from tests.workers.rank_grads import compute_case_grads, run_rank
+from tests.workers.layout_cases import LOSS_AGGS, make_batch, make_config
+from tests.workers.rank_grads import compute_case_grads, run_two_ranks
 
 # Each a different cut of the same 16 rows (longest row 15 tokens, 3 to 15 when packed).
 PARTITIONS = [
@@ -70,14 +69,7 @@ def test_two_ranks_give_the_one_rank_gradient(model_path: str, tmp_path) -> None
         {"loss_agg": "token-mean", "budget": 15, "packed": False},
     ]
     out = tmp_path / "grads.pt"
-    mp.start_processes(
-        run_rank,
-        args=(2, free_port(), model_path, cases, str(out)),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
-    two_ranks = torch.load(out)
+    two_ranks = run_two_ranks(model_path, cases, str(out))
     for case, got in zip(cases, two_ranks):
         want = compute_case_grads(case, model_path, 0, 1)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, msg=lambda m: f"{case}: {m}")

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from rlframe.data.tiny_model import TinyModelSpec, build_tiny_model, resolve_model_path
-from tests.workers.layout_cases import free_port
-from tests.workers.rank_grads import run_rank
+from tests.workers.rank_grads import run_two_ranks
 from tests.workers.router_loss_cases import (
     compute_router_loss_case,
     compute_single_rank_router_loss,
@@ -32,26 +30,15 @@ CASES = [
 ]
 
 
-def run_two_ranks(
-    cases: list[dict], model_path: str, out, compute=compute_sequence_parallel_case
-) -> list[dict]:
-    mp.start_processes(
-        run_rank,
-        args=(2, free_port(), model_path, cases, str(out), compute),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
-    return torch.load(out)
-
-
 def test_sequence_parallel_matches_data_parallel(model_path: str, tmp_path) -> None:
     # 4 query heads over 2 key/value heads: each rank gets its own key/value head, no repeat.
     kv2 = tmp_path / "kv2"
     build_tiny_model(TinyModelSpec(num_heads=4, num_kv_heads=2), kv2)
     cases = [{**case, "model": str(kv2)} if case.get("model") == "kv2" else case for case in CASES]
     runs = [{**case, "sp": sp} for case in cases for sp in (1, 2)]
-    results = run_two_ranks(runs, model_path, tmp_path / "out.pt")
+    results = run_two_ranks(
+        model_path, runs, str(tmp_path / "out.pt"), compute_sequence_parallel_case
+    )
     for case, want, got in zip(cases, results[::2], results[1::2]):
         msg = lambda m, case=case: f"{case}: {m}"  # noqa: E731
         assert bool((want["logprobs"] < 0).sum() > 50)
@@ -95,7 +82,7 @@ def test_router_aux_loss_matches_one_rank(tmp_path) -> None:
     # prompts; odd lengths give the last rank a padded tail).
     cases = [{"micro": 2, "packed": True}, {"micro": 1, "packed": False}]
     runs = [{**case, "sp": 2} for case in cases]
-    results = run_two_ranks(runs, moe, tmp_path / "out.pt", compute_router_loss_case)
+    results = run_two_ranks(moe, runs, str(tmp_path / "out.pt"), compute_router_loss_case)
     for case, got in zip(cases, results):
         want, losses, routing = compute_single_rank_router_loss(moe, got["steps"], case["packed"])
         flat_got = torch.cat([got["grads"][k].reshape(-1) for k in want]).double()

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import torch
 
-from rlframe.rollout.turns import ScoredTokens, score_with_model
+from rlframe.rollout.turns import ABORTED, ScoredTokens, score_with_model
 from workers.inference.base import RolloutSample, SamplingSpec
 from workers.model_hooks.router_replay import RoutingRecorder
 from workers.model_hooks.weight_names import ModelSlots
@@ -85,7 +85,7 @@ class HFRollout:
     def abort(self) -> list[tuple[str, RolloutSample]]:
         """Every queued request, with nothing sampled: ``step`` serves one whole, so none
         is part-way between two calls."""
-        aborted = [(request_id, RolloutSample([], [], "abort")) for request_id, *_ in self.queued]
+        aborted = [(request_id, RolloutSample([], [], ABORTED)) for request_id, *_ in self.queued]
         self.queued.clear()
         return aborted
 

@@ -21,7 +21,7 @@ import torch
 from rlframe.config import RolloutConfig
 from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.models.hf_config import has_vision_tower
-from rlframe.rollout.turns import ScoredTokens
+from rlframe.rollout.turns import ABORTED, ScoredTokens
 from workers.inference.base import RolloutSample, SamplingSpec
 from workers.inference.vllm_cpu import prepare_cpu_engine
 from workers.inference.vllm_lora import AdapterSlot, build_lora_engine_args
@@ -153,7 +153,7 @@ class VLLMRollout:
                 given = state.logprobs_processor.logprobs
                 assert given is not None
                 logprobs = [read_token_logprob(given[i], t) for i, t in enumerate(ids)]
-            aborted.append((request_id, RolloutSample(ids, logprobs, "abort")))
+            aborted.append((request_id, RolloutSample(ids, logprobs, ABORTED)))
         self.llm.llm_engine.abort_request(list(self.streamed))
         self.streamed.clear()
         self.score_from.clear()
