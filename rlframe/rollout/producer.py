@@ -181,7 +181,7 @@ class ExperienceProducer:
     def zero_counts(self) -> dict[str, int]:
         dapo = {"informative": 0, "uniform": 0, "replaced": 0}
         masking = ("samples", "reward_masked", "env_masked", "masked_replaced", "masked_kept")
-        return dapo | dict.fromkeys(masking, 0)
+        return dapo | dict.fromkeys(masking, 0) | {"over_bound": 0}
 
     def zero_timings(self) -> dict[str, float]:
         return {"gen": 0.0, "reward": 0.0} | ({"baseline": 0.0} if self.use_baseline else {})
@@ -197,7 +197,7 @@ class ExperienceProducer:
         ``off_policy/*``, ``timing_s/trainer_idle`` (the driver waited for experience) and
         ``timing_s/rollout_idle`` (no call ran since the last batch)."""
         start = time.perf_counter()
-        dropped = 0 if self.wait_for_due else self.drop_over_bound()
+        self.drop_over_bound()
         while (chosen := self.choose()) is None:
             self.advance()
         batch = fill_mini_batches(self.take(chosen), self.cfg.actor.mini_batch_size)
@@ -222,7 +222,10 @@ class ExperienceProducer:
             if self.stream is not None:
                 busy += self.stream.take_busy_s()
             metrics |= compute_off_policy_metrics(
-                batch.tensor("token_version"), batch.tensor("response_mask"), self.version, dropped
+                batch.tensor("token_version"),
+                batch.tensor("response_mask"),
+                self.version,
+                self.counts["over_bound"],
             )
             metrics["timing_s/trainer_idle"] = now - start
             metrics["timing_s/rollout_idle"] = max(0.0, window - busy)
@@ -283,11 +286,15 @@ class ExperienceProducer:
             self.views(), self.wanted, self.version, self.k, self.wait_for_due
         )
 
-    def drop_over_bound(self) -> int:
-        """Drop the groups no update may use any more; their slots are admitted again."""
+    def drop_over_bound(self) -> None:
+        """Drop the groups no update may use any more (``rollout.stale_groups=drop``; under
+        ``wait`` none go over); their slots are admitted again. Counted in
+        ``counts["over_bound"]`` (``off_policy/dropped``)."""
+        if self.wait_for_due:
+            return
         over = set(find_over_bound(self.views(), self.version, self.k))
         self.drop([g for g in self.groups if g.group_id in over])
-        return len(over)
+        self.counts["over_bound"] += len(over)
 
     def drop(self, groups: list[Group]) -> None:
         for g in groups:
@@ -339,7 +346,11 @@ class ExperienceProducer:
         return finished
 
     def launch_call(self) -> None:
-        """Admit what the bound allows, then start one call over the work in flight."""
+        """Drop what went over the bound, admit what the bound allows, then start one call
+        over the work in flight."""
+        # After a sync the groups over the bound would otherwise be continued (a call, or
+        # streamed requests that run to their end) and dropped by the next batch unused.
+        self.drop_over_bound()
         room = count_admissible(self.admitted, self.steps_done, self.wanted, self.k)
         for _ in range(room):
             self.groups.append(self.admit())

@@ -7,6 +7,8 @@ under ``algorithm.router_replay=rollout`` does."""
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import torch
@@ -26,7 +28,9 @@ from rlframe.data.prompts import PromptRecord
 from rlframe.data.tiny_model import build_tiny_tokenizer
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer
+from rlframe.rollout.engine_client import EngineClient
 from rlframe.rollout.rows import build_response
+from rlframe.rollout.turns import ABORTED, TurnRequest, TurnResult
 
 TOKENIZER = build_tiny_tokenizer()
 ONE = TOKENIZER.convert_tokens_to_ids("1")
@@ -64,6 +68,43 @@ class Engine:
         return Batch(out.tensors, out.columns | {ROUTED_EXPERTS: routing}, out.meta)
 
 
+class StreamEngine:
+    """The scripted engine as a replica of the request stream (``EngineClient``'s ``serve``):
+    one token per running request a call, the same answers as :class:`Engine`; ``abort``
+    ends every running request with its tokens so far. While :attr:`gate` is clear no
+    request moves (a call returns nothing), so a test holds requests in flight."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.running: dict[str, tuple[TurnRequest, list[int]]] = {}
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, requests: list[TurnRequest]) -> list[TurnResult]:
+        for r in requests:
+            self.running[r.request_id] = (r, [])
+        if not self.gate.is_set():
+            time.sleep(0.002)  # the pump calls again at once: no busy loop while held
+            return []
+        done = []
+        for rid, (r, ids) in list(self.running.items()):
+            wanted = max(1, TOTAL - len(r.context))
+            ids.append(TOKENIZER.eos_token_id if len(ids) + 1 == wanted else ONE)
+            if ids[-1] == TOKENIZER.eos_token_id or len(ids) == r.max_tokens:
+                reason = "stop" if ids[-1] == TOKENIZER.eos_token_id else "length"
+                done.append(self.result(rid, ids, reason))
+                del self.running[rid]
+        return done
+
+    def abort(self) -> list[TurnResult]:
+        out = [self.result(rid, ids, ABORTED) for rid, (_, ids) in self.running.items()]
+        self.running = {}
+        return out
+
+    def result(self, request_id: str, ids: list[int], reason: str) -> TurnResult:
+        return TurnResult(request_id, list(ids), [-0.5] * len(ids), reason, self.version)
+
+
 def route_tokens(tokens: int, version: int) -> torch.Tensor:
     """Made-up routed experts of ``tokens`` fed tokens: [tokens, 2 layers, top 2], int16,
     different per position and weights version."""
@@ -82,10 +123,12 @@ def make_producer(
     mode: str = "wait",
     overlap: bool = False,
     images: list[bytes] | None = None,
+    client: EngineClient | None = None,
     **algorithm: Any,
 ) -> ExperienceProducer:
     """A producer over ten prompts of 2 to 11 tokens (responses of 12 down to 3 tokens); with
-    ``images``, prompt i shows ``images[i % len(images)]``."""
+    ``images``, prompt i shows ``images[i % len(images)]``; with ``client`` (over a
+    :class:`StreamEngine`), its responses stream at ``chunk=0``."""
     cfg = Config(
         model=ModelConfig(path="tiny:0"),
         data=DataConfig(batch_size=2, max_prompt_length=12),
@@ -106,7 +149,9 @@ def make_producer(
         record.images = [images[i % len(images)]]
     loader = PromptLoader(records, 2, seed=0)
     rewards = RewardStage(cfg, TOKENIZER)
-    return ExperienceProducer(cfg, engine.generate, TOKENIZER, loader, rewards, overlap)
+    return ExperienceProducer(
+        cfg, engine.generate, TOKENIZER, loader, rewards, overlap, engine=client
+    )
 
 
 def run_steps(producer: ExperienceProducer, engine: Engine, steps: int) -> list[tuple[Batch, dict]]:

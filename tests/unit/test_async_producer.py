@@ -15,8 +15,15 @@ from rlframe.core.protocol import Batch
 from rlframe.data.loader import build_prompt_batch
 from rlframe.envs import EnvError
 from rlframe.rollout import AgentContext, ExperienceProducer, run_single_turn
+from rlframe.rollout.engine_client import EngineClient
 from tests.rows_grid import collate_rows
-from tests.unit.scripted_engine import TOKENIZER, Engine, make_producer, run_steps
+from tests.unit.scripted_engine import (
+    TOKENIZER,
+    Engine,
+    StreamEngine,
+    make_producer,
+    run_steps,
+)
 
 
 @pytest.mark.parametrize("mode", ["wait", "drop"])
@@ -48,6 +55,40 @@ def test_drop_mode_drops_stragglers_over_the_bound() -> None:
     steps = run_steps(producer, engine, 8)
     assert sum(m["off_policy/dropped"] for _, m in steps) > 0
     assert all(m["off_policy/staleness_max"] <= 1 for _, m in steps)
+
+
+def test_a_sync_continues_no_streamed_group_over_the_bound() -> None:
+    """Streamed responses in drop mode: the sync after which a group is over the bound
+    drops it before the stream continues what it paused, so no request of it runs on."""
+    engine = StreamEngine()
+    client = EngineClient([engine])
+    producer = make_producer(Engine(), k=1, chunk=0, mode="drop", overlap=True, client=client)
+    assert producer.stream is not None
+
+    def sync() -> int:
+        engine.version += 1
+        return engine.version
+
+    synced = producer.track_sync(sync)
+    try:
+        engine.gate.clear()  # nothing moves: every admitted group stays unfinished
+        producer.launch_call()
+        first = {g.group_id for g in producer.groups}
+        assert len(first) == 4 and len(producer.stream.in_flight) == 8
+        synced()  # version 1: the version-0 groups may still train
+        assert {g.group_id for g in producer.groups} >= first
+        synced()  # version 2: they are over the bound
+        live = producer.groups
+        assert first.isdisjoint(g.group_id for g in live)
+        assert all(g.start_version == 2 for g in live)
+        streamed = [row for row, _, _ in producer.stream.in_flight.values()]
+        live_rows = {id(row) for g in live for row in g.rows}
+        assert streamed and all(id(row) in live_rows for row in streamed)
+        engine.gate.set()
+        _, metrics = producer.next_batch()
+        assert metrics["off_policy/dropped"] == len(first)
+    finally:
+        producer.close()
 
 
 def test_staleness_zero_is_lockstep() -> None:
