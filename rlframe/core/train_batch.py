@@ -100,7 +100,8 @@ class TrainBatch:
         if isinstance(index, slice):
             index = range(len(self))[index]
         at = torch.as_tensor(np.asarray(index), dtype=torch.long).reshape(-1)
-        return dataclasses.replace(self, **{f.name: take(v, at) for f, v in self.present()})
+        taken: dict[str, Any] = {f.name: take(v, at) for f, v in self.present()}
+        return dataclasses.replace(self, **taken)
 
     def chunk(self, n: int) -> list[Self]:
         """Split into ``n`` consecutive parts; sizes differ by at most one, the larger first."""
