@@ -96,11 +96,12 @@ class TrainBatch:
         return int(self.prompt_ids.shape[0])
 
     def rows(self, index: RowIndex) -> Self:
-        """The rows at ``index``, every field alike."""
+        """The rows at ``index``, every field alike (a slice of a tensor is a view of it)."""
         if isinstance(index, slice):
-            index = range(len(self))[index]
-        at = torch.as_tensor(np.asarray(index), dtype=torch.long).reshape(-1)
-        taken: dict[str, Any] = {f.name: take(v, at) for f, v in self.present()}
+            taken: dict[str, Any] = {f.name: v[index] for f, v in self.present()}
+        else:
+            at = torch.as_tensor(np.asarray(index), dtype=torch.long).reshape(-1)
+            taken = {f.name: take(v, at) for f, v in self.present()}
         return dataclasses.replace(self, **taken)
 
     def chunk(self, n: int) -> list[Self]:
