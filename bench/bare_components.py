@@ -159,7 +159,7 @@ def compare_updates(model: str, length: float, reps: int) -> dict[str, float]:
     )
     from rlframe.config.rollout import RolloutEngineName
     from rlframe.config.sections import Device
-    from rlframe.core.protocol import Batch
+    from rlframe.core.train_batch import TrainBatch
     from workers.train_worker import TrainWorker
 
     set_single_rank_env()
@@ -170,16 +170,14 @@ def compare_updates(model: str, length: float, reps: int) -> dict[str, float]:
     mask = (torch.arange(MAX_TOKENS)[None] < lengths[:, None]).float()
     prompts = torch.randint(3, vocab, (rows, 4), generator=gen)
     responses = torch.randint(3, vocab, (rows, MAX_TOKENS), generator=gen) * mask.long()
-    batch = Batch(
-        {
-            "prompt_ids": prompts,
-            "prompt_mask": torch.ones_like(prompts),
-            "response_ids": responses,
-            "response_mask": mask,
-            "loss_mask": mask,
-            "advantages": torch.randn(rows, 1, generator=gen) * mask,
-            "rollout_logprobs": -3.0 * mask,
-        }
+    batch = TrainBatch(
+        prompt_ids=prompts,
+        prompt_mask=torch.ones_like(prompts),
+        response_ids=responses,
+        response_mask=mask,
+        loss_mask=mask,
+        advantages=torch.randn(rows, 1, generator=gen) * mask,
+        rollout_logprobs=-3.0 * mask,
     )
     cfg = Config(
         model=ModelConfig(path="unused"),

@@ -57,7 +57,7 @@ def measure(steps: int) -> tuple[dict[str, int], dict[str, int], dict[str, int]]
                 "trainer": recipe()["trainer"] | {"total_steps": steps, "output_dir": out},
             }
         )
-        run_training(cfg)
+        run_training(cfg, resume_from=None)
     WorkerGroup.submit = submit  # type: ignore[method-assign]
     return whole, read, calls
 

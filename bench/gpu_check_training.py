@@ -4,13 +4,14 @@ chunked log-probs, LoRA and offload on one device. Imported by its ``main``."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import build_layout
+from rlframe.core.train_batch import TrainBatch
 from workers.training.dtensor_gather import full_tensor
 from workers.training.fsdp import FSDPEngine, OptimizerSpec, compute_layout_logprobs
 from workers.training.model_build import apply_fsdp, load_hf_model
@@ -45,7 +46,7 @@ def build_model_dir(shape: Shape, root: Path) -> str:
     return str(root)
 
 
-def make_rows(shape: Shape, seed: int) -> Batch:
+def make_rows(shape: Shape, seed: int) -> TrainBatch:
     """Ragged rows: left-padded prompts and right-padded responses of random lengths."""
     g = torch.Generator().manual_seed(seed)
     rows, prompt, response = shape.rows, shape.prompt, shape.response
@@ -53,20 +54,18 @@ def make_rows(shape: Shape, seed: int) -> Batch:
     response_len = torch.randint(1, response + 1, (rows,), generator=g)
     prompt_mask = (torch.arange(prompt)[None] >= prompt - prompt_len[:, None]).long()
     response_mask = (torch.arange(response)[None] < response_len[:, None]).float()
-    return Batch(
-        {
-            "prompt_ids": torch.randint(3, shape.vocab, (rows, prompt), generator=g) * prompt_mask,
-            "prompt_mask": prompt_mask,
-            "response_ids": torch.randint(3, shape.vocab, (rows, response), generator=g)
-            * response_mask.long(),
-            "response_mask": response_mask,
-            "loss_mask": response_mask.clone(),
-        }
+    return TrainBatch(
+        prompt_ids=torch.randint(3, shape.vocab, (rows, prompt), generator=g) * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_ids=torch.randint(3, shape.vocab, (rows, response), generator=g)
+        * response_mask.long(),
+        response_mask=response_mask,
+        loss_mask=response_mask.clone(),
     )
 
 
-def count_tokens(rows: Batch) -> int:
-    return int(rows["prompt_mask"].sum() + rows["response_mask"].sum())
+def count_tokens(rows: TrainBatch) -> int:
+    return int(rows.prompt_mask.sum() + rows.response_mask.sum())
 
 
 def synchronize(device: str) -> None:
@@ -101,7 +100,7 @@ def check_update(c: Check) -> dict[str, Any]:
     seconds = sorted(times[1:])[len(times[1:]) // 2]
     tokens = count_tokens(rows)
     # 6 N per token for forward and backward, plus attention over the padded width (PaLM).
-    padded = rows["prompt_ids"].shape[0] * width
+    padded = rows.prompt_ids.shape[0] * width
     flops = (6 * params + 12 * c.shape.layers * c.shape.hidden * width) * padded
     figures = {
         "params_m": round(params / 1e6, 1),
@@ -120,7 +119,7 @@ def check_update(c: Check) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def score(engine: FSDPEngine, rows: Batch, packed: bool) -> torch.Tensor:
+def score(engine: FSDPEngine, rows: TrainBatch, packed: bool) -> torch.Tensor:
     layout = build_layout(rows, packed)
     out = engine.compute_token_logprobs(layout, 1.0, 1024, with_entropy=False)
     return layout.to_grid(out.logprobs.float()).cpu()
@@ -133,7 +132,7 @@ def check_packing(c: Check) -> dict[str, Any]:
     from types import SimpleNamespace
 
     rows = make_rows(c.shape, 1)
-    mask = rows["loss_mask"].bool()
+    mask = rows.loss_mask.bool()
     fp32_cfg = SimpleNamespace(**{**vars(c.model_cfg), "dtype": "float32"})
     exact = FSDPEngine(c.model_dir, fp32_cfg, None, c.device)
     padded32, packed32 = score(exact, rows, False), score(exact, rows, True)
@@ -143,9 +142,9 @@ def check_packing(c: Check) -> dict[str, Any]:
     layouts = (padded - packed).abs()[mask]
     rounding = (padded - padded32).abs()[mask]
     # Another row 0 (same lengths): no other row of the pack may see it.
-    ids = rows["response_ids"].clone()
-    ids[0] = (ids[0] + 1) % c.shape.vocab * rows["response_mask"][0].long()
-    other = score(engine, Batch({**rows.tensors, "response_ids": ids}), True)
+    ids = rows.response_ids.clone()
+    ids[0] = (ids[0] + 1) % c.shape.vocab * rows.response_mask[0].long()
+    other = score(engine, replace(rows, response_ids=ids), True)
     leak = float((other[1:] - packed[1:]).abs()[mask[1:]].max())
     fp32_gap = float((padded32 - packed32).abs()[mask].max())
     return {

@@ -110,20 +110,18 @@ def make_config(mode: str, rank: int, length: int, rows: int):
 
 
 def make_batch(rows: int, length: int, vocab: int):
-    from rlframe.core.protocol import Batch
+    from rlframe.core.train_batch import TrainBatch
 
     g = torch.Generator().manual_seed(0)
     half = length // 2
     mask = torch.ones(rows, half)
-    return Batch(
-        {
-            "prompt_ids": torch.randint(3, vocab, (rows, half), generator=g),
-            "prompt_mask": torch.ones(rows, half, dtype=torch.long),
-            "response_ids": torch.randint(3, vocab, (rows, half), generator=g),
-            "response_mask": mask,
-            "loss_mask": mask.clone(),
-            "advantages": torch.randn(rows, 1, generator=g) * mask,
-        }
+    return TrainBatch(
+        prompt_ids=torch.randint(3, vocab, (rows, half), generator=g),
+        prompt_mask=torch.ones(rows, half, dtype=torch.long),
+        response_ids=torch.randint(3, vocab, (rows, half), generator=g),
+        response_mask=mask,
+        loss_mask=mask.clone(),
+        advantages=torch.randn(rows, 1, generator=g) * mask,
     )
 
 

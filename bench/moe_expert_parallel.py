@@ -90,7 +90,7 @@ def measure(ep: int, args: argparse.Namespace, rank: int) -> dict[str, float]:
         figures[f"{kind}_optim"] += sum(
             local_bytes(v) for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")
         )
-    tokens = 2 * float(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+    tokens = 2 * float(batch.prompt_mask.sum() + batch.response_mask.sum())
     layers = len(
         {n.split(".experts.")[0] for n, _ in engine.model.named_parameters() if ".experts." in n}
     )

@@ -33,21 +33,19 @@ MODELS = ("tiny:0", "tiny-moe:0")
 
 def make_batch(rows: int, response: int, vocab: int, seed: int = 0):
     """``rows`` responses of lengths between a quarter of ``response`` and all of it."""
-    from rlframe.core.protocol import Batch
+    from rlframe.core.train_batch import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(response // 4, response + 1, (rows,), generator=g)
     mask = (torch.arange(response)[None] < lengths[:, None]).float()
-    return Batch(
-        {
-            "prompt_ids": torch.randint(3, vocab, (rows, PROMPT), generator=g),
-            "prompt_mask": torch.ones(rows, PROMPT, dtype=torch.long),
-            "response_ids": torch.randint(3, vocab, (rows, response), generator=g) * mask.long(),
-            "response_mask": mask,
-            "loss_mask": mask,
-            "advantages": torch.randn(rows, 1, generator=g) * mask,
-            "old_logprobs": -3.0 * mask,
-        }
+    return TrainBatch(
+        prompt_ids=torch.randint(3, vocab, (rows, PROMPT), generator=g),
+        prompt_mask=torch.ones(rows, PROMPT, dtype=torch.long),
+        response_ids=torch.randint(3, vocab, (rows, response), generator=g) * mask.long(),
+        response_mask=mask,
+        loss_mask=mask,
+        advantages=torch.randn(rows, 1, generator=g) * mask,
+        old_logprobs=-3.0 * mask,
     )
 
 
@@ -99,7 +97,7 @@ def measure(model: str, args: argparse.Namespace) -> dict[str, float]:
         start = time.perf_counter()
         worker.update(batch)
         seconds.append(time.perf_counter() - start)
-    real = float(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+    real = float(batch.prompt_mask.sum() + batch.response_mask.sum())
     if device == "cuda":
         peak = torch.cuda.max_memory_allocated()
         growth = peak

@@ -70,24 +70,22 @@ def build_config(sp: int, tokens: int):  # -> rlframe.config.Config
     )
 
 
-def build_rows(tokens: int, seed: int):  # -> rlframe.core.protocol.Batch
+def build_rows(tokens: int, seed: int):  # -> rlframe.core.train_batch.TrainBatch
     """One response of ``tokens - PROMPT`` tokens after a prompt of ``PROMPT``."""
     import torch
 
-    from rlframe.core.protocol import Batch
+    from rlframe.core.train_batch import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
     width = tokens - PROMPT
-    return Batch(
-        {
-            "prompt_ids": torch.randint(3, 40, (1, PROMPT), generator=g),
-            "prompt_mask": torch.ones(1, PROMPT, dtype=torch.long),
-            "response_ids": torch.randint(3, 40, (1, width), generator=g),
-            "response_mask": torch.ones(1, width),
-            "loss_mask": torch.ones(1, width),
-            "advantages": torch.randn(1, 1, generator=g).expand(1, width).clone(),
-            "old_logprobs": torch.full((1, width), -3.5),
-        }
+    return TrainBatch(
+        prompt_ids=torch.randint(3, 40, (1, PROMPT), generator=g),
+        prompt_mask=torch.ones(1, PROMPT, dtype=torch.long),
+        response_ids=torch.randint(3, 40, (1, width), generator=g),
+        response_mask=torch.ones(1, width),
+        loss_mask=torch.ones(1, width),
+        advantages=torch.randn(1, 1, generator=g).expand(1, width).clone(),
+        old_logprobs=torch.full((1, width), -3.5),
     )
 
 

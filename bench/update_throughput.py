@@ -59,23 +59,21 @@ def build_model(hidden: int, layers: int, folder: Path) -> str:
 
 
 def make_skewed_batch(rows: int, vocab: int, seed: int = 0):
-    from rlframe.core.protocol import Batch
+    from rlframe.core.train_batch import TrainBatch
 
     g = torch.Generator().manual_seed(seed)
     lengths = (16 + 496 * torch.rand(rows, generator=g) ** 3).long()
     response_mask = (torch.arange(MAX_RESPONSE)[None] < lengths[:, None]).float()
-    return Batch(
-        {
-            "prompt_ids": torch.randint(3, vocab, (rows, PROMPT), generator=g),
-            "prompt_mask": torch.ones(rows, PROMPT, dtype=torch.long),
-            "response_ids": torch.randint(3, vocab, (rows, MAX_RESPONSE), generator=g)
-            * response_mask.long(),
-            "response_mask": response_mask,
-            "loss_mask": response_mask,
-            "advantages": torch.randn(rows, 1, generator=g) * response_mask,
-            "old_logprobs": -3.0 * response_mask,
-            "rollout_logprobs": -3.0 * response_mask,
-        }
+    return TrainBatch(
+        prompt_ids=torch.randint(3, vocab, (rows, PROMPT), generator=g),
+        prompt_mask=torch.ones(rows, PROMPT, dtype=torch.long),
+        response_ids=torch.randint(3, vocab, (rows, MAX_RESPONSE), generator=g)
+        * response_mask.long(),
+        response_mask=response_mask,
+        loss_mask=response_mask,
+        advantages=torch.randn(rows, 1, generator=g) * response_mask,
+        old_logprobs=-3.0 * response_mask,
+        rollout_logprobs=-3.0 * response_mask,
     )
 
 
@@ -151,10 +149,10 @@ def main() -> None:
         )
         vocab = 40
         batch = make_skewed_batch(args.rows, vocab)
-        real = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+        real = int(batch.prompt_mask.sum() + batch.response_mask.sum())
         padded_width = PROMPT + MAX_RESPONSE
         budget = args.budget or args.micro * padded_width
-        lengths = batch["response_mask"].sum(1)
+        lengths = batch.response_mask.sum(1)
         print(
             f"{args.rows} responses, lengths {int(lengths.min())}-{int(lengths.max())} "
             f"(mean {float(lengths.mean()):.0f}), prompt {PROMPT}; {real} real tokens, "

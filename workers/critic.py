@@ -12,11 +12,11 @@ import torch
 
 from rlframe.algorithms.losses import LossScale, aggregate_loss, masked_mean
 from rlframe.config import Config
-from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import build_layout
+from rlframe.core.train_batch import FORWARD, VALUE_UPDATE, TrainBatch, need
 from workers.roles.train_role import (
     backward_summed_over_ranks,
     count_optimizer_steps,
@@ -74,16 +74,16 @@ class CriticWorker(Worker):
             cfg.actor.pack_sequences, device, pick_dtype(cfg.model.dtype, device)
         )
 
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
-    def compute_values(self, batch: Batch) -> Batch:
+    @dispatch(Dispatch.DP_SPLIT, reads=FORWARD)
+    def compute_values(self, batch: TrainBatch) -> Batch:
         """[B, R] value of the state before each loss-mask token (0 elsewhere)."""
         values = score_micro_batches(
             self.engine, batch, self.cfg.actor, self.packed, self.engine.compute_token_values
         )
         return Batch({"values": values})
 
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.VALUE_UPDATE)
-    def update(self, batch: Batch) -> dict[str, float]:
+    @dispatch(Dispatch.DP_SPLIT, reads=VALUE_UPDATE)
+    def update(self, batch: TrainBatch) -> dict[str, float]:
         """Regress values on the returns, with the actor's mini-batch and micro-batch sizes."""
         batch, _ = self.engine.gather_rows(batch, self.cfg.actor.mini_batch_size // self.world_size)
         return run_minibatch_updates(
@@ -96,14 +96,14 @@ class CriticWorker(Worker):
             packed=self.packed,
         )
 
-    def forward_backward(self, micro: Batch, scale: LossScale) -> dict[str, float]:
-        mask = micro.tensor("loss_mask").to(self.device)
+    def forward_backward(self, micro: TrainBatch, scale: LossScale) -> dict[str, float]:
+        mask = micro.loss_mask.to(self.device)
         layout = build_layout(micro, self.packed)
         values = layout.to_grid(self.engine.compute_token_values(layout))
         token_loss, clipped = compute_value_loss(
             values,
-            micro.tensor("values").to(self.device),
-            micro.tensor("returns").to(self.device),
+            need(micro.values, "values").to(self.device),
+            need(micro.returns, "returns").to(self.device),
             self.cfg.critic.cliprange_value,
         )
         loss = aggregate_loss(token_loss, mask, "token-mean", scale)

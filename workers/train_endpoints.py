@@ -18,10 +18,10 @@ from __future__ import annotations
 import torch
 
 from rlframe.config import Config
-from rlframe.controller import reads
 from rlframe.controller.dispatch import Dispatch, dispatch
 from rlframe.controller.worker import Worker
 from rlframe.core.protocol import Batch, UpdateResult
+from rlframe.core.train_batch import FORWARD, POLICY_FORWARD, POLICY_UPDATE, TrainBatch
 from workers.roles.train_role import TrainRole
 from workers.sync.sync_probe import SyncProbe
 
@@ -67,20 +67,20 @@ class TrainEndpoints(Worker):
 
     # -- endpoints -----------------------------------------------------------------------
 
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_FORWARD)
-    def compute_logprobs(self, batch: Batch) -> Batch:
+    @dispatch(Dispatch.DP_SPLIT, reads=POLICY_FORWARD)
+    def compute_logprobs(self, batch: TrainBatch) -> Batch:
         """The current policy's log-probs of the response tokens (``old_logprobs``)."""
         self.enter_train_mode()
         return Batch({"old_logprobs": self.train_role.compute_logprobs(batch)})
 
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.FORWARD)
-    def compute_ref_logprobs(self, batch: Batch) -> Batch:
+    @dispatch(Dispatch.DP_SPLIT, reads=FORWARD)
+    def compute_ref_logprobs(self, batch: TrainBatch) -> Batch:
         """The frozen reference policy's log-probs of the response tokens."""
         self.enter_train_mode()
         return Batch({"ref_logprobs": self.train_role.compute_ref_logprobs(batch)})
 
-    @dispatch(Dispatch.DP_SPLIT, reads=reads.POLICY_UPDATE)
-    def update(self, batch: Batch) -> UpdateResult:
+    @dispatch(Dispatch.DP_SPLIT, reads=POLICY_UPDATE)
+    def update(self, batch: TrainBatch) -> UpdateResult:
         """See :meth:`workers.roles.train_role.TrainRole.update`."""
         self.enter_train_mode()
         return self.train_role.update(batch)

@@ -5,8 +5,9 @@ then exposes it on the driver as a plain function. Four modes are enough:
 
 - ``ONE_TO_ALL``: every rank gets the same arguments; the result is the list of the ranks'
   results (rank order).
-- ``DP_SPLIT``: every :class:`Batch` argument is padded to a multiple of the world size and
-  chunked, one chunk per rank; other arguments go to every rank as they are. A Batch result
+- ``DP_SPLIT``: every :class:`Batch` (or :class:`TrainBatch`) argument is padded to a
+  multiple of the world size and chunked, one chunk per rank; other arguments go to every
+  rank as they are. A Batch result
   must have one row per input row; the ranks' results are concatenated and the padding
   rows stripped. Other results come back as a list.
 - ``ROLLOUT_DP_SPLIT``: ``DP_SPLIT`` over the rollout's data-parallel groups. With rollout
@@ -15,10 +16,13 @@ then exposes it on the driver as a plain function. Four modes are enough:
   and the result of each group's first rank is collected. With TP = 1 it is ``DP_SPLIT``.
 - ``RANK_ZERO``: only rank 0 runs the method; its result is returned.
 
-A method may also declare the Batch keys it reads, ``@dispatch(Dispatch.DP_SPLIT,
-reads=("prompt_ids", ...))``: the group then sends only those tensors and columns (the ones
-present; meta always goes), so text columns and tensors the method never looks at stay on
-the driver. Without ``reads`` the whole Batch is sent.
+A method may also declare what it reads of a Batch argument. Keys, ``@dispatch(
+Dispatch.DP_SPLIT, reads=("prompt_tokens", ...))``: the group then sends only those tensors
+and columns (the ones present; meta always goes), so text columns and tensors the method
+never looks at stay on the driver. A training method declares a
+:class:`~rlframe.core.train_batch.TrainReads` (``reads=POLICY_UPDATE``): the group sends it
+the typed :class:`~rlframe.core.train_batch.TrainBatch` of those fields, built on the driver.
+Without ``reads`` the whole Batch is sent.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from rlframe.core.protocol import Batch
+from rlframe.core.train_batch import TrainBatch, TrainReads
 
 DISPATCH_ATTR = "__rlframe_dispatch__"
 
@@ -47,14 +52,20 @@ class MethodSpec:
     """How the driver calls one worker method."""
 
     mode: Dispatch
-    reads: tuple[str, ...] | None = None
-    """Batch keys the method reads (optional ones included); None sends whole Batches."""
+    reads: tuple[str, ...] | TrainReads | None = None
+    """Batch keys the method reads (optional ones included), or the TrainBatch fields of a
+    training method; None sends whole Batches."""
 
 
-def dispatch(mode: Dispatch, reads: tuple[str, ...] | None = None) -> Callable[[F], F]:
+Reads = tuple[str, ...] | TrainReads | None
+"""What a method reads of its Batch arguments (see :class:`MethodSpec`)."""
+
+
+def dispatch(mode: Dispatch, reads: Reads = None) -> Callable[[F], F]:
     """Mark a worker method as callable from the driver with the given dispatch mode;
-    ``reads`` names the Batch keys it reads, the only ones the group sends it."""
-    spec = MethodSpec(mode, None if reads is None else tuple(reads))
+    ``reads`` names the Batch keys it reads, the only ones the group sends it, or the
+    TrainBatch it takes instead."""
+    spec = MethodSpec(mode, tuple(reads) if isinstance(reads, tuple) else reads)
 
     def mark(fn: F) -> F:
         setattr(fn, DISPATCH_ATTR, spec)
@@ -74,15 +85,18 @@ def find_dispatch_methods(worker_cls: type) -> dict[str, MethodSpec]:
 
 
 def select_reads(
-    method: str, reads: tuple[str, ...] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
+    method: str, reads: Reads, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Every Batch argument cut down to the keys in ``reads`` that it has (meta kept)."""
+    """Every Batch argument cut down to the keys in ``reads`` that it has (meta kept), or
+    made the TrainBatch that ``reads`` declares."""
     if reads is None:
         return args, kwargs
 
     def cut(value: Any) -> Any:
         if not isinstance(value, Batch):
             return value
+        if isinstance(reads, TrainReads):
+            return reads.build(value)
         keys = [k for k in reads if k in value]
         if len(value) and not keys:
             # A Batch without keys has no rows: DP_SPLIT could not split it.
@@ -138,11 +152,11 @@ def split_call(
 
 
 def split_batches(parts: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> FanOut:
-    """Pad every Batch argument to a multiple of ``parts`` and chunk it: one call per part,
-    other arguments repeated as they are."""
-    batches = [a for a in (*args, *kwargs.values()) if isinstance(a, Batch)]
+    """Pad every Batch (and TrainBatch) argument to a multiple of ``parts`` and chunk it: one
+    call per part, other arguments repeated as they are."""
+    batches = [a for a in (*args, *kwargs.values()) if isinstance(a, Batch | TrainBatch)]
     if not batches:
-        raise TypeError("a DP_SPLIT method needs at least one Batch argument")
+        raise TypeError("a DP_SPLIT method needs at least one Batch or TrainBatch argument")
     sizes = {len(b) for b in batches}
     if len(sizes) > 1:
         raise ValueError(f"DP_SPLIT Batch arguments have different lengths: {sorted(sizes)}")
@@ -150,7 +164,7 @@ def split_batches(parts: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     padding = (-rows) % parts
 
     def chunks(value: Any) -> list[Any]:
-        if isinstance(value, Batch):
+        if isinstance(value, Batch | TrainBatch):
             padded, _ = value.pad_to_multiple(parts)
             return padded.chunk(parts)
         return [value] * parts

@@ -3,7 +3,9 @@
 A :class:`~rlframe.controller.worker_group.WorkerGroup` binds its worker class's
 ``@dispatch`` methods at run time, so on its own it is untyped. These Protocols write the
 driver-side signature of each role's methods (a DP_SPLIT method takes and returns a Batch,
-or returns one value per rank; a ONE_TO_ALL method returns one value per rank) and
+or returns one value per rank; a ONE_TO_ALL method returns one value per rank; a training
+method's worker side receives the Batch as the typed
+:class:`~rlframe.core.train_batch.TrainBatch` its ``@dispatch(reads=...)`` declares) and
 :func:`bind_role` checks, when a group starts, that its worker class has every one of them,
 then hands the group back typed as that role. Users' own worker classes are checked the
 same way: a missing method fails at start, named, not at the first call of a run.

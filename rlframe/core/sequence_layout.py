@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from rlframe.core.mrope import ImageTokens, compute_mrope_positions
-from rlframe.core.protocol import ROUTED_EXPERTS, Batch
+from rlframe.core.protocol import Batch
+from rlframe.core.train_batch import TrainBatch
 
 
 @dataclass
@@ -109,24 +110,19 @@ class SequenceLayout:
         )
 
 
-def select_tokens(rows: Batch) -> torch.Tensor:
+def select_tokens(rows: TrainBatch) -> torch.Tensor:
     """[B, R] bool: response tokens that need a prediction (sampled by the policy)."""
-    selected = rows.tensor("response_mask").bool()
-    if "loss_mask" in rows:
-        selected &= rows.tensor("loss_mask").bool()
-    return selected
+    return rows.response_mask.bool() & rows.loss_mask.bool()
 
 
-def build_padded_layout(rows: Batch, images: RowImages | None = None) -> SequenceLayout:
+def build_padded_layout(rows: TrainBatch, images: RowImages | None = None) -> SequenceLayout:
     """One row per response: prompts left-padded, responses right-padded, positions counted
     over real tokens (mrope's with ``images``), an attention mask hiding the padding."""
-    prompt_ids, response_ids = rows.tensor("prompt_ids"), rows.tensor("response_ids")
+    prompt_ids, response_ids = rows.prompt_ids, rows.response_ids
     rows_count, prompt_width = prompt_ids.shape
     width = response_ids.shape[1]
     input_ids = torch.cat([prompt_ids, response_ids], dim=1)
-    attention_mask = torch.cat(
-        [rows.tensor("prompt_mask"), rows.tensor("response_mask")], dim=1
-    ).long()
+    attention_mask = torch.cat([rows.prompt_mask, rows.response_mask], dim=1).long()
     position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
     placeholders = None
     if images is not None:
@@ -148,7 +144,7 @@ def build_padded_layout(rows: Batch, images: RowImages | None = None) -> Sequenc
         response_ids[row, col],
         row * width + col,
         (rows_count, width),
-        rows.tensors.get(ROUTED_EXPERTS),
+        rows.routed_experts,
         *attach_images(images),
         placeholders,
     )
@@ -161,24 +157,23 @@ def attach_images(images: RowImages | None) -> tuple[torch.Tensor | None, torch.
     return images.pixel_values, images.grid_thw
 
 
-def mark_placeholders(rows: Batch, tokens: ImageTokens) -> torch.Tensor:
+def mark_placeholders(rows: TrainBatch, tokens: ImageTokens) -> torch.Tensor:
     """[B, P + R] prompt and response ids with -1 for every image token the policy sampled: it
     stands for no image there (vLLM embeds it as text and gives it a text position). The
     image tokens of an observation inside a response (loss mask 0) stand for its images."""
-    response_ids = rows.tensor("response_ids")
-    sampled = select_tokens(rows) & (response_ids == tokens.image_token_id)
-    return torch.cat([rows.tensor("prompt_ids"), response_ids.masked_fill(sampled, -1)], dim=1)
+    sampled = select_tokens(rows) & (rows.response_ids == tokens.image_token_id)
+    return torch.cat([rows.prompt_ids, rows.response_ids.masked_fill(sampled, -1)], dim=1)
 
 
-def build_packed_layout(rows: Batch, images: RowImages | None = None) -> SequenceLayout:
+def build_packed_layout(rows: TrainBatch, images: RowImages | None = None) -> SequenceLayout:
     """All rows' real tokens (prompt, then response) in one sequence of shape [1, T], without
     padding, positions restarting at 0 for each row and no attention mask. With ``images``
     the text positions come first, then each row's mrope positions."""
-    prompt_ids, response_ids = rows.tensor("prompt_ids"), rows.tensor("response_ids")
+    prompt_ids, response_ids = rows.prompt_ids, rows.response_ids
     prompt_width = prompt_ids.shape[1]
     rows_count, width = response_ids.shape
-    real = torch.cat([rows.tensor("prompt_mask"), rows.tensor("response_mask")], dim=1).bool()
-    if not bool(rows.tensor("prompt_mask").bool().any(1).all()):
+    real = torch.cat([rows.prompt_mask, rows.response_mask], dim=1).bool()
+    if not bool(rows.prompt_mask.bool().any(1).all()):
         raise ValueError(
             "every row needs at least one prompt token: it predicts the first response token"
         )
@@ -200,7 +195,7 @@ def build_packed_layout(rows: Batch, images: RowImages | None = None) -> Sequenc
     # A row's tokens are contiguous, so the previous packed token is the same row's previous
     # real token.
     predict_index = packed_at[row, prompt_width + col] - 1
-    routing = rows.tensors.get(ROUTED_EXPERTS)
+    routing = rows.routed_experts
     return SequenceLayout(
         input_ids[None],
         position_ids[:, None] if images is not None else position_ids,
@@ -215,19 +210,21 @@ def build_packed_layout(rows: Batch, images: RowImages | None = None) -> Sequenc
     )
 
 
-def build_layout(rows: Batch, packed: bool, images: RowImages | None = None) -> SequenceLayout:
+def build_layout(rows: TrainBatch, packed: bool, images: RowImages | None = None) -> SequenceLayout:
     """The packed or padded layout of ``rows``; ``images`` (a vision-language model's rows'
     images, encoded) adds the vision inputs and mrope positions."""
     return build_packed_layout(rows, images) if packed else build_padded_layout(rows, images)
 
 
-def count_row_tokens(rows: Batch, packed: bool) -> torch.Tensor:
-    """[B] tokens each row costs in a forward: its real tokens when packed, the padded width
-    otherwise."""
+def count_row_tokens(
+    prompt_mask: torch.Tensor, response_mask: torch.Tensor, packed: bool
+) -> torch.Tensor:
+    """[B] tokens each row of these masks costs in a forward: its real tokens when packed,
+    the padded width otherwise."""
     if packed:
-        return (rows.tensor("prompt_mask").sum(1) + rows.tensor("response_mask").sum(1)).long()
-    width = rows.tensor("prompt_ids").shape[1] + rows.tensor("response_ids").shape[1]
-    return torch.full((len(rows),), width, dtype=torch.long)
+        return (prompt_mask.sum(1) + response_mask.sum(1)).long()
+    width = prompt_mask.shape[1] + response_mask.shape[1]
+    return torch.full((len(prompt_mask),), width, dtype=torch.long)
 
 
 def plan_micro_batches(costs: list[int], budget: int, min_count: int = 1) -> list[list[int]]:
@@ -305,4 +302,5 @@ def balance_rows(batch: Batch, world_size: int, mini_batch_size: int) -> torch.T
     tokens whether or not the workers pack them (identity on one rank)."""
     if world_size == 1:
         return torch.arange(len(batch))
-    return balance_ranks(count_row_tokens(batch, packed=True), world_size, mini_batch_size)
+    costs = count_row_tokens(batch.tensor("prompt_mask"), batch.tensor("response_mask"), True)
+    return balance_ranks(costs, world_size, mini_batch_size)

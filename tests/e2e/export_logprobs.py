@@ -56,7 +56,7 @@ def sample_with_vllm(export: str, out: str) -> None:
 
 
 def build_rows(samples: list[dict]):
-    from rlframe.core.protocol import Batch
+    from rlframe.core.train_batch import TrainBatch
 
     width = max(len(s["prompt_ids"]) for s in samples)
     ids = torch.zeros(len(samples), width, dtype=torch.long)
@@ -65,13 +65,12 @@ def build_rows(samples: list[dict]):
         ids[i, width - len(s["prompt_ids"]) :] = torch.tensor(s["prompt_ids"])
         mask[i, width - len(s["prompt_ids"]) :] = 1
     response = torch.tensor([s["response_ids"] for s in samples])
-    return Batch(
-        {
-            "prompt_ids": ids,
-            "prompt_mask": mask,
-            "response_ids": response,
-            "response_mask": torch.ones_like(response),
-        }
+    return TrainBatch(
+        prompt_ids=ids,
+        prompt_mask=mask,
+        response_ids=response,
+        response_mask=torch.ones_like(response),
+        loss_mask=torch.ones_like(response),
     )
 
 

@@ -35,7 +35,7 @@ def test_dp_split_pads_chunks_and_strips_the_padding() -> None:
 
 
 def test_dp_split_refuses_calls_without_a_batch_or_with_ragged_batches() -> None:
-    with pytest.raises(TypeError, match="a DP_SPLIT method needs at least one Batch argument"):
+    with pytest.raises(TypeError, match="needs at least one Batch or TrainBatch argument"):
         split_call(Dispatch.DP_SPLIT, 2, (torch.zeros(4),), {})
     with pytest.raises(ValueError, match=r"different lengths: \[3, 4\]"):
         split_call(Dispatch.DP_SPLIT, 2, (rows(4),), {"other": rows(3)})

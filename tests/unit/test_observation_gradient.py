@@ -8,6 +8,7 @@ here too: it is the one place the bonus enters the loss."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MethodType, SimpleNamespace
 
 import pytest
@@ -16,8 +17,8 @@ from transformers import AutoModelForCausalLM
 
 from rlframe.algorithms.losses import POLICY_LOSSES, LossScale, PolicyLossInputs, aggregate_loss
 from rlframe.config import AlgorithmConfig, Config, RolloutConfig
-from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import build_layout
+from rlframe.core.train_batch import TrainBatch
 from rlframe.data.tiny_model import resolve_model_path
 from workers.roles.train_role import TrainRole
 from workers.training.fsdp import FSDPEngine, compute_layout_logprobs
@@ -29,7 +30,7 @@ LOSS_MASK = torch.tensor(
 RESPONSE_MASK = torch.tensor([[1.0] * 7 + [0.0], [1.0] * 6 + [0.0] * 2])
 
 
-def make_batch(seed: int, obs_noise: float) -> Batch:
+def make_batch(seed: int, obs_noise: float) -> TrainBatch:
     gen = torch.Generator().manual_seed(seed)
     rows, width = LOSS_MASK.shape
     observation = RESPONSE_MASK - LOSS_MASK
@@ -38,18 +39,16 @@ def make_batch(seed: int, obs_noise: float) -> Batch:
         * obs_noise
         * observation
     )
-    return Batch(
-        {
-            "prompt_ids": torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]),
-            "prompt_mask": torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
-            "response_ids": torch.randint(3, 50, (rows, width), generator=gen),
-            "response_mask": RESPONSE_MASK,
-            "loss_mask": LOSS_MASK,
-            "advantages": (torch.randn(rows, width, generator=gen) * LOSS_MASK) + noise * 50,
-            "old_logprobs": torch.full((rows, width), -4.0) + noise,
-            "ref_logprobs": torch.full((rows, width), -3.9) + noise,
-            "rollout_logprobs": torch.full((rows, width), -4.05) + noise,
-        }
+    return TrainBatch(
+        prompt_ids=torch.tensor([[0, 5, 6, 7], [8, 9, 10, 11]]),
+        prompt_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]]),
+        response_ids=torch.randint(3, 50, (rows, width), generator=gen),
+        response_mask=RESPONSE_MASK,
+        loss_mask=LOSS_MASK,
+        advantages=(torch.randn(rows, width, generator=gen) * LOSS_MASK) + noise * 50,
+        old_logprobs=torch.full((rows, width), -4.0) + noise,
+        ref_logprobs=torch.full((rows, width), -3.9) + noise,
+        rollout_logprobs=torch.full((rows, width), -4.05) + noise,
     )
 
 
@@ -59,7 +58,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def parameter_grads(
-    model_path: str, batch: Batch, loss: str, **terms: float | str
+    model_path: str, batch: TrainBatch, loss: str, **terms: float | str
 ) -> list[torch.Tensor]:
     """Gradients of one ``forward_backward``; ``terms`` replace the default extra terms."""
     torch.manual_seed(0)
@@ -103,8 +102,8 @@ def test_logprob_gradient_is_zero_exactly_on_observations(model_path: str) -> No
         # Old log-probs equal to the current ones (ratio 1): no sampled token is clipped.
         PolicyLossInputs(
             logprobs,
-            logprobs.detach() + batch["old_logprobs"] * (1 - LOSS_MASK),
-            batch["advantages"],
+            logprobs.detach() + batch.old_logprobs * (1 - LOSS_MASK),
+            batch.advantages,
             LOSS_MASK,
             AlgorithmConfig(),
         )
@@ -119,7 +118,7 @@ def test_logprob_gradient_is_zero_exactly_on_observations(model_path: str) -> No
 def test_entropy_bonus_is_subtracted_from_the_loss(model_path: str) -> None:
     """Zero advantages and no KL: the step's only gradient is the entropy bonus's, which is
     -coef times the gradient of the token-mean entropy (the loss falls as entropy rises)."""
-    batch = make_batch(3, obs_noise=0.0).with_tensors(advantages=torch.zeros_like(LOSS_MASK))
+    batch = replace(make_batch(3, obs_noise=0.0), advantages=torch.zeros_like(LOSS_MASK))
     grads = parameter_grads(model_path, batch, "ppo_clip", entropy_coef=0.5, kl_coef=0.0)
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     layout = build_layout(batch, packed=False)

@@ -11,6 +11,7 @@ from rlframe.controller.dispatch import Dispatch, dispatch, find_dispatch_method
 from rlframe.controller.worker import Worker
 from rlframe.core.protocol import Batch
 from rlframe.core.registry import load_class
+from rlframe.core.train_batch import TrainReads
 
 DEFAULT_WORKERS = [
     (roles.HybridGroup, ActorConfig().worker_cls),
@@ -55,8 +56,14 @@ def test_tensor_methods_never_read_text_columns() -> None:
         methods = find_dispatch_methods(load_class(path))
         for name in names:
             declared = methods[name].reads
-            assert declared is not None and not text & set(declared), (path, name)
-    assert reads.FORWARD[:2] == ("prompt_ids", "prompt_mask")
+            keys = declared.optional if isinstance(declared, TrainReads) else declared
+            assert keys is not None and not text & set(keys), (path, name)
+    # The training methods take the typed TrainBatch, the rollout's a Batch of its keys.
+    for path, name in [(TRAIN_WORKER_CLS, "update"), (CriticConfig().worker_cls, "update")]:
+        assert isinstance(find_dispatch_methods(load_class(path))[name].reads, TrainReads)
+    assert find_dispatch_methods(load_class(RolloutConfig().worker_cls))["generate"].reads == (
+        reads.GENERATE
+    )
 
 
 class MissingUpdate(Worker):

@@ -26,19 +26,18 @@ from rlframe.core.sequence_layout import (
     count_row_tokens,
     plan_micro_batches,
 )
+from rlframe.core.train_batch import TrainBatch
 
 
-def two_rows() -> Batch:
+def two_rows() -> TrainBatch:
     """Row 0: prompt [5 6] + response [7 8 9] whose last token is an observation; row 1:
     prompt [4] (left-padded) + response [3]."""
-    return Batch(
-        {
-            "prompt_ids": torch.tensor([[5, 6], [0, 4]]),
-            "prompt_mask": torch.tensor([[1, 1], [0, 1]]),
-            "response_ids": torch.tensor([[7, 8, 9], [3, 0, 0]]),
-            "response_mask": torch.tensor([[1.0, 1, 1], [1, 0, 0]]),
-            "loss_mask": torch.tensor([[1.0, 1, 0], [1, 0, 0]]),
-        }
+    return TrainBatch(
+        prompt_ids=torch.tensor([[5, 6], [0, 4]]),
+        prompt_mask=torch.tensor([[1, 1], [0, 1]]),
+        response_ids=torch.tensor([[7, 8, 9], [3, 0, 0]]),
+        response_mask=torch.tensor([[1.0, 1, 1], [1, 0, 0]]),
+        loss_mask=torch.tensor([[1.0, 1, 0], [1, 0, 0]]),
     )
 
 
@@ -81,14 +80,15 @@ def test_layout_moves_to_a_device_unchanged(packed: bool) -> None:
 
 def test_packing_needs_a_prompt_token() -> None:
     rows = two_rows()
-    rows.tensors["prompt_mask"][1] = 0
+    rows.prompt_mask[1] = 0
     with pytest.raises(ValueError, match="prompt token"):
         build_packed_layout(rows)
 
 
 def test_row_costs() -> None:
-    assert count_row_tokens(two_rows(), packed=True).tolist() == [5, 2]
-    assert count_row_tokens(two_rows(), packed=False).tolist() == [5, 5]
+    rows = two_rows()
+    assert count_row_tokens(rows.prompt_mask, rows.response_mask, True).tolist() == [5, 2]
+    assert count_row_tokens(rows.prompt_mask, rows.response_mask, False).tolist() == [5, 5]
 
 
 def test_plan_fills_up_to_the_budget() -> None:
@@ -160,7 +160,8 @@ def rows_of_lengths(lengths: list[int]) -> Batch:
 
 def test_balance_rows_costs_real_tokens_and_keeps_one_rank_in_order() -> None:
     rows = rows_of_lengths([9, 8, 2, 1])
-    assert count_row_tokens(rows, packed=True).tolist() == [9, 8, 2, 1]
+    masks = rows.tensor("prompt_mask"), rows.tensor("response_mask")
+    assert count_row_tokens(*masks, packed=True).tolist() == [9, 8, 2, 1]
     # Padded, every row would cost 11 and the order would be 0 2 | 1 3.
     assert balance_rows(rows, world_size=2, mini_batch_size=4).tolist() == [0, 3, 1, 2]
     assert balance_rows(rows, world_size=1, mini_batch_size=4).tolist() == [0, 1, 2, 3]

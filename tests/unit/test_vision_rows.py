@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rlframe.core.mrope import ImageTokens, compute_mrope_positions
-from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import RowImages, build_layout
+from rlframe.core.train_batch import TrainBatch
 from rlframe.models.images import load_processor, place_images, read_image_bytes
 from tests.harness import REPO, check_cli, clean_env
 from tests.unit.cli_errors import assert_config_error
@@ -79,19 +79,19 @@ def test_mrope_positions_equal_transformers_get_rope_index() -> None:
         compute_mrope_positions(ids, grids[:1], TOKENS)
 
 
-def rows_with_images() -> tuple[Batch, RowImages]:
+def rows_with_images() -> tuple[TrainBatch, RowImages]:
     """Two rows, left-padded prompts: the first with a 1x4x4 image (4 tokens), the second
     with none; right-padded responses."""
     prompt = torch.tensor(
         [[0, 0, 52, IMAGE, IMAGE, IMAGE, IMAGE, 53, 9], [0, 0, 0, 0, 0, 0, 0, 8, 9]]
     )
-    batch = Batch(
-        {
-            "prompt_ids": prompt,
-            "prompt_mask": (prompt != 0).long(),
-            "response_ids": torch.tensor([[10, 11, 0], [12, 13, 14]]),
-            "response_mask": torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]]),
-        }
+    response_mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    batch = TrainBatch(
+        prompt_ids=prompt,
+        prompt_mask=(prompt != 0).long(),
+        response_ids=torch.tensor([[10, 11, 0], [12, 13, 14]]),
+        response_mask=response_mask,
+        loss_mask=response_mask,
     )
     images = RowImages(torch.zeros(16, 8), torch.tensor([[1, 4, 4]]), [1, 0], TOKENS)
     return batch, images

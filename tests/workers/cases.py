@@ -21,7 +21,7 @@ from rlframe.config import (
     TrainerConfig,
 )
 from rlframe.config.lora import LoraConfig, LoraSync
-from rlframe.core.protocol import Batch
+from rlframe.core.train_batch import TrainBatch
 
 UPDATE_LR = 1e-3
 LORA_LR = 1e-2
@@ -81,33 +81,32 @@ def build_role(model_path: str, cfg: Config) -> Any:  # a workers.roles.train_ro
     return TrainRole(cfg, model_path, "cpu", 1)
 
 
-def make_batch(seed: int = 0) -> Batch:
+def make_batch(seed: int = 0) -> TrainBatch:
     """16 responses of ragged length (one empty) with random advantages."""
     g = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(3, 40, (16, 4), generator=g)
     response_ids = torch.randint(3, 40, (16, 5), generator=g)
     lengths = torch.tensor([5, 1, 3, 0, 2, 5, 4, 1, 5, 2, 3, 3, 1, 5, 4, 2])
     response_mask = (torch.arange(5)[None] < lengths[:, None]).float()
-    return Batch(
-        {
-            "prompt_ids": prompt_ids,
-            "prompt_mask": torch.ones(16, 4, dtype=torch.long),
-            "response_ids": response_ids,
-            "response_mask": response_mask,
-            "loss_mask": response_mask,
-            "advantages": torch.randn(16, 1, generator=g) * response_mask,
-            "old_logprobs": -3.0 - torch.rand(16, 5, generator=g),
-            "ref_logprobs": -3.0 - torch.rand(16, 5, generator=g),
-        }
+    return TrainBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=torch.ones(16, 4, dtype=torch.long),
+        response_ids=response_ids,
+        response_mask=response_mask,
+        loss_mask=response_mask,
+        advantages=torch.randn(16, 1, generator=g) * response_mask,
+        old_logprobs=-3.0 - torch.rand(16, 5, generator=g),
+        ref_logprobs=-3.0 - torch.rand(16, 5, generator=g),
     )
 
 
-def with_critic_targets(batch: Batch) -> Batch:
+def with_critic_targets(batch: TrainBatch) -> TrainBatch:
     """Old values and returns for a critic update (values far from the returns on some tokens,
     so both branches of the clipped value loss are taken)."""
     g = torch.Generator().manual_seed(1)
-    mask = batch["loss_mask"]
-    return batch.with_tensors(
+    mask = batch.loss_mask
+    return replace(
+        batch,
         values=torch.randn(len(batch), 5, generator=g) * mask,
         returns=torch.randn(len(batch), 5, generator=g) * mask,
     )

@@ -17,7 +17,7 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlframe.core.protocol import Batch
+from rlframe.core.train_batch import TrainBatch
 from tests.harness import free_port  # noqa: F401 (also used by importers)
 
 ROWS, PROMPT, RESPONSE = 16, 6, 9
@@ -95,7 +95,7 @@ def make_config(
     )
 
 
-def make_batch(seed: int = 0) -> Batch:
+def make_batch(seed: int = 0) -> TrainBatch:
     """16 rows: left-padded prompts of 1-6 tokens, responses of 0-9 tokens (one empty), the
     last token of some responses an observation (attended, not in the loss mask)."""
     g = torch.Generator().manual_seed(seed)
@@ -106,19 +106,16 @@ def make_batch(seed: int = 0) -> Batch:
     loss_mask = response_mask.clone()
     for row in (0, 6, 11):
         loss_mask[row, int(response_lengths[row]) - 1] = 0
-    return Batch(
-        {
-            "prompt_ids": torch.randint(3, 40, (ROWS, PROMPT), generator=g) * prompt_mask,
-            "prompt_mask": prompt_mask,
-            "response_ids": torch.randint(3, 40, (ROWS, RESPONSE), generator=g)
-            * response_mask.long(),
-            "response_mask": response_mask,
-            "loss_mask": loss_mask,
-            "advantages": torch.randn(ROWS, 1, generator=g) * loss_mask,
-            "old_logprobs": (-3.0 - torch.rand(ROWS, RESPONSE, generator=g)) * loss_mask,
-            "ref_logprobs": (-3.0 - torch.rand(ROWS, RESPONSE, generator=g)) * loss_mask,
-            "rollout_logprobs": (-3.0 - torch.rand(ROWS, RESPONSE, generator=g)) * loss_mask,
-        }
+    return TrainBatch(
+        prompt_ids=torch.randint(3, 40, (ROWS, PROMPT), generator=g) * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_ids=torch.randint(3, 40, (ROWS, RESPONSE), generator=g) * response_mask.long(),
+        response_mask=response_mask,
+        loss_mask=loss_mask,
+        advantages=torch.randn(ROWS, 1, generator=g) * loss_mask,
+        old_logprobs=(-3.0 - torch.rand(ROWS, RESPONSE, generator=g)) * loss_mask,
+        ref_logprobs=(-3.0 - torch.rand(ROWS, RESPONSE, generator=g)) * loss_mask,
+        rollout_logprobs=(-3.0 - torch.rand(ROWS, RESPONSE, generator=g)) * loss_mask,
     )
 
 

@@ -34,7 +34,9 @@ def compute_case_grads(
     role = TrainWorker(cfg, model_path, "cpu").train_role
     batch = make_batch()
     order = balance_ranks(
-        count_row_tokens(batch, packed=True), world_size, cfg.actor.mini_batch_size
+        count_row_tokens(batch.prompt_mask, batch.response_mask, packed=True),
+        world_size,
+        cfg.actor.mini_batch_size,
     )
     share = batch.rows(order).chunk(world_size)[rank]
     role.actor.model.train()

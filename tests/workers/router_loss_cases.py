@@ -14,34 +14,37 @@ rank also reports whether its routers used it.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 
 from rlframe.core.names import RouterReplay
-from rlframe.core.protocol import ROUTED_EXPERTS, Batch
+from rlframe.core.train_batch import TrainBatch
 from tests.workers.layout_cases import PROMPT, RESPONSE, ROWS, make_batch, make_config
 
 MINI = 8
 """Rows of the mini-batch over all ranks."""
 
 
-def make_router_loss_batch(layers: int = 2, experts: int = 8, top_k: int = 2) -> Batch:
+def make_router_loss_batch(layers: int = 2, experts: int = 8, top_k: int = 2) -> TrainBatch:
     """:func:`make_batch` with zero advantages, a ``row_index`` and random routing: distinct
     experts per token-layer, -1 on padding and on each response's last token (never fed)."""
     batch = make_batch()
     g = torch.Generator().manual_seed(7)
     routing = torch.rand(ROWS, PROMPT + RESPONSE, layers, experts, generator=g).argsort(-1)
     routing = routing[..., :top_k].to(torch.int16)
-    real = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).bool()
-    lengths = batch["response_mask"].sum(1).long()
+    real = torch.cat([batch.prompt_mask, batch.response_mask], 1).bool()
+    lengths = batch.response_mask.sum(1).long()
     for row, length in enumerate(lengths.tolist()):
         if length:
             real[row, PROMPT + length - 1] = False
     routing[~real] = -1
-    return batch.with_tensors(
-        advantages=batch["advantages"] * 0,
+    return replace(
+        batch,
+        advantages=batch.advantages * 0,
         row_index=torch.arange(ROWS),
-        **{ROUTED_EXPERTS: routing},
+        routed_experts=routing,
     )
 
 
@@ -64,8 +67,9 @@ def compute_router_loss_case(
     role = TrainWorker(cfg, model_path, "cpu").train_role
     batch = make_router_loss_batch()
     if not replay:
-        batch = Batch({k: v for k, v in batch.tensors.items() if k != ROUTED_EXPERTS})
-    order = balance_ranks(count_row_tokens(batch, packed=True), world_size, MINI)
+        batch = replace(batch, routed_experts=None)
+    costs = count_row_tokens(batch.prompt_mask, batch.response_mask, packed=True)
+    order = balance_ranks(costs, world_size, MINI)
     share = batch.rows(order).chunk(world_size)[rank].rows(slice(0, MINI // world_size))
     engine = role.actor
     engine.model.train()
@@ -74,8 +78,8 @@ def compute_router_loss_case(
     steps: list[list[int]] = []
     replayed_exactly = True
 
-    def forward_backward(micro, scale):  # (Batch, LossScale) -> metrics
-        steps.append(micro.tensor("row_index").tolist())
+    def forward_backward(micro, scale):  # (TrainBatch, LossScale) -> metrics
+        steps.append(micro.row_index.tolist())
         metrics = role.forward_backward(micro, scale)
         if replay:
             nonlocal replayed_exactly
@@ -129,9 +133,9 @@ def compute_single_rank_router_loss(
     spec = find_router_spec(model)
     assert spec is not None
     batch = make_router_loss_batch()
-    batch = Batch({k: v for k, v in batch.tensors.items() if k != ROUTED_EXPERTS})
+    batch = replace(batch, routed_experts=None)
     mini = sorted({r for step in steps for r in step})
-    sequences = int((batch["loss_mask"][mini].sum(1) > 0).sum())
+    sequences = int((batch.loss_mask[mini].sum(1) > 0).sum())
     losses: list[float] = []
     routing: dict[str, list[float]] = {}
     for step in steps:

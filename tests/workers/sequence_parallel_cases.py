@@ -73,7 +73,9 @@ def compute_sequence_parallel_case(
     torch.manual_seed(0)  # the LoRA adapters' initialisation
     role = TrainWorker(cfg, model, "cpu").train_role
     batch = make_batch()
-    order = balance_ranks(count_row_tokens(batch, packed=True), world_size, 8)
+    order = balance_ranks(
+        count_row_tokens(batch.prompt_mask, batch.response_mask, packed=True), world_size, 8
+    )
     share = batch.rows(order).chunk(world_size)[rank]
     out: dict[str, torch.Tensor | dict[str, float]] = {}
     out["logprobs"] = gather_rows(role.compute_logprobs(share))

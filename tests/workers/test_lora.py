@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rlframe.config.lora import LoraConfig
-from rlframe.core.protocol import Batch
+from rlframe.core.train_batch import TrainBatch
 from tests.workers.cases import (
     LORA_LR,
     assert_same_gradient,
@@ -31,7 +31,7 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: full_tensor(v).detach().clone() for k, v in model.state_dict().items()}
 
 
-def update_twice(role, batch: Batch) -> None:
+def update_twice(role, batch: TrainBatch) -> None:
     """Two steps: LoRA's B starts at zero, so only from the second step on does A move too."""
     for _ in range(2):
         role.update(batch)
@@ -45,7 +45,7 @@ def trained(model_path: str, one_rank_group: None):
     return role, before, full_state(role.actor.model)
 
 
-def step_gradient(role, batch: Batch) -> torch.Tensor:
+def step_gradient(role, batch: TrainBatch) -> torch.Tensor:
     """The adapters' gradient of one update on ``batch``, as the optimizer received it."""
     with record_step_grads(role.actor.optimizer) as steps:
         role.update(batch)
@@ -81,7 +81,7 @@ def test_reference_is_the_base_model_with_adapters_off(
     policy = role.compute_logprobs(batch)
     base_engine = FSDPEngine(model_path, role.cfg.model, None, "cpu")  # no adapters
     base = role.score_logprobs(base_engine, batch)
-    mask = batch["response_mask"].bool()
+    mask = batch.response_mask.bool()
     assert torch.equal(ref[mask], base[mask])
     # ... and the adapters are back on afterwards: the trained policy differs from the base.
     assert float((policy - base)[mask].abs().max()) > 1e-3
@@ -105,7 +105,7 @@ def test_merged_weights_have_hf_names_and_the_policys_logprobs(trained, model_pa
     with torch.no_grad():
         plain = compute_layout_logprobs(hf, layout, 1.0, 0, False).logprobs
     trainer = role.compute_logprobs(batch)
-    mask = batch["response_mask"].bool()
+    mask = batch.response_mask.bool()
     # fp32: x (W + s B A) against x W + s (x A) B, summation order alone.
     torch.testing.assert_close(layout.to_grid(plain)[mask], trainer[mask], atol=2e-5, rtol=0)
 
@@ -124,7 +124,7 @@ def test_checkpointing_and_chunked_logprobs_change_nothing(
     for role in (plain, other):
         fill_lora_b(role.actor.model, seed=1)
     batch = make_batch()
-    mask = batch["response_mask"].bool()
+    mask = batch.response_mask.bool()
     logprobs = plain.compute_logprobs(batch)[mask]
     gap = float((other.compute_logprobs(batch)[mask] - logprobs).abs().max())
     expected, actual = step_gradient(plain, batch), step_gradient(other, batch)

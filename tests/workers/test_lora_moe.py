@@ -69,6 +69,6 @@ def test_lora_reference_under_router_replay_routes_freely(
     # routing too (scored with replay off, as a plain engine would).
     with train.actor.routing_freely():
         policy = train.compute_logprobs(batch)
-    mask = batch["response_mask"].bool()
+    mask = batch.response_mask.bool()
     assert torch.isfinite(ref[mask]).all()
     assert torch.equal(ref[mask], policy[mask])

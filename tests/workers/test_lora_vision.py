@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlframe.config.lora import LoraSync
-from rlframe.core.protocol import Batch
+from rlframe.core.train_batch import POLICY_UPDATE, TrainBatch
 from tests.vision_rows import make_vision_batch
 from tests.workers.cases import build_role, make_lora_vllm_config
 from tests.workers.layout_cases import join_one_rank_group
@@ -38,7 +38,7 @@ def roles(request: pytest.FixtureRequest, vl_path: str):
     return build_role(vl_path, cfg), RolloutRole(cfg, vl_path, "cpu", 0)
 
 
-def sample_image_rows(rollout, vl_path: str) -> Batch:
+def sample_image_rows(rollout, vl_path: str) -> TrainBatch:
     """Image prompts with the responses vLLM samples for them, as the trainer's rows."""
     from workers.inference.base import SamplingSpec
 
@@ -55,7 +55,8 @@ def sample_image_rows(rollout, vl_path: str) -> Batch:
         response_ids[i, : len(s.response_ids)] = torch.tensor(s.response_ids)
         logprobs[i, : len(s.logprobs)] = torch.tensor(s.logprobs)
         response_mask[i, : len(s.response_ids)] = 1
-    return batch.with_tensors(
+    return replace(
+        POLICY_UPDATE.build(batch),
         response_ids=response_ids,
         response_mask=response_mask,
         loss_mask=response_mask.clone(),
@@ -66,11 +67,11 @@ def sample_image_rows(rollout, vl_path: str) -> Batch:
 def train_on_images(train, vl_path: str, steps: int = 3) -> None:
     """On-policy updates on image rows with random advantages."""
     for step in range(steps):
-        batch = make_vision_batch(vl_path, rows=ROWS, seed=10 + step)
+        batch = POLICY_UPDATE.build(make_vision_batch(vl_path, rows=ROWS, seed=10 + step))
         g = torch.Generator().manual_seed(step)
-        advantages = torch.randn(ROWS, 1, generator=g) * batch.tensor("loss_mask")
-        batch = batch.with_tensors(advantages=advantages)
-        train.update(batch.with_tensors(old_logprobs=train.compute_logprobs(batch)))
+        advantages = torch.randn(ROWS, 1, generator=g) * batch.loss_mask
+        batch = replace(batch, advantages=advantages)
+        train.update(replace(batch, old_logprobs=train.compute_logprobs(batch)))
 
 
 def test_lora_on_the_language_model_syncs_image_logprobs(roles, vl_path: str) -> None:
@@ -94,8 +95,8 @@ def test_lora_on_the_language_model_syncs_image_logprobs(roles, vl_path: str) ->
     rollout.verify_weights(train.compute_sync_probe())
 
     rows = sample_image_rows(rollout, vl_path)
-    sampled = rows.tensor("rollout_logprobs")
-    mask = rows.tensor("loss_mask").bool()
+    sampled = rows.rollout_logprobs
+    mask = rows.loss_mask.bool()
     trainer = train.compute_logprobs(rows)
     base = train.compute_ref_logprobs(rows)  # the adapters off
     lp_diff = float((sampled - trainer)[mask].abs().max())

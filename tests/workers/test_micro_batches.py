@@ -4,6 +4,8 @@ And an on-policy update without an old-log-prob pass is the update with one."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -32,13 +34,11 @@ def test_budgets_make_different_micro_batches() -> None:
         cfg = make_config(**case).actor
         parts = split_micro_batches(batch, cfg, "cpu", bool(cfg.pack_sequences))
         # Every row exactly once.
-        seen = sorted(tuple(row.tolist()) for p in parts for row in p["response_ids"])
-        assert seen == sorted(tuple(row.tolist()) for row in batch["response_ids"])
+        seen = sorted(tuple(row.tolist()) for p in parts for row in p.response_ids)
+        assert seen == sorted(tuple(row.tolist()) for row in batch.response_ids)
         if cfg.max_tokens_per_micro_batch:
             costs = (
-                p["prompt_mask"].sum() + p["response_mask"].sum()
-                if cfg.pack_sequences
-                else 15 * len(p)
+                p.prompt_mask.sum() + p.response_mask.sum() if cfg.pack_sequences else 15 * len(p)
                 for p in parts
             )
             assert all(
@@ -80,13 +80,13 @@ def test_on_policy_update_without_old_logprob_pass(model_path: str) -> None:
 
     cfg = make_config(budget=24, chunk=5, kl_coef=0.0)
     batch = make_batch()
-    del batch.tensors["old_logprobs"]
+    batch = replace(batch, old_logprobs=None)
     with_pass = TrainWorker(cfg, model_path, "cpu")
     old = with_pass.compute_logprobs(batch)["old_logprobs"]
-    want = with_pass.update(batch.with_tensors(old_logprobs=old)).metrics
+    want = with_pass.update(replace(batch, old_logprobs=old)).metrics
     result = TrainWorker(cfg, model_path, "cpu").update(batch)
     got = result.metrics
-    mask = batch["loss_mask"].bool()
+    mask = batch.loss_mask.bool()
     assert bool((old[mask] < 0).all())
     assert want.keys() == got.keys()
     torch.testing.assert_close(result.own_logprobs, old, atol=1e-5, rtol=1e-5)

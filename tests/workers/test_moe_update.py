@@ -5,6 +5,7 @@ expert-load metrics; a dense policy's update reports none of them."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -29,7 +30,7 @@ def update_metrics(path: str, coef: float, steps: int = 1) -> list[dict[str, flo
     cfg.algorithm = AlgorithmConfig(router_aux_loss_coef=coef)
     role = build_role(path, cfg)
     batch = make_batch()
-    batch = batch.with_tensors(advantages=batch["advantages"] * 0)
+    batch = replace(batch, advantages=batch.advantages * 0)
     return [role.update(batch).metrics for _ in range(steps)]
 
 

@@ -8,6 +8,7 @@ Each test drives ``HybridWorker.update`` on a real one-rank FSDP2 engine in this
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlframe.core.protocol import Batch
+from rlframe.core.train_batch import TrainBatch
 from tests.workers.layout_cases import free_port, set_rank_env
 
 CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
@@ -50,20 +51,18 @@ def make_config(mode: str, **algorithm: float | str) -> Config:
     )
 
 
-def make_batch() -> Batch:
+def make_batch() -> TrainBatch:
     """16 ragged responses (one empty) with random advantages of both signs."""
     g = torch.Generator().manual_seed(5)
     lengths = torch.tensor([5, 1, 3, 0, 2, 5, 4, 1, 5, 2, 3, 3, 1, 5, 4, 2])
     mask = (torch.arange(5)[None] < lengths[:, None]).float()
-    return Batch(
-        {
-            "prompt_ids": torch.randint(3, 40, (16, 4), generator=g),
-            "prompt_mask": torch.ones(16, 4, dtype=torch.long),
-            "response_ids": torch.randint(3, 40, (16, 5), generator=g),
-            "response_mask": mask,
-            "loss_mask": mask,
-            "advantages": torch.randn(16, 1, generator=g) * mask,
-        }
+    return TrainBatch(
+        prompt_ids=torch.randint(3, 40, (16, 4), generator=g),
+        prompt_mask=torch.ones(16, 4, dtype=torch.long),
+        response_ids=torch.randint(3, 40, (16, 5), generator=g),
+        response_mask=mask,
+        loss_mask=mask,
+        advantages=torch.randn(16, 1, generator=g) * mask,
     )
 
 
@@ -104,13 +103,15 @@ def test_each_mode_applies_its_loss(model_path: str, mode: str) -> None:
     old log-probs (recompute), against the rollout's (rollout), or against the proximal
     (old) log-probs times pi_prox / pi_rollout, 0 above the cap of 2 (decoupled)."""
     batch = make_batch()
-    mask, adv = batch["loss_mask"], batch["advantages"]
+    mask, adv = batch.loss_mask, batch.advantages
     worker = build_worker(model_path, make_config(mode, behav_weight_cap=2.0))
     logprobs = worker.compute_logprobs(batch)["old_logprobs"]
-    batch = batch.with_tensors(
-        old_logprobs=near(logprobs, 0.4, seed=1), rollout_logprobs=near(logprobs, 0.9, seed=2)
+    batch = replace(
+        batch,
+        old_logprobs=near(logprobs, 0.4, seed=1),
+        rollout_logprobs=near(logprobs, 0.9, seed=2),
     )
-    old, rollout = batch["old_logprobs"], batch["rollout_logprobs"]
+    old, rollout = batch.old_logprobs, batch.rollout_logprobs
     ones = torch.ones_like(mask)
     if mode == "recompute":
         expected = ppo_by_hand(logprobs, old, adv, ones)
@@ -133,15 +134,15 @@ def test_rollout_equals_recompute_when_the_logprobs_agree(model_path: str) -> No
     batch = make_batch()
     recompute = build_worker(model_path, make_config("recompute"))
     old = near(recompute.compute_logprobs(batch)["old_logprobs"], 0.4, seed=3)
-    plain = recompute.update(batch.with_tensors(old_logprobs=old)).metrics
-    decoy = batch.with_tensors(old_logprobs=old - 1.0, rollout_logprobs=old)
+    plain = recompute.update(replace(batch, old_logprobs=old)).metrics
+    decoy = replace(batch, old_logprobs=old - 1.0, rollout_logprobs=old)
     from_rollout = build_worker(model_path, make_config("rollout")).update(decoy).metrics
     assert plain["actor/grad_norm"] > 0
     assert from_rollout["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-6)
     assert from_rollout["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-6)
     two_epochs = make_config("rollout")
     two_epochs.actor.epochs = 2
-    only_rollout = batch.with_tensors(rollout_logprobs=old)
+    only_rollout = replace(batch, rollout_logprobs=old)
     first = build_worker(model_path, two_epochs).update(only_rollout).metrics
     assert "old_logprobs" not in first  # nothing of its own to hand back
     assert first["actor/pg_loss"] != pytest.approx(plain["actor/pg_loss"], rel=1e-3)  # 2 epochs
@@ -152,8 +153,8 @@ def test_decoupled_with_behaviour_equal_to_proximal_is_plain_ppo(model_path: str
     batch = make_batch()
     recompute = build_worker(model_path, make_config("recompute"))
     old = near(recompute.compute_logprobs(batch)["old_logprobs"], 0.4, seed=4)
-    plain = recompute.update(batch.with_tensors(old_logprobs=old)).metrics
-    same = batch.with_tensors(old_logprobs=old, rollout_logprobs=old.clone())
+    plain = recompute.update(replace(batch, old_logprobs=old)).metrics
+    same = replace(batch, old_logprobs=old, rollout_logprobs=old.clone())
     decoupled = build_worker(model_path, make_config("decoupled")).update(same).metrics
     assert decoupled["actor/grad_norm"] == pytest.approx(plain["actor/grad_norm"], rel=1e-6)
     assert decoupled["actor/pg_loss"] == pytest.approx(plain["actor/pg_loss"], rel=1e-6)
@@ -169,8 +170,8 @@ def test_behaviour_weight_cap_applies_at_its_setting(
     batch = make_batch()
     recompute = build_worker(model_path, make_config("recompute"))
     old = near(recompute.compute_logprobs(batch)["old_logprobs"], 0.4, seed=6)
-    plain = recompute.update(batch.with_tensors(old_logprobs=old)).metrics
-    stale = batch.with_tensors(old_logprobs=old, rollout_logprobs=old - math.log(3.0))
+    plain = recompute.update(replace(batch, old_logprobs=old)).metrics
+    stale = replace(batch, old_logprobs=old, rollout_logprobs=old - math.log(3.0))
     capped = (
         build_worker(model_path, make_config("decoupled", behav_weight_cap=cap))
         .update(stale)

@@ -34,7 +34,7 @@ def logprobs_and_grads(path: str, packed: bool, chunk: int) -> tuple[torch.Tenso
     )
     g = torch.Generator().manual_seed(5)
     (torch.randn(logprobs.shape, generator=g) * logprobs).sum().div(
-        batch["loss_mask"].sum()
+        batch.loss_mask.sum()
     ).backward()
     return logprobs.detach(), gather_grads(engine.model)
 
@@ -43,7 +43,7 @@ def logprobs_and_grads(path: str, packed: bool, chunk: int) -> tuple[torch.Tenso
 def test_packed_equals_padded(model_path: str, chunk: int) -> None:
     padded, padded_grads = logprobs_and_grads(model_path, packed=False, chunk=chunk)
     packed, packed_grads = logprobs_and_grads(model_path, packed=True, chunk=chunk)
-    mask = make_batch()["loss_mask"].bool()
+    mask = make_batch().loss_mask.bool()
     assert bool((padded[mask] < 0).all()) and bool((padded[~mask] == 0).all())
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(packed_grads, padded_grads, atol=1e-5, rtol=1e-5)
@@ -52,7 +52,7 @@ def test_packed_equals_padded(model_path: str, chunk: int) -> None:
 def test_packed_layout_has_no_padding_and_no_mask() -> None:
     batch = make_batch()
     layout = build_layout(batch, packed=True)
-    real = int(batch["prompt_mask"].sum() + batch["response_mask"].sum())
+    real = int(batch.prompt_mask.sum() + batch.response_mask.sum())
     assert layout.attention_mask is None
     assert layout.input_ids.shape == (1, real)
     # Positions restart at 0 once per row.
@@ -65,12 +65,8 @@ def test_changing_one_sequence_leaves_the_others_unchanged(model_path: str) -> N
     batch = make_batch()
     changed = make_batch()
     # Row 5 (A) gets another prompt and other response tokens; it is packed right before row 6 (B).
-    changed.tensors["prompt_ids"][5] = (
-        (changed["prompt_ids"][5] + 7) % 40 * changed["prompt_mask"][5]
-    )
-    changed.tensors["response_ids"][5] = (
-        (changed["response_ids"][5] + 3) % 40 * changed["response_mask"][5].long()
-    )
+    changed.prompt_ids[5] = (changed.prompt_ids[5] + 7) % 40 * changed.prompt_mask[5]
+    changed.response_ids[5] = (changed.response_ids[5] + 3) % 40 * changed.response_mask[5].long()
 
     def score(rows):
         layout = build_layout(rows, packed=True)

@@ -10,6 +10,7 @@ about one pair in eight flips, and the gap that replay closes stands far above b
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlframe.core.protocol import ROUTED_EXPERTS, Batch
+from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import build_layout
+from rlframe.core.train_batch import POLICY_UPDATE, TrainBatch
 from rlframe.data.tiny_model import resolve_model_path
 from rlframe.models.moe_routing import compute_routing_agreement
 from tests.rows_grid import generate_batch
@@ -50,7 +52,7 @@ def make_replay_config(dtype: str, packed: bool = False) -> Config:
     )
 
 
-def make_prompts() -> Batch:
+def make_prompts() -> TrainBatch:
     """ROWS left-padded prompts of PROMPT / 2 to PROMPT random tokens."""
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(PROMPT // 2, PROMPT + 1, (ROWS,), generator=g)
@@ -83,7 +85,7 @@ def build_near_tie_moe(source: str, target: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def replay_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Batch, Any, str]:
+def replay_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainBatch, Any, str]:
     """(a batch sampled by a bf16 ``hf`` engine that records routing, an fp32 TrainRole with
     router replay on, the model's path)."""
     from workers.roles.rollout_role import RolloutRole
@@ -93,31 +95,31 @@ def replay_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Batch, Any, s
     path = build_near_tie_moe(resolve_model_path("tiny-moe:0", cache_dir=models), models / "tie")
     rollout = RolloutRole(make_replay_config("bfloat16"), path, "cpu", 0)
     # The single_turn agent's path: prompt rows -> the engine call's wire -> the grid.
-    batch = generate_batch(rollout.generate, make_prompts(), RESPONSE)
+    batch = POLICY_UPDATE.build(generate_batch(rollout.generate, make_prompts(), RESPONSE))
     return batch, TrainRole(make_replay_config("float32"), path, "cpu", 1), path
 
 
-def mean_gap(logprobs: torch.Tensor, batch: Batch) -> float:
-    mask = batch["loss_mask"].bool()
-    return float((logprobs - batch["rollout_logprobs"]).abs()[mask].mean())
+def mean_gap(logprobs: torch.Tensor, batch: TrainBatch) -> float:
+    mask = batch.loss_mask.bool()
+    return float((logprobs - batch.rollout_logprobs).abs()[mask].mean())
 
 
-def test_replay_routes_the_trainer_as_the_rollout(replay_case: tuple[Batch, Any, str]) -> None:
+def test_replay_routes_the_trainer_as_the_rollout(replay_case: tuple[TrainBatch, Any, str]) -> None:
     from workers.model_hooks.router_replay import RoutingRecorder
     from workers.training.layout_forward import compute_layout_logprobs
 
     batch, train, _ = replay_case
-    rollout_routing = batch[ROUTED_EXPERTS]
+    rollout_routing = batch.routed_experts
     assert rollout_routing.shape[:2] == (ROWS, PROMPT + RESPONSE)
     # Every real token but each response's last one was recorded.
     recorded = (rollout_routing >= 0).all(-1).all(-1)
-    real = torch.cat([batch["prompt_mask"], batch["response_mask"]], 1).bool()
+    real = torch.cat([batch.prompt_mask, batch.response_mask], 1).bool()
     assert int(recorded.sum()) == int(real.sum()) - ROWS
     model = train.actor.model
     # Registered after the replay hooks: it records the experts the forward really used.
     used = RoutingRecorder(model)
     try:
-        free_rows = Batch({k: v for k, v in batch.tensors.items() if k != ROUTED_EXPERTS})
+        free_rows = replace(batch, routed_experts=None)
         layout = build_layout(free_rows, packed=False)
         with torch.no_grad():
             free = layout.to_grid(compute_layout_logprobs(model, layout, 1.0, 0, False).logprobs)
@@ -137,7 +139,7 @@ def test_replay_routes_the_trainer_as_the_rollout(replay_case: tuple[Batch, Any,
     assert replay_gap <= free_gap
 
 
-def score_with_grads(engine: Any, batch: Batch, packed: bool, chunk: int):
+def score_with_grads(engine: Any, batch: TrainBatch, packed: bool, chunk: int):
     """Log-probs [B, R] and all gradients of a random-weighted sum of them."""
     layout = build_layout(batch, packed)
     logprobs = layout.to_grid(engine.compute_token_logprobs(layout, 1.0, chunk, False).logprobs)
@@ -149,7 +151,7 @@ def score_with_grads(engine: Any, batch: Batch, packed: bool, chunk: int):
 
 
 @pytest.mark.parametrize("chunk", [0, 4])
-def test_replay_packed_equals_padded(replay_case: tuple[Batch, Any, str], chunk: int) -> None:
+def test_replay_packed_equals_padded(replay_case: tuple[TrainBatch, Any, str], chunk: int) -> None:
     from workers.model_hooks.router_replay import find_routers
 
     batch, train, _ = replay_case
@@ -167,7 +169,9 @@ def test_replay_packed_equals_padded(replay_case: tuple[Batch, Any, str], chunk:
     engine.model.zero_grad(set_to_none=True)
 
 
-def test_replay_holds_under_gradient_checkpointing(replay_case: tuple[Batch, Any, str]) -> None:
+def test_replay_holds_under_gradient_checkpointing(
+    replay_case: tuple[TrainBatch, Any, str],
+) -> None:
     # The backward re-runs each layer's forward, routers included: the update replays there
     # too, or the recomputation routes differently from the forward it stands in for.
     from rlframe.algorithms.losses import LossScale
@@ -175,11 +179,12 @@ def test_replay_holds_under_gradient_checkpointing(replay_case: tuple[Batch, Any
 
     batch, train, path = replay_case
     g = torch.Generator().manual_seed(3)
-    rows = batch.with_tensors(
-        advantages=torch.randn(ROWS, 1, generator=g) * batch["loss_mask"],
-        old_logprobs=batch["rollout_logprobs"],
+    rows = replace(
+        batch,
+        advantages=torch.randn(ROWS, 1, generator=g) * batch.loss_mask,
+        old_logprobs=batch.rollout_logprobs,
     )
-    scale = LossScale(tokens=float(rows["loss_mask"].sum()), sequences=float(ROWS))
+    scale = LossScale(tokens=float(rows.loss_mask.sum()), sequences=float(ROWS))
     cfg = make_replay_config("float32")
     cfg.model.gradient_checkpointing = True
     grads = []

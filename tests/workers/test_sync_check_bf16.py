@@ -9,11 +9,13 @@ Skipped, with the reason printed, on a CPU without bf16 instructions."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from rlframe.core.train_batch import POLICY_UPDATE
 from rlframe.loop.step_metrics import compute_logprob_diffs
 from rlframe.loop.sync_check import SyncCheck
 from tests.plugins.corrupt_experts import corrupt_stream
@@ -62,10 +64,10 @@ def roles(one_rank_group: None) -> Iterator[tuple[object, object, SyncCheck]]:
 
 def sample_and_score(train, rollout, seed: int) -> tuple[dict[str, float], object]:
     """A step's experience: the engine samples 64 rows, the trainer scores them."""
-    batch = generate_batch(rollout.generate, prompts_for(seed, n=8), WIDTH)
+    batch = POLICY_UPDATE.build(generate_batch(rollout.generate, prompts_for(seed, n=8), WIDTH))
     old = train.compute_logprobs(batch)
-    metrics = compute_logprob_diffs(batch["rollout_logprobs"], old, batch["loss_mask"], None, None)
-    return metrics, batch.with_tensors(old_logprobs=old)
+    metrics = compute_logprob_diffs(batch.rollout_logprobs, old, batch.loss_mask, None, None)
+    return metrics, replace(batch, old_logprobs=old)
 
 
 def corrupt(weights, kind: str | None, version: int, rollout):
@@ -95,9 +97,9 @@ def test_bf16_honest_syncs_pass_and_each_corruption_stops(roles) -> None:
     assert check.honest is not None and check.honest < 5e-3
     stopped: dict[str, list[str]] = {}
     for step, kind in enumerate([None, None, "lost", None, "swap", None, "zero", None], start=2):
-        mask = batch["response_mask"]
+        mask = batch.response_mask
         adv = torch.linspace(-1, 1, len(batch))[:, None] * mask
-        train.update(batch.with_tensors(advantages=adv))
+        train.update(replace(batch, advantages=adv))
         version = train.publish_weights()
         good = [(n, t.clone()) for n, t in train.weight_source().iter_tensors()]
         corrupt(iter(good), kind, version, rollout)

@@ -8,6 +8,7 @@ import math
 import multiprocessing
 import os
 import socket
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -211,7 +212,7 @@ def test_non_finite_gradient_skips_the_optimizer_step(model_path: str) -> None:
     worker = TrainWorker(make_update_config(4, "token-mean"), model_path, "cpu")
     start = gather_weights(worker.train_role.actor.model)
     poisoned = make_batch()
-    poisoned.tensors["advantages"][0, 0] = float("nan")  # a real (unmasked) token of row 0
+    poisoned.advantages[0, 0] = float("nan")  # a real (unmasked) token of row 0
     metrics = worker.update(poisoned).metrics
     assert not math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/skipped_steps"] == 1
     assert torch.equal(gather_weights(worker.train_role.actor.model), start), (
@@ -232,17 +233,17 @@ def test_critic_value_at_t_sees_tokens_up_to_t_only(model_path: str) -> None:
 
     critic = CriticWorker(make_update_config(4, "token-mean"), model_path, "cpu")
     batch = make_batch()
-    full = torch.ones_like(batch["response_mask"])
-    batch = batch.with_tensors(response_mask=full, loss_mask=full)
+    full = torch.ones_like(batch.response_mask)
+    batch = replace(batch, response_mask=full, loss_mask=full)
     values = critic.compute_values(batch)["values"]
     j = 2
-    changed_ids = batch["response_ids"].clone()
+    changed_ids = batch.response_ids.clone()
     changed_ids[:, j] = 3 + (changed_ids[:, j] - 3 + 1) % 37  # another token, same range
-    changed = critic.compute_values(batch.with_tensors(response_ids=changed_ids))["values"]
+    changed = critic.compute_values(replace(batch, response_ids=changed_ids))["values"]
     torch.testing.assert_close(changed[:, : j + 1], values[:, : j + 1], atol=1e-6, rtol=0)
     assert ((changed[:, j + 1] - values[:, j + 1]).abs() > 1e-6).all()
     # The first value comes from the last prompt position: it changes with the prompt.
-    prompt_ids = batch["prompt_ids"].clone()
+    prompt_ids = batch.prompt_ids.clone()
     prompt_ids[:, -1] = 3 + (prompt_ids[:, -1] - 3 + 1) % 37
-    moved = critic.compute_values(batch.with_tensors(prompt_ids=prompt_ids))["values"]
+    moved = critic.compute_values(replace(batch, prompt_ids=prompt_ids))["values"]
     assert ((moved[:, 0] - values[:, 0]).abs() > 1e-6).all()

@@ -7,6 +7,7 @@ Each test drives ``HybridWorker.update`` on a real one-rank FSDP2 engine in this
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from rlframe.config import (
     RolloutConfig,
     TrainerConfig,
 )
-from rlframe.core.protocol import Batch
+from rlframe.core.train_batch import TrainBatch
 from tests.workers.layout_cases import free_port, set_rank_env
 
 LR = 1e-3
@@ -42,21 +43,19 @@ def make_config(warmup_steps: int = 0, **algorithm: float | str) -> Config:
     )
 
 
-def make_batch(advantage_scale: float = 1.0) -> Batch:
+def make_batch(advantage_scale: float = 1.0) -> TrainBatch:
     """16 ragged responses (one empty) with random advantages and old log-probs."""
     g = torch.Generator().manual_seed(3)
     lengths = torch.tensor([5, 1, 3, 0, 2, 5, 4, 1, 5, 2, 3, 3, 1, 5, 4, 2])
     mask = (torch.arange(5)[None] < lengths[:, None]).float()
-    return Batch(
-        {
-            "prompt_ids": torch.randint(3, 40, (16, 4), generator=g),
-            "prompt_mask": torch.ones(16, 4, dtype=torch.long),
-            "response_ids": torch.randint(3, 40, (16, 5), generator=g),
-            "response_mask": mask,
-            "loss_mask": mask,
-            "advantages": torch.randn(16, 1, generator=g) * mask * advantage_scale,
-            "old_logprobs": -3.0 - torch.rand(16, 5, generator=g),
-        }
+    return TrainBatch(
+        prompt_ids=torch.randint(3, 40, (16, 4), generator=g),
+        prompt_mask=torch.ones(16, 4, dtype=torch.long),
+        response_ids=torch.randint(3, 40, (16, 5), generator=g),
+        response_mask=mask,
+        loss_mask=mask,
+        advantages=torch.randn(16, 1, generator=g) * mask * advantage_scale,
+        old_logprobs=-3.0 - torch.rand(16, 5, generator=g),
     )
 
 
@@ -71,7 +70,7 @@ def test_truncated_is_weights_scale_the_applied_gradient(model_path: str) -> Non
     (under the cap of 2): the update's policy gradient, and so its norm, is halved."""
     batch = make_batch()
     plain = build_worker(model_path, make_config()).update(batch).metrics
-    weighted_batch = batch.with_tensors(rollout_logprobs=batch["old_logprobs"] + math.log(2.0))
+    weighted_batch = replace(batch, rollout_logprobs=batch.old_logprobs + math.log(2.0))
     weighted = build_worker(model_path, make_config(tis_cap=2.0)).update(weighted_batch).metrics
     assert plain["actor/grad_norm"] > 0
     assert weighted["actor/grad_norm"] == pytest.approx(0.5 * plain["actor/grad_norm"], rel=1e-5)
@@ -83,7 +82,7 @@ def test_masked_is_drops_the_gradient_of_tokens_outside_the_band(model_path: str
     """A rollout/trainer ratio of 1/4 on every token lies outside [0.5, 2]: masked IS drops them
     all, so the update applies no policy gradient at all."""
     batch = make_batch()
-    far = batch.with_tensors(rollout_logprobs=batch["old_logprobs"] + math.log(4.0))
+    far = replace(batch, rollout_logprobs=batch.old_logprobs + math.log(4.0))
     metrics = build_worker(model_path, make_config(mismatch_mask="token")).update(far).metrics
     assert metrics["actor/grad_norm"] == 0.0
 
@@ -107,7 +106,7 @@ def test_skipped_step_leaves_the_learning_rate_schedule_alone(model_path: str) -
     for a non-finite gradient must leave the schedule where it was, as it leaves the weights."""
     worker = build_worker(model_path, make_config(warmup_steps=4))
     poisoned = make_batch()
-    poisoned.tensors["advantages"][0, 0] = float("nan")
+    poisoned.advantages[0, 0] = float("nan")
     skipped = worker.update(poisoned).metrics
     assert skipped["actor/skipped_steps"] == 1
     assert skipped["actor/lr"] == pytest.approx(LR / 4)

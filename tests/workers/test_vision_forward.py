@@ -10,6 +10,7 @@ import torch
 
 from rlframe.config import ModelConfig
 from rlframe.core.sequence_layout import build_layout
+from rlframe.core.train_batch import FORWARD
 from tests.vision_rows import make_vision_batch
 from tests.workers.layout_cases import gather_grads
 
@@ -31,7 +32,7 @@ def logprobs_and_grads(path: str, packed: bool) -> tuple[torch.Tensor, torch.Ten
     from workers.model_hooks.vision import build_image_encoder
 
     engine = build_engine(path)
-    batch = make_vision_batch(path, rows=6)
+    batch = FORWARD.build(make_vision_batch(path, rows=6))
     images = build_image_encoder(path, engine.model.config)
     layout = build_layout(batch, packed, images.encode(batch))
     logprobs = layout.to_grid(
@@ -45,7 +46,7 @@ def logprobs_and_grads(path: str, packed: bool) -> tuple[torch.Tensor, torch.Ten
 def test_packed_rows_with_images_equal_padded_rows(vl_path: str) -> None:
     padded, padded_grads = logprobs_and_grads(vl_path, packed=False)
     packed, packed_grads = logprobs_and_grads(vl_path, packed=True)
-    mask = make_vision_batch(vl_path, rows=6)["loss_mask"].bool()
+    mask = make_vision_batch(vl_path, rows=6).tensor("loss_mask").bool()
     assert bool((padded[mask] < 0).all()) and bool((padded[~mask] == 0).all())
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(packed_grads, padded_grads, atol=1e-5, rtol=1e-5)

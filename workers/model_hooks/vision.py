@@ -1,6 +1,6 @@
 """The images of training rows, encoded for a vision-language model's forward.
 
-Rows carry their images as encoded bytes (the ``images`` column, a list per row); the trainer
+Rows carry their images as encoded bytes (``TrainBatch.images``, a list per row); the trainer
 runs the model's own image processor on them, as vLLM does on the same bytes when it samples,
 so both sides see the same pixels and the same image-token counts.
 """
@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlframe.core.mrope import ImageTokens
-from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import RowImages
+from rlframe.core.train_batch import TrainBatch
 from rlframe.models.images import VisionProcessor, encode_images, load_processor
 
 if TYPE_CHECKING:
@@ -43,12 +43,10 @@ class ImageEncoder:
         self.cache: dict[bytes, tuple[torch.Tensor, torch.Tensor]] = {}
         """Encoded image -> (its patches [p, D], its grid [3])."""
 
-    def encode(self, rows: Batch) -> RowImages:
-        """The rows' images in row order; rows without an ``images`` column have none (they
+    def encode(self, rows: TrainBatch) -> RowImages:
+        """The rows' images in row order; rows of a batch without images have none (they
         still get mrope positions, which a packed layout of this model needs)."""
-        per_row = (
-            [list(r or []) for r in rows.column("images")] if "images" in rows else [[]] * len(rows)
-        )
+        per_row = rows.images if rows.images is not None else [[]] * len(rows)
         flat = [image for row in per_row for image in row]
         self.process([image for image in dict.fromkeys(flat) if image not in self.cache])
         counts = [len(r) for r in per_row]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -34,8 +35,9 @@ from rlframe.config import ActorConfig, Config
 from rlframe.config.agent import compute_response_width
 from rlframe.config.lora import LoraConfig, LoraSync
 from rlframe.core.names import RouterReplay
-from rlframe.core.protocol import Batch, UpdateResult
+from rlframe.core.protocol import UpdateResult
 from rlframe.core.sequence_layout import SequenceLayout, build_layout
+from rlframe.core.train_batch import TrainBatch, need
 from rlframe.distill.objectives import pick_distill_term
 from workers.model_hooks.router_logits import find_router_spec, record_router_logits
 from workers.model_hooks.vision import ImageEncoder, build_image_encoder
@@ -87,7 +89,7 @@ def build_optimizer_spec(cfg: ActorConfig, total_steps: int) -> OptimizerSpec:
 @torch.no_grad()
 def score_micro_batches(
     engine: FSDPEngine,
-    batch: Batch,
+    batch: TrainBatch,
     sizes: ActorConfig,
     packed: bool,
     score: Callable[[SequenceLayout], torch.Tensor],
@@ -99,12 +101,12 @@ def score_micro_batches(
     ``images``: a vision-language model's encoder of the rows' images."""
     engine.model.eval()
     batch, own_rows = engine.gather_rows(batch, block=len(batch))
-    out = torch.zeros(batch.tensor("response_ids").shape)
-    batch = batch.with_tensors(row_index=torch.arange(len(batch)))
+    out = torch.zeros(batch.response_ids.shape)
+    batch = replace(batch, row_index=torch.arange(len(batch)))
     sp_size = engine.sequence_parallel_size
     for micro in split_micro_batches(batch, sizes, engine.device, packed, sp_size):
         layout = build_layout(micro, packed, None if images is None else images.encode(micro))
-        out[micro.tensor("row_index")] = layout.to_grid(score(layout).cpu())
+        out[need(micro.row_index, "row_index")] = layout.to_grid(score(layout).cpu())
     return out[own_rows]
 
 
@@ -184,14 +186,14 @@ class TrainRole:
         self.images = build_image_encoder(model_path, self.actor.model.config)
         """A vision-language model's image encoder (None for a text model)."""
 
-    def compute_logprobs(self, batch: Batch) -> torch.Tensor:
+    def compute_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """[B, R] log-probs of the current policy (``old_logprobs``)."""
         return self.score_logprobs(self.actor, batch)
 
-    def compute_ref_logprobs(self, batch: Batch) -> torch.Tensor:
+    def compute_ref_logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """[B, R] log-probs of the frozen reference policy."""
         if self.lora.enabled:
-            # The reference's rows carry no routed experts (controller/reads.py: FORWARD), and
+            # The reference's rows carry no routed experts (core/train_batch.py: FORWARD), and
             # the frozen base is no policy whose routing a rollout recorded.
             with adapters_disabled(self.actor.model), self.actor.routing_freely():
                 return self.score_logprobs(self.actor, batch)
@@ -202,7 +204,7 @@ class TrainRole:
             )
         return self.score_logprobs(self.ref, batch)
 
-    def score_logprobs(self, engine: FSDPEngine, batch: Batch) -> torch.Tensor:
+    def score_logprobs(self, engine: FSDPEngine, batch: TrainBatch) -> torch.Tensor:
         a = self.cfg.actor
 
         def score(layout: SequenceLayout) -> torch.Tensor:
@@ -213,7 +215,7 @@ class TrainRole:
 
         return score_micro_batches(engine, batch, a, self.packed, score, self.images)
 
-    def update(self, batch: Batch) -> UpdateResult:
+    def update(self, batch: TrainBatch) -> UpdateResult:
         """PPO-style updates (epochs x mini-batches x micro-batches) on this rank's share.
 
         A batch without ``old_logprobs`` is an exactly on-policy step (one epoch, one
@@ -224,7 +226,8 @@ class TrainRole:
         """
         own: torch.Tensor | None = None
         correction = self.cfg.algorithm.off_policy_correction
-        needs_own = pick_old_logprobs(correction, "old_logprobs" in batch) is OldLogprobs.update
+        brought = batch.old_logprobs is not None
+        needs_own = pick_old_logprobs(correction, brought) is OldLogprobs.update
         if needs_own:
             check_single_pass(len(batch), self.cfg.actor, self.world_size)
         # A sequence-parallel group updates on its ranks' rows together, mini-batch by
@@ -235,8 +238,8 @@ class TrainRole:
         if self.actor.replay is not None:
             self.actor.replay.take_agreement()  # counted by the log-prob pass: not this update's
         if needs_own:
-            batch = batch.with_tensors(row_index=torch.arange(len(batch)))
-            own = torch.zeros(batch.tensor("response_ids").shape)
+            batch = replace(batch, row_index=torch.arange(len(batch)))
+            own = torch.zeros(batch.response_ids.shape)
         metrics = run_minibatch_updates(
             self.actor,
             batch,
@@ -249,7 +252,7 @@ class TrainRole:
         return UpdateResult(dict(metrics), None if own is None else own[own_rows])
 
     def forward_backward(
-        self, micro: Batch, scale: LossScale, own_logprobs: torch.Tensor | None = None
+        self, micro: TrainBatch, scale: LossScale, own_logprobs: torch.Tensor | None = None
     ) -> dict[str, float]:
         """One micro-batch's forward, its loss (:func:`compose_policy_loss`) and backward.
         ``own_logprobs`` ([rows, R] of the whole update) receives this micro-batch's detached
@@ -270,7 +273,7 @@ class TrainRole:
 
     def run_forward_backward(
         self,
-        micro: Batch,
+        micro: TrainBatch,
         layout: SequenceLayout,
         scale: LossScale,
         own_logprobs: torch.Tensor | None,
@@ -279,7 +282,7 @@ class TrainRole:
         distill = pick_distill_term(self.cfg.distill)
         # The top-k objective reads the policy's log-probs of the teacher's top-k ids too.
         top_ids = (
-            layout.from_grid(micro.tensor("teacher_top_ids"))
+            layout.from_grid(need(micro.teacher_top_ids, "teacher_top_ids"))
             if distill is not None and distill.estimator == TOPK_FORWARD_KL
             else None
         )
@@ -296,21 +299,21 @@ class TrainRole:
         if token.entropy is None:  # asked for above: the loss's entropy term and metric
             raise RuntimeError("compute_token_logprobs returned no entropy")
 
-        def read(key: str) -> torch.Tensor | None:
-            return micro.tensor(key).to(self.device) if key in micro else None
+        def move(grid: torch.Tensor | None) -> torch.Tensor | None:
+            return None if grid is None else grid.to(self.device)
 
         composed = compose_policy_loss(
             PolicyTerms(
                 logprobs=layout.to_grid(token.logprobs),
                 entropy=layout.to_grid(token.entropy),
-                advantages=micro.tensor("advantages").to(self.device),
-                loss_mask=micro.tensor("loss_mask").to(self.device),
+                advantages=need(micro.advantages, "advantages").to(self.device),
+                loss_mask=micro.loss_mask.to(self.device),
                 scale=scale,
-                old_logprobs=read("old_logprobs"),
-                rollout_logprobs=read("rollout_logprobs"),
-                ref_logprobs=read("ref_logprobs"),
-                teacher_logprobs=read("teacher_logprobs"),
-                teacher_top_logprobs=read("teacher_top_logprobs"),
+                old_logprobs=move(micro.old_logprobs),
+                rollout_logprobs=move(micro.rollout_logprobs),
+                ref_logprobs=move(micro.ref_logprobs),
+                teacher_logprobs=move(micro.teacher_logprobs),
+                teacher_top_logprobs=move(micro.teacher_top_logprobs),
                 student_top_logprobs=None if token.extra is None else layout.to_grid(token.extra),
             ),
             cfg,
@@ -318,7 +321,7 @@ class TrainRole:
             distill,
         )
         if own_logprobs is not None:
-            own_logprobs[micro.tensor("row_index")] = composed.old_logprobs.cpu()
+            own_logprobs[need(micro.row_index, "row_index")] = composed.old_logprobs.cpu()
         loss, metrics = composed.loss, composed.metrics
         if router_logits:
             loss, metrics = self.add_router_terms(
@@ -342,7 +345,7 @@ class TrainRole:
         metrics: dict[str, float],
         router_logits: list[torch.Tensor],
         layout: SequenceLayout,
-        micro: Batch,
+        micro: TrainBatch,
         scale: LossScale,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss plus ``algorithm.router_aux_loss_coef`` x the routers' load-balancing

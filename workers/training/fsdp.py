@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from rlframe.algorithms.losses import LossScale, count_loss_scale
-from rlframe.core.protocol import Batch
 from rlframe.core.sequence_layout import SequenceLayout, count_row_tokens, plan_micro_batches
+from rlframe.core.train_batch import TrainBatch
 from workers.model_hooks.router_replay import RouterReplay, replay_layout
 from workers.training.dtensor_gather import full_tensor
 from workers.training.expert_parallel import clip_split_gradients, find_expert_parallel
@@ -164,7 +164,7 @@ class FSDPEngine:
         """Groups that take different rows: the ranks over the sequence-parallel size."""
         return dist.get_world_size() // self.sequence_parallel_size
 
-    def gather_rows(self, rows: Batch, block: int) -> tuple[Batch, torch.Tensor]:
+    def gather_rows(self, rows: TrainBatch, block: int) -> tuple[TrainBatch, torch.Tensor]:
         """(the rows this rank's sequence-parallel group works on, the indices of this rank's
         own rows among them); without sequence parallelism, ``rows`` themselves. See
         :func:`workers.training.ulysses.gather_group_rows`."""
@@ -216,11 +216,11 @@ class FSDPEngine:
                     state[k] = v.to(device, non_blocking=True)
 
 
-def compute_global_loss_scale(mini: Batch, device: str, sp_size: int = 1) -> LossScale:
+def compute_global_loss_scale(mini: TrainBatch, device: str, sp_size: int = 1) -> LossScale:
     """Loss tokens (sampled by the policy) and responses with at least one of them in the
     whole mini-batch, summed over ranks (the ``sp_size`` ranks of a sequence-parallel group
     hold the same rows); see :func:`~rlframe.algorithms.losses.count_loss_scale`."""
-    local = count_loss_scale(mini.tensor("loss_mask"))
+    local = count_loss_scale(mini.loss_mask)
     counts = torch.tensor([local.tokens, local.sequences], dtype=torch.float64)
     if device == "cuda":
         counts = counts.cuda()
@@ -237,8 +237,8 @@ def agree_on_max(value: int, device: str) -> int:
 
 
 def split_micro_batches(
-    rows: Batch, sizes: ActorConfig, device: str, packed: bool, sp_size: int = 1
-) -> list[Batch]:
+    rows: TrainBatch, sizes: ActorConfig, device: str, packed: bool, sp_size: int = 1
+) -> list[TrainBatch]:
     """This rank's micro-batches: ``actor.micro_batch_size`` rows each, or, with
     ``actor.max_tokens_per_micro_batch``, rows filled up to that many tokens per rank (a
     sequence-parallel group of ``sp_size`` ranks takes ``sp_size`` times as many).
@@ -250,7 +250,7 @@ def split_micro_batches(
     """
     if sizes.max_tokens_per_micro_batch <= 0:
         return rows.split(sizes.micro_batch_size)
-    costs = count_row_tokens(rows, packed).tolist()
+    costs = count_row_tokens(rows.prompt_mask, rows.response_mask, packed).tolist()
     budget = sizes.max_tokens_per_micro_batch * sp_size
     plan = plan_micro_batches(costs, budget)
     count = agree_on_max(len(plan), device)
@@ -264,11 +264,11 @@ def split_micro_batches(
 
 
 def accumulate_gradients(
-    mini: Batch,
+    mini: TrainBatch,
     sizes: ActorConfig,
     device: str,
     packed: bool,
-    forward_backward: Callable[[Batch, LossScale], dict[str, float]],
+    forward_backward: Callable[[TrainBatch, LossScale], dict[str, float]],
     sp_size: int = 1,
 ) -> dict[str, list[float]]:
     """Forward and backward over one mini-batch's micro-batches (gradients add up in the
@@ -284,10 +284,10 @@ def accumulate_gradients(
 
 def run_minibatch_updates(
     engine: FSDPEngine,
-    batch: Batch,
+    batch: TrainBatch,
     sizes: ActorConfig,
     world_size: int,
-    forward_backward: Callable[[Batch, LossScale], dict[str, float]],
+    forward_backward: Callable[[TrainBatch, LossScale], dict[str, float]],
     prefix: str,
     packed: bool,
 ) -> dict[str, float]:

@@ -34,7 +34,7 @@ from rlframe.core.sequence_layout import SequenceLayout
 if TYPE_CHECKING:
     from transformers import PreTrainedConfig
 
-    from rlframe.core.protocol import Batch
+    from rlframe.core.train_batch import TrainBatch
 
 ULYSSES_PREFIX = "ulysses_"
 
@@ -381,7 +381,9 @@ def shard_layout(layout: SequenceLayout, sp: SequenceParallel) -> ShardedLayout:
     )
 
 
-def gather_group_rows(batch: Batch, sp: SequenceParallel, block: int) -> tuple[Batch, torch.Tensor]:
+def gather_group_rows(
+    batch: TrainBatch, sp: SequenceParallel, block: int
+) -> tuple[TrainBatch, torch.Tensor]:
     """The rows of the whole group (each rank's share, from DP_SPLIT), every ``block`` rows
     of each rank's share followed by the same block of the next rank's; and the indices of
     this rank's own rows in that order.
@@ -389,7 +391,7 @@ def gather_group_rows(batch: Batch, sp: SequenceParallel, block: int) -> tuple[B
     With ``block`` = a rank's share of a mini-batch, the group's mini-batches hold the rows
     the ranks' mini-batches held: the split into mini-batches is that of ``size`` = 1.
     """
-    from rlframe.core.protocol import Batch
+    from rlframe.core.train_batch import TrainBatch
 
     shares: list[Any] = [None] * sp.size
     dist.all_gather_object(shares, batch, group=sp.group)
@@ -405,4 +407,4 @@ def gather_group_rows(batch: Batch, sp: SequenceParallel, block: int) -> tuple[B
         for i in range(start, min(start + block, rows))
     ]
     own = torch.tensor([p for p, i in enumerate(order) if i // rows == sp.rank], dtype=torch.long)
-    return Batch.concat(shares).rows(order), own
+    return TrainBatch.concat(shares).rows(order), own
