@@ -94,7 +94,7 @@ def test_rows_with_routed_experts_resume_exactly() -> None:
     """Router replay's per-token tensors under staleness 1 (whole responses, as the config
     allows) and a call running during the update (a separate rollout pool): the state holds
     the groups it scored ahead of the trainer, with their routing."""
-    out = resume_after(2, {"routing": True}, k=1, chunk=0, overlap=True)
+    out = resume_after(2, {"routing": True}, k=1, chunk=0, overlap=True, router_replay="rollout")
     groups = decode_state(out["state"])["groups"]
     assert any("scored" in g for g in groups), "nothing ahead: no routing in the state"
     for a, b in zip(out["straight"], out["resumed"]):
