@@ -112,7 +112,9 @@ def play_step(
     stop = {int(tokenizer.eos_token_id)}
     sessions = [
         server.sessions.open(
-            {"prompt": PROMPT, "ground_truth": str(i % 10)}, i, Episode(tokenizer, stop)
+            {"prompt": PROMPT, "ground_truth": str(i % 10)},
+            i,
+            Episode(tokenizer, stop, server.formats),
         )
         for i in range(episodes)
     ]

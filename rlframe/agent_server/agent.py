@@ -75,7 +75,7 @@ def run_openai_episodes(prompts: Batch, ctx: AgentContext) -> list[TokenRow]:
     stop_ids = {int(t) for t in prompts.meta["stop_token_ids"]}
     samples = build_samples(prompts)
     sessions = [
-        server.sessions.open(s, int(seed), Episode(ctx.tokenizer, stop_ids))
+        server.sessions.open(s, int(seed), Episode(ctx.tokenizer, stop_ids, server.formats))
         for s, seed in zip(samples, prompts.column("seed"))
     ]
     calls = [(closing(entry, server, s.key), (server.base_url, s.key, s.sample)) for s in sessions]

@@ -25,6 +25,8 @@ from rlframe.envs.chat import ChatFormat
 from rlframe.rollout.rows import TokenRow
 
 Message = dict[str, Any]
+FORMATS_KEPT = 64
+"""Chat formats (one per tool set) a ``formats`` dict holds before it starts over."""
 
 
 def normalize_arguments(arguments: Any) -> Any:
@@ -101,7 +103,12 @@ class Plan:
 class Episode:
     """The rows of one episode (one session) and the chat formats of its tool sets."""
 
-    def __init__(self, tokenizer: Tokenizer, stop_ids: set[int]) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stop_ids: set[int],
+        formats: dict[str, ChatFormat] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.stop_ids = stop_ids
         self.rows: list[TokenRow] = []
@@ -112,19 +119,24 @@ class Episode:
         """Rows with a call in the engine: a concurrent call cannot extend them."""
         self.new_rows_in_flight = 0
         """Calls sampling a row that is not in ``rows`` yet (it joins when they finish)."""
-        self.formats: dict[str, ChatFormat] = {}
+        self.formats = {} if formats is None else formats
+        """Chat formats by tools' key; the server shares one dict among its episodes, so the
+        texts they add are tokenised once (:meth:`ChatFormat.encode_text`)."""
         self.tool_calls = 0
         self.tool_errors = 0
 
-    def chat(self, tools: list[dict[str, Any]] | None) -> ChatFormat:
-        key = key_of(tools)
-        if key not in self.formats:
-            self.formats[key] = ChatFormat(self.tokenizer, tools=tools or None)
-        return self.formats[key]
+    def chat(self, tools: list[dict[str, Any]] | None, tools_key: str) -> ChatFormat:
+        chat = self.formats.get(tools_key)
+        if chat is None:
+            if len(self.formats) >= FORMATS_KEPT:  # an agent sending ever new tool sets
+                self.formats.clear()
+            chat = self.formats[tools_key] = ChatFormat(self.tokenizer, tools=tools or None)
+        return chat
 
     def plan(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> Plan:
         """The row this call extends, newest first, or a new row."""
-        chat, tools_key = self.chat(tools), key_of(tools)
+        tools_key = key_of(tools)
+        chat = self.chat(tools, tools_key)
         for index in reversed(range(len(self.rows))):
             key, held = self.conversations[index]
             if index in self.busy or key != tools_key or len(messages) <= len(held):
@@ -134,7 +146,9 @@ class Episode:
             added = self.extension_ids(chat, self.rows[index], held, messages)
             if added is not None:
                 return Plan(self.rows[index], index, tools_key, added)
-        return Plan(TokenRow(chat.prompt_ids(messages)), -1, tools_key, [])
+        # Messages are normalized (text contents): no images to expand.
+        prompt = chat.encode_text(chat.render(messages, add_generation_prompt=True))
+        return Plan(TokenRow(prompt), -1, tools_key, [])
 
     def extension_ids(
         self, chat: ChatFormat, row: TokenRow, held: list[Message], messages: list[Message]
@@ -155,7 +169,7 @@ class Episode:
             if row.response_ids and row.response_ids[-1] in self.stop_ids
             else [int(self.tokenizer.convert_tokens_to_ids(chat.end_of_turn))]
         )
-        return close + chat.encode(after[len(prefix) :])
+        return close + chat.encode_text(after[len(prefix) :])
 
     def begin(self, plan: Plan) -> None:
         """A call of ``plan`` goes to the engine."""

@@ -77,6 +77,7 @@ class ChatFormat:
             raise EnvError("the tokenizer has no EOS token to close a model turn with")
         self.end_of_turn = end
         self.cache: dict[str, tuple[list[int], bool]] = {}
+        self.text_cache: dict[str, list[int]] = {}
 
     def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -97,6 +98,16 @@ class ChatFormat:
             except ValueError as e:
                 raise EnvError(f"messages with images: {e}") from None
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def encode_text(self, text: str) -> list[int]:
+        """The ids of image-free ``text``, memoised: many episodes add the same text (the
+        tokenizer's call costs ~130 us here, a lookup well under 1 us)."""
+        ids = self.text_cache.get(text)
+        if ids is None:
+            if len(self.text_cache) >= CACHE_SIZE:
+                self.text_cache.clear()
+            ids = self.text_cache[text] = self.encode(text)
+        return list(ids)
 
     def prompt_ids(self, messages: list[Message]) -> list[int]:
         """The ids of the conversation so far, ending with the assistant header; image parts

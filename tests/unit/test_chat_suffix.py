@@ -66,6 +66,23 @@ def test_observation_cache_is_memoised_and_bounded(monkeypatch: pytest.MonkeyPat
         assert len(chat.cache) <= 3
 
 
+def test_text_ids_are_memoised_bounded_and_handed_out_as_copies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import rlframe.envs.chat as chat_module
+
+    monkeypatch.setattr(chat_module, "CACHE_SIZE", 3)
+    chat = ChatFormat(build_chatml_tokenizer())
+    text = "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n"
+    first = chat.encode_text(text)
+    assert first == chat.encode(text) and text in chat.text_cache
+    first.append(-1)  # the caller's list: the cached ids stay as they were
+    assert chat.encode_text(text) == chat.encode(text)
+    for other in "abcdefg":
+        chat.encode_text(other)
+        assert len(chat.text_cache) <= 3
+
+
 def test_a_tokenizer_that_adds_a_bos_token_adds_none_to_prompts_or_observations() -> None:
     """Like Llama's: encoding adds a BOS by default, and the template writes its own; the
     ids must hold the template's text only, or every turn would gain a stray BOS."""
