@@ -73,7 +73,6 @@ class ResponseStream:
                 self.max_tokens - len(row.response_ids),
                 self.stop_ids,
                 images=tuple(row.images),
-                awaited=False,  # only its group waits for it: answers come back together
             )
             session = next(self.sessions)
             future = self.client.submit(request, session)

@@ -41,11 +41,6 @@ class TurnRequest:
     sequence; temperature 1, nothing sampled). None: a sampled turn."""
     top_k: int = 0
     """With ``score_from``: also the ``top_k`` most likely tokens at each scored position."""
-    awaited: bool = True
-    """Someone waits on this answer to go on (an episode's next turn, a judge's verdict):
-    the engine call that finishes it returns at once. False (a streamed single-turn
-    response, which only completes its group): it may come back with the call's other
-    answers, a few engine steps later, for fewer round trips."""
 
     def __post_init__(self) -> None:
         if self.score_from is not None and not 1 <= self.score_from < len(self.context):

@@ -14,9 +14,7 @@ from rlframe.controller.worker_group import WorkerError
 from rlframe.rollout.engine_client import EngineClient, connect_ray_replicas
 from rlframe.rollout.response_stream import ResponseStream
 from rlframe.rollout.rows import collate, read_prompt_rows
-from rlframe.rollout.turns import TurnRequest
 from tests.ray.factories import logprob_gap, prompts_for, tiny_config
-from workers.roles.rollout_role import STEPS_PER_CALL
 
 pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]
 
@@ -65,26 +63,3 @@ def test_a_paused_response_continues_with_the_trainers_logprobs(
         f"max |trainer - vLLM| log-prob over the stitched responses {gap:.2e}"
     )
     assert gap < 1e-4
-
-
-def test_a_call_returns_at_an_awaited_answer_and_holds_streamed_ones(
-    tiny_hybrid_group, tiny_model_path: str
-) -> None:
-    """An episode's turn (awaited) comes back from the engine step that finishes it; a
-    streamed response's (not awaited) waits for the call's other answers, up to
-    ``STEPS_PER_CALL`` steps: fewer round trips for responses only their group waits on."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    group = tiny_hybrid_group(tiny_config(1, rollout={"max_tokens": MAX_TOKENS}))
-    actor = group.actors[0]
-    ray.get(actor.open_stream.remote())
-    context = list(read_prompt_rows(prompts_for(1, tokenizer=tokenizer))[0].context)
-    for awaited, steps in ((True, 1), (False, STEPS_PER_CALL)):
-        short = TurnRequest(context, 1, 1, (), request_id=f"short-{awaited}", awaited=awaited)
-        long = TurnRequest(context, 2, MAX_TOKENS, (), request_id=f"long-{awaited}", awaited=False)
-        answered = ray.get(actor.serve.remote([short, long]))
-        assert [r.request_id for r in answered] == [short.request_id]
-        held = ray.get(actor.abort_stream.remote())
-        # The long response ran as many engine steps as the call did: one token a step.
-        assert [(r.request_id, len(r.ids)) for r in held] == [(long.request_id, steps)]

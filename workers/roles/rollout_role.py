@@ -71,10 +71,9 @@ def build_sampling_spec(prompts: Batch, cfg: Config) -> SamplingSpec:
 
 
 STEPS_PER_CALL = 8
-"""Engine steps one ``serve`` call runs at most when none of them finishes an awaited request
-(:attr:`~rlframe.rollout.turns.TurnRequest.awaited`): a request that arrives meanwhile waits
-that long to join, and each call is one Ray RPC. A count, not a time, so the ranks of a
-tensor-parallel engine step alike."""
+"""Engine steps one ``serve`` call runs at most when none of them finishes a request: a
+request that arrives meanwhile waits that long to join, and each call is one Ray RPC. A count,
+not a time, so the ranks of a tensor-parallel engine step alike."""
 
 
 class RolloutRole:
@@ -98,8 +97,6 @@ class RolloutRole:
         """The broken-sync tolerance of the probe's mean gap, once noise is measured."""
         self.last_verdict: ProbeVerdict | None = None
         """The receiver check of the last sync, for the driver (``read_sync_check``)."""
-        self.awaited: set[str] = set()
-        """The stream's requests in the engine whose answer someone waits on."""
 
     def generate(self, prompts: Batch) -> Batch:
         """One sampled turn per row, in one engine call (the wire of
@@ -140,8 +137,8 @@ class RolloutRole:
 
     def serve(self, requests: list[TurnRequest]) -> list[TurnResult]:
         """The stream's call: queue ``requests`` into the running batch, then step the engine
-        until a step finishes an awaited request (or :data:`STEPS_PER_CALL` steps, or nothing
-        is left); the requests finished. Every rank of a tensor-parallel engine gets the same
+        until a step finishes some request (or :data:`STEPS_PER_CALL` steps, or nothing is
+        left); the requests finished. Every rank of a tensor-parallel engine gets the same
         calls, so they add and step alike."""
         if not (self.awake and self.weights_valid):
             raise RuntimeError("serve needs the rollout engine awake with loaded weights")
@@ -158,24 +155,17 @@ class RolloutRole:
                 top_k=r.top_k,
             )
             self.engine.add_request(r.request_id, r.context, r.seed, spec, list(r.images))
-            if r.awaited:
-                self.awaited.add(r.request_id)
         finished: list[tuple[str, RolloutSample]] = []
         for _ in range(STEPS_PER_CALL):
-            if not self.engine.has_unfinished():
+            if finished or not self.engine.has_unfinished():
                 break
-            done = self.engine.step()
-            finished += done
-            if any(request_id in self.awaited for request_id, _ in done):
-                break
-        self.awaited.difference_update(request_id for request_id, _ in finished)
+            finished = self.engine.step()
         return self.build_results(finished)
 
     def abort_stream(self) -> list[TurnResult]:
         """End every request of the stream now (a weight sync pauses the stream): each
         sampled one with its tokens so far and the version that sampled them, finish reason
         ``abort``. Its sampler can continue it as a new request (context + those tokens)."""
-        self.awaited.clear()
         return self.build_results(self.engine.abort())
 
     def build_results(self, samples: list[tuple[str, RolloutSample]]) -> list[TurnResult]:
