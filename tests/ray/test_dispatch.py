@@ -180,7 +180,9 @@ def test_rank_zero_method_that_raises_names_rank_zero(make_group) -> None:
 
 def test_dp_split_calls_need_batches_of_one_length(make_group) -> None:
     (group,) = make_group(2)
-    with pytest.raises(TypeError, match="a DP_SPLIT method needs at least one Batch argument"):
+    with pytest.raises(
+        TypeError, match="a DP_SPLIT method needs at least one Batch or TrainBatch argument"
+    ):
         group.scale_rows(torch.arange(4.0))
     with pytest.raises(
         ValueError, match=r"DP_SPLIT Batch arguments have different lengths: \[3, 4\]"
