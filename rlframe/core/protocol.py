@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
@@ -48,7 +48,47 @@ def as_column(values: Sequence[Any] | np.ndarray) -> np.ndarray:
     return column
 
 
-class Batch:
+class RowOps:
+    """The row operations both wire types share (:class:`Batch`, and
+    :class:`~rlframe.core.train_batch.TrainBatch`), written once over their ``rows`` and
+    ``len``."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def rows(self, index: Any) -> Self:
+        raise NotImplementedError
+
+    def chunk(self, n: int) -> list[Self]:
+        """Split into ``n`` consecutive parts; sizes differ by at most one, the larger first."""
+        if n < 1:
+            raise ValueError(f"chunk needs n >= 1, got {n}")
+        base, extra = divmod(len(self), n)
+        bounds = np.cumsum([0] + [base + (i < extra) for i in range(n)])
+        return [self.rows(slice(int(a), int(b))) for a, b in pairwise(bounds)]
+
+    def split(self, size: int) -> list[Self]:
+        """Consecutive parts of ``size`` rows (the last may be shorter)."""
+        if size < 1:
+            raise ValueError(f"split needs size >= 1, got {size}")
+        return [self.rows(slice(i, i + size)) for i in range(0, len(self), size)]
+
+    def pad_to_multiple(self, k: int) -> tuple[Self, int]:
+        """Append copies of the first rows until the length is a multiple of ``k``.
+
+        Returns the padded rows and the number of rows added, which the caller strips
+        from the results again.
+        """
+        pad = (-len(self)) % k
+        if pad == 0:
+            return self, 0
+        if len(self) == 0:
+            raise ValueError(f"cannot pad an empty {type(self).__name__}")
+        index = np.concatenate([np.arange(len(self)), np.arange(pad) % len(self)])
+        return self.rows(index), pad
+
+
+class Batch(RowOps):
     """Row-aligned tensors and columns plus batch-level metadata.
 
     Read a tensor with ``batch.tensor(key)`` and a column with ``batch.column(key)``: each
@@ -131,20 +171,6 @@ class Batch:
             columns = {k: v[idx.numpy()] for k, v in self.columns.items()}
         return Batch(tensors, columns, dict(self.meta))
 
-    def chunk(self, n: int) -> list[Batch]:
-        """Split into ``n`` consecutive parts; sizes differ by at most one, the larger first."""
-        if n < 1:
-            raise ValueError(f"chunk needs n >= 1, got {n}")
-        base, extra = divmod(len(self), n)
-        bounds = np.cumsum([0] + [base + (i < extra) for i in range(n)])
-        return [self.rows(slice(int(a), int(b))) for a, b in pairwise(bounds)]
-
-    def split(self, size: int) -> list[Batch]:
-        """Consecutive parts of ``size`` rows (the last may be shorter)."""
-        if size < 1:
-            raise ValueError(f"split needs size >= 1, got {size}")
-        return [self.rows(slice(i, i + size)) for i in range(0, len(self), size)]
-
     @staticmethod
     def concat(batches: Sequence[Batch]) -> Batch:
         """Rows of all batches in order. Keys must match; meta comes from the first batch."""
@@ -194,20 +220,6 @@ class Batch:
     def with_tensors(self, **tensors: torch.Tensor) -> Batch:
         """A new batch with these tensors added or replaced."""
         return Batch(self.tensors | tensors, dict(self.columns), dict(self.meta))
-
-    def pad_to_multiple(self, k: int) -> tuple[Batch, int]:
-        """Append copies of the first rows until the length is a multiple of ``k``.
-
-        Returns the padded batch and the number of rows added, which the caller strips
-        from the results again.
-        """
-        pad = (-len(self)) % k
-        if pad == 0:
-            return self, 0
-        if len(self) == 0:
-            raise ValueError("cannot pad an empty batch")
-        index = np.concatenate([np.arange(len(self)), np.arange(pad) % len(self)])
-        return self.rows(index), pad
 
 
 @dataclass

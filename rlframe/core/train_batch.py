@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from itertools import pairwise
 from typing import Any, Self, TypeVar
 
 import numpy as np
 import torch
 
-from rlframe.core.protocol import Batch
+from rlframe.core.protocol import Batch, RowOps
 
 T = TypeVar("T")
 
@@ -31,7 +30,7 @@ RowIndex = slice | Sequence[int] | torch.Tensor | np.ndarray
 
 
 @dataclass
-class TrainBatch:
+class TrainBatch(RowOps):
     """Rows of prompt + response grids and what the loss reads of them, row-aligned.
 
     Every field that is not None has one entry per row; the row operations (:meth:`rows`,
@@ -104,20 +103,6 @@ class TrainBatch:
             taken = {f.name: take(v, at) for f, v in self.present()}
         return dataclasses.replace(self, **taken)
 
-    def chunk(self, n: int) -> list[Self]:
-        """Split into ``n`` consecutive parts; sizes differ by at most one, the larger first."""
-        if n < 1:
-            raise ValueError(f"chunk needs n >= 1, got {n}")
-        base, extra = divmod(len(self), n)
-        bounds = np.cumsum([0] + [base + (i < extra) for i in range(n)])
-        return [self.rows(slice(int(a), int(b))) for a, b in pairwise(bounds)]
-
-    def split(self, size: int) -> list[Self]:
-        """Consecutive parts of ``size`` rows (the last may be shorter)."""
-        if size < 1:
-            raise ValueError(f"split needs size >= 1, got {size}")
-        return [self.rows(slice(i, i + size)) for i in range(0, len(self), size)]
-
     @classmethod
     def concat(cls, parts: Sequence[Self]) -> Self:
         """Rows of all parts in order. A field must be None in every part or in none."""
@@ -134,17 +119,6 @@ class TrainBatch:
                 torch.cat(column) if isinstance(column[0], torch.Tensor) else sum(column, [])
             )
         return cls(**values)
-
-    def pad_to_multiple(self, k: int) -> tuple[Self, int]:
-        """Append copies of the first rows until the length is a multiple of ``k``; returns
-        the padded batch and the number of rows added (the caller strips their results)."""
-        pad = (-len(self)) % k
-        if pad == 0:
-            return self, 0
-        if len(self) == 0:
-            raise ValueError("cannot pad an empty TrainBatch")
-        index = np.concatenate([np.arange(len(self)), np.arange(pad) % len(self)])
-        return self.rows(index), pad
 
 
 def take(value: torch.Tensor | list[Any], at: torch.Tensor) -> torch.Tensor | list[Any]:
