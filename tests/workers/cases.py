@@ -81,8 +81,11 @@ def build_role(model_path: str, cfg: Config) -> Any:  # a workers.roles.train_ro
     return TrainRole(cfg, model_path, "cpu", 1)
 
 
-def make_batch(seed: int = 0) -> TrainBatch:
-    """16 responses of ragged length (one empty) with random advantages."""
+def make_batch(
+    seed: int = 0, advantage_scale: float = 1.0, old: bool = True, ref: bool = True
+) -> TrainBatch:
+    """16 responses of ragged length (one empty) with random advantages (times
+    ``advantage_scale``) and, with ``old`` and ``ref``, random old and reference log-probs."""
     g = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(3, 40, (16, 4), generator=g)
     response_ids = torch.randint(3, 40, (16, 5), generator=g)
@@ -94,9 +97,10 @@ def make_batch(seed: int = 0) -> TrainBatch:
         response_ids=response_ids,
         response_mask=response_mask,
         loss_mask=response_mask,
-        advantages=torch.randn(16, 1, generator=g) * response_mask,
-        old_logprobs=-3.0 - torch.rand(16, 5, generator=g),
-        ref_logprobs=-3.0 - torch.rand(16, 5, generator=g),
+        advantages=torch.randn(16, 1, generator=g) * response_mask * advantage_scale,
+        # Drawn in this order, each only when asked: the earlier fields do not depend on it.
+        old_logprobs=-3.0 - torch.rand(16, 5, generator=g) if old else None,
+        ref_logprobs=-3.0 - torch.rand(16, 5, generator=g) if ref else None,
     )
 
 

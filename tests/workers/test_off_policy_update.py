@@ -23,6 +23,7 @@ from rlframe.config import (
     TrainerConfig,
 )
 from rlframe.core.train_batch import TrainBatch
+from tests.workers.cases import make_batch as make_ragged_batch
 from tests.workers.layout_cases import free_port, set_rank_env
 
 CLIP_LOW, CLIP_HIGH, CLIP_C = 0.2, 0.28, 3.0
@@ -53,17 +54,7 @@ def make_config(mode: str, **algorithm: float | str) -> Config:
 
 def make_batch() -> TrainBatch:
     """16 ragged responses (one empty) with random advantages of both signs."""
-    g = torch.Generator().manual_seed(5)
-    lengths = torch.tensor([5, 1, 3, 0, 2, 5, 4, 1, 5, 2, 3, 3, 1, 5, 4, 2])
-    mask = (torch.arange(5)[None] < lengths[:, None]).float()
-    return TrainBatch(
-        prompt_ids=torch.randint(3, 40, (16, 4), generator=g),
-        prompt_mask=torch.ones(16, 4, dtype=torch.long),
-        response_ids=torch.randint(3, 40, (16, 5), generator=g),
-        response_mask=mask,
-        loss_mask=mask,
-        advantages=torch.randn(16, 1, generator=g) * mask,
-    )
+    return make_ragged_batch(5, old=False, ref=False)
 
 
 def build_worker(model_path: str, cfg: Config):  # noqa: ANN201 (the worker class may move)

@@ -10,7 +10,6 @@ import math
 from dataclasses import replace
 
 import pytest
-import torch
 
 from rlframe.config import (
     ActorConfig,
@@ -22,6 +21,7 @@ from rlframe.config import (
     TrainerConfig,
 )
 from rlframe.core.train_batch import TrainBatch
+from tests.workers.cases import make_batch as make_ragged_batch
 from tests.workers.layout_cases import free_port, set_rank_env
 
 LR = 1e-3
@@ -45,18 +45,7 @@ def make_config(warmup_steps: int = 0, **algorithm: float | str) -> Config:
 
 def make_batch(advantage_scale: float = 1.0) -> TrainBatch:
     """16 ragged responses (one empty) with random advantages and old log-probs."""
-    g = torch.Generator().manual_seed(3)
-    lengths = torch.tensor([5, 1, 3, 0, 2, 5, 4, 1, 5, 2, 3, 3, 1, 5, 4, 2])
-    mask = (torch.arange(5)[None] < lengths[:, None]).float()
-    return TrainBatch(
-        prompt_ids=torch.randint(3, 40, (16, 4), generator=g),
-        prompt_mask=torch.ones(16, 4, dtype=torch.long),
-        response_ids=torch.randint(3, 40, (16, 5), generator=g),
-        response_mask=mask,
-        loss_mask=mask,
-        advantages=torch.randn(16, 1, generator=g) * mask * advantage_scale,
-        old_logprobs=-3.0 - torch.rand(16, 5, generator=g),
-    )
+    return make_ragged_batch(3, advantage_scale, ref=False)
 
 
 def build_worker(model_path: str, cfg: Config):  # noqa: ANN201 (the worker class may move)
