@@ -10,19 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlframe.agent_server import pick_agent
-from rlframe.config import Config, Placement
-from rlframe.controller.cluster import describe_cluster, resolve_device
-from rlframe.data.loader import PromptLoader
-from rlframe.loop.distillation import Distillation
-from rlframe.loop.sync_check import SyncCheck
-from rlframe.loop.trainer import Trainer
-from rlframe.loop.validation import Validator
+from rlframe.config import Config
+from rlframe.controller.cluster import RayStart, describe_cluster, import_ray, resolve_device
 from rlframe.observability import startup
 from rlframe.observability.logs import (
     DriverLogs,
@@ -30,22 +23,13 @@ from rlframe.observability.logs import (
     format_startup_summary,
     route_driver_logs,
 )
-from rlframe.observability.tracking import Tracker
-from rlframe.rewards.stage import RewardStage
-from rlframe.rollout import ExperienceProducer, Producer
 from rlframe.run.interrupts import install_interrupt_handlers
-from rlframe.run.judge import build_judge_stage
-from rlframe.state.checkpoint import (
-    Checkpointer,
-    read_driver_state,
-    truncate_run_logs,
-    write_hf_config,
-)
+from rlframe.state.checkpoint import read_driver_state, truncate_run_logs
 from rlframe.state.run_dir import lock_run_dir
 
 if TYPE_CHECKING:
-    from rlframe.controller.cluster import RayStart
-    from rlframe.core.tokenizer import Tokenizer
+    from rlframe.observability.tracking import Tracker
+    from rlframe.rollout import Producer
     from rlframe.run.pools import Launch, Workers
     from rlframe.run.preflight import RunInputs, WorkerInputs
 
@@ -77,18 +61,6 @@ def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> di
     return env
 
 
-def build_producer(
-    cfg: Config, workers: Workers, tokenizer: Tokenizer, loader: PromptLoader, rewards: RewardStage
-) -> tuple[Producer, Callable[[], int]]:
-    """The experience producer and the ``sync_weights`` the trainer calls (the producer learns
-    each new weights version from it). A separate rollout pool generates ahead while the
-    trainer trains, at ``rollout.max_staleness >= 1``."""
-    overlap = cfg.rollout.placement is Placement.separate and cfg.rollout.max_staleness > 0
-    agent = pick_agent(cfg.rollout.agent)
-    producer = ExperienceProducer(
-        cfg, workers.generate, tokenizer, loader, rewards, overlap, agent, workers.engine
-    )
-    return producer, producer.track_sync(workers.sync_weights)
 
 
 def describe_finished_run(history: list[dict[str, float]], out: Path) -> str:
@@ -142,12 +114,15 @@ def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]
     stops whatever had started, and the run ends with its one config-error line.
     """
     lock_run_dir(cfg.trainer.output_dir)  # held already when started from rlframe.main
+    import_ray(cfg.ray)
     # Before Ray starts: its start-up lines go to driver.log (logs/ is not a run file).
     logs = route_driver_logs(Path(cfg.trainer.output_dir), cfg.trainer.log_level)
     startup.DRIVER.mark("preflight")
     run = Started(logs)
     try:
         found, started_here = start_ray(cfg, resume_from, run)
+        from rlframe.run.assembly import build_loop, resume_and_push_weights
+
         out, device = open_run_dir(cfg, resume_from, found, started_here, logs)
         workers, inputs = start_pools(cfg, device, found, logs, run)
         trainer, checkpointer = build_loop(cfg, out, device, found, workers, inputs, run)
@@ -161,14 +136,17 @@ def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]
 
 
 def start_ray(cfg: Config, resume_from: Path | None, run: Started) -> tuple[WorkerInputs, bool]:
-    """Start or join Ray on a thread of its own and, meanwhile, check what the workers are
-    built from (plug-ins, worker classes, the model folder). Returns those inputs, and
-    whether this run started a local Ray."""
-    from rlframe.controller.cluster import RayStart
-    from rlframe.run.preflight import check_worker_inputs
+    """Start or join Ray on a thread of its own and, meanwhile, import the loop's modules and
+    check what the workers are built from (plug-ins, worker classes, the model folder).
+    Returns those inputs, and whether this run started a local Ray.
 
+    Ray's start comes first: the imports after it (torch, the loop, the worker classes) take
+    seconds of the driver's own, which Ray's processes would otherwise wait for."""
     run.ray = ray_start = RayStart(cfg.ray)
     startup.DRIVER.mark("ray")
+    import rlframe.run.assembly  # noqa: F401  (the heavy imports, while Ray starts)
+    from rlframe.run.preflight import check_worker_inputs
+
     found = check_worker_inputs(cfg, resume_from)
     startup.DRIVER.mark("preflight")
     started_here = ray_start.wait()
@@ -230,83 +208,8 @@ def start_pools(
     return workers, inputs
 
 
-def build_loop(
-    cfg: Config,
-    out: Path,
-    device: str,
-    found: WorkerInputs,
-    workers: Workers,
-    inputs: RunInputs,
-    run: Started,
-) -> tuple[Trainer, Checkpointer]:
-    """The loop's parts: the tracker, the prompt loader, the checkpointer, the reward stage,
-    the experience producer, the validator, and the trainer that drives them."""
-    tokenizer, val_records = inputs.tokenizer, inputs.val_records
-    actor, critic = workers.actor, workers.critic
-    t = cfg.trainer
-    run.tracker = tracker = Tracker(out, t.loggers, t.total_steps, cfg, t.project, t.experiment)
-    loader = PromptLoader(inputs.records, cfg.data.batch_size, t.seed)
-    checkpointer = build_checkpointer(cfg, out, found.model_path, tokenizer, workers)
-    judge = build_judge_stage(cfg, workers.served, found.served_paths.get("judge", ""))
-    rewards = RewardStage(cfg, tokenizer, workers.reward_model, judge)
-    experience, sync_weights = build_producer(cfg, workers, tokenizer, loader, rewards)
-    run.experience = experience
-    validator = (
-        Validator(val_records, cfg, tokenizer, experience.generate, rewards)
-        if val_records
-        else None
-    )
-    trainer = Trainer(
-        cfg,
-        actor,
-        critic,
-        experience,
-        sync_weights,
-        tracker,
-        checkpointer,
-        validator,
-        SyncCheck.for_run(cfg, device),
-        workers.read_sync_check,
-        build_distillation(cfg, workers, found, device),
-    )
-    return trainer, checkpointer
 
 
-def build_distillation(
-    cfg: Config, workers: Workers, found: WorkerInputs, device: str
-) -> Distillation | None:
-    """The teachers' stage, check and objective when ``distill`` names a teacher."""
-    if not cfg.distill.enabled:
-        return None
-    teachers = {name: m for name, m in workers.served.items() if name.startswith("teacher")}
-    return Distillation(cfg, teachers, found.served_paths, device)
 
 
-def build_checkpointer(
-    cfg: Config, out: Path, model_path: str, tokenizer: Tokenizer, workers: Workers
-) -> Checkpointer:
-    """Saves the actor's (and the critic's) state into the run directory, with the model's
-    Hugging Face config beside it."""
-    critic = workers.critic
-    return Checkpointer(
-        out,
-        cfg.trainer.keep_last,
-        {"actor": workers.actor} | ({"critic": critic} if critic is not None else {}),
-        lambda dest: write_hf_config(
-            model_path, tokenizer, dest, cfg.model.trust_remote_code, cfg.model.lora
-        ),
-        cfg.trainer.export_hf,
-    )
 
-
-def resume_and_push_weights(
-    trainer: Trainer, checkpointer: Checkpointer, resume_from: Path | None, workers: Workers
-) -> None:
-    """Load a resumed run's checkpoint; then a separate rollout pool, which loaded the model
-    itself, gets exactly the trainer's weights (the resumed ones, under their version)."""
-    if resume_from is not None:
-        trainer.load_state_dict(checkpointer.load(resume_from))
-        print(f"rlframe: resumed from {resume_from} at step {trainer.step_count}", flush=True)
-    if workers.push_current is not None:
-        workers.push_current()
-        startup.DRIVER.mark("first_sync")
