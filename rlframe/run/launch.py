@@ -61,8 +61,6 @@ def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> di
     return env
 
 
-
-
 def describe_finished_run(history: list[dict[str, float]], out: Path) -> str:
     """The run's last console line: steps, wall time, the reward trend, where outputs are."""
     wall = startup.DRIVER.total_since_origin()
@@ -206,10 +204,3 @@ def start_pools(
     inputs, seconds = checked[0]
     startup.DRIVER.attach("workers", {"driver checks": seconds, "placement": launch.placement_s})
     return workers, inputs
-
-
-
-
-
-
-
