@@ -23,11 +23,11 @@ from rlframe.observability.tracking import Tracker
 from rlframe.rewards.stage import RewardStage
 from rlframe.rollout import ExperienceProducer, Producer
 from rlframe.run.judge import build_judge_stage
+from rlframe.run.started import Started
 from rlframe.state.checkpoint import Checkpointer, write_hf_config
 
 if TYPE_CHECKING:
     from rlframe.core.tokenizer import Tokenizer
-    from rlframe.run.launch import Started
     from rlframe.run.pools import Workers
     from rlframe.run.preflight import RunInputs, WorkerInputs
 

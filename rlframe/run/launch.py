@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,13 +24,12 @@ from rlframe.observability.logs import (
     route_driver_logs,
 )
 from rlframe.run.interrupts import install_interrupt_handlers
+from rlframe.run.started import Started
 from rlframe.state.checkpoint import read_driver_state, truncate_run_logs
 from rlframe.state.run_dir import lock_run_dir
 
 if TYPE_CHECKING:
-    from rlframe.observability.tracking import Tracker
-    from rlframe.rollout import Producer
-    from rlframe.run.pools import Launch, Workers
+    from rlframe.run.pools import Workers
     from rlframe.run.preflight import RunInputs, WorkerInputs
 
 
@@ -73,30 +72,6 @@ def describe_finished_run(history: list[dict[str, float]], out: Path) -> str:
             f"{sum(tail) / len(tail):.3f} (last {len(tail)})"
         )
     return text + f"; outputs in {out.resolve()}"
-
-
-@dataclass
-class Started:
-    """What the run has started so far, each part recorded as soon as it exists, so that a
-    failure half-way still stops it. :meth:`close` is the run's teardown, in its order: the
-    experience producer, the tracker, the worker groups and pools, Ray, the log files."""
-
-    logs: DriverLogs
-    ray: RayStart | None = None
-    launch: Launch | None = None
-    tracker: Tracker | None = None
-    experience: Producer | None = None
-
-    def close(self) -> None:
-        if self.experience is not None:
-            self.experience.close()
-        if self.tracker is not None:
-            self.tracker.close()
-        if self.launch is not None:
-            self.launch.shutdown()
-        if self.ray is not None:
-            self.ray.stop()
-        self.logs.close()
 
 
 def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]]:
