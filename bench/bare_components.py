@@ -19,6 +19,7 @@ The shape is the issue's: 32 prompts x 8 responses of at most 32 tokens, one opt
 step, on ``tiny:0`` (a 2.4M Qwen2) and a wider random Qwen2 (``--wide``). Medians of steps 3 on.
 
     python bench/bare_components.py                  # tiny:0
+    python bench/bare_components.py --rounds 3       # bare and rlframe alternated, medians
     python bench/bare_components.py --models tiny wide
 """
 
@@ -274,6 +275,9 @@ def main() -> None:
     )
     parser.add_argument("--models", nargs="+", default=["tiny"], choices=["tiny", "wide"])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="bare + rlframe rounds, back to back (medians)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="the workers' cpus_per_proc")
     parser.add_argument("--ab-threads", type=int, default=1, help="threads of the A/B update")
     parser.add_argument("--ab-reps", type=int, default=6)
@@ -317,19 +321,45 @@ def main() -> None:
             print(name, bare, f"load {os.getloadavg()[0]:.2f}")
             continue
         common = [f"model.path={model}", f"trainer.cpus_per_proc={args.threads}"]
-        lock = run(here, common, args.steps, folder / f"{name}-lockstep", KEYS)
-        sync = run(
-            here, [*common, "rollout.max_staleness=1"], args.steps, folder / f"{name}-async", KEYS
-        )
-        forced = None
-        if args.forced_pass:
-            overrides = [
-                *common,
-                "rollout.max_staleness=1",
-                "algorithm.recompute_old_logprobs=true",
-            ]
-            forced = run(here, overrides, args.steps, folder / f"{name}-forced", KEYS)
-        report(f"{name} ({model})", bare, lock, sync, forced)
+        rounds = [measure_round(here, common, args, folder / f"{name}-0", bare)]
+        for r in range(1, args.rounds):
+            fresh = run_bare_child(model, args.steps, args.threads)
+            rounds.append(measure_round(here, common, args, folder / f"{name}-{r}", fresh))
+        report(f"{name} ({model})", *median_round(rounds))
+        if args.rounds > 1:
+            bound = [r[0]["gen"] + r[0]["update"] for r in rounds]
+            overlap = [max(r[0]["gen"], r[0]["update"]) for r in rounds]
+            print_ratios("lockstep / (gen + update)", [r[1] for r in rounds], bound)
+            print_ratios("async / max(gen, update)", [r[2] for r in rounds], overlap)
+
+
+def print_ratios(label: str, runs: list[dict[str, float]], bounds: list[float]) -> None:
+    """A step's ratio to its bound within each round (bare and rlframe back to back)."""
+    ratios = [run["timing_s/step"] / b for run, b in zip(runs, bounds, strict=True)]
+    shown = ", ".join(f"{x:.2f}" for x in ratios)
+    print(f"  {label} per round: {shown}; median {statistics.median(ratios):.2f}x")
+
+
+def measure_round(  # type: ignore[no-untyped-def]
+    here: str, common: list[str], args, out: Path, bare: dict[str, float]
+) -> tuple[dict[str, float], ...]:
+    """One round, right after its bare run: rlframe lockstep, async (and the forced pass)."""
+    lock = run(here, common, args.steps, out / "lockstep", KEYS)
+    sync = run(here, [*common, "rollout.max_staleness=1"], args.steps, out / "async", KEYS)
+    forced: dict[str, float] = {}
+    if args.forced_pass:
+        overrides = [*common, "rollout.max_staleness=1", "algorithm.recompute_old_logprobs=true"]
+        forced = run(here, overrides, args.steps, out / "forced", KEYS)
+    return bare, lock, sync, forced
+
+
+def median_round(rounds: list[tuple[dict[str, float], ...]]):  # type: ignore[no-untyped-def]
+    """Each figure's median over the rounds (the forced run: None when not measured)."""
+    merged = [
+        {key: statistics.median(run[i][key] for run in rounds) for key in rounds[0][i]}
+        for i in range(4)
+    ]
+    return merged[0], merged[1], merged[2], merged[3] or None
 
 
 if __name__ == "__main__":
