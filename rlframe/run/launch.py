@@ -109,15 +109,16 @@ def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]
 
 
 def start_ray(cfg: Config, resume_from: Path | None, run: Started) -> tuple[WorkerInputs, bool]:
-    """Start or join Ray on a thread of its own and, meanwhile, import the loop's modules and
-    check what the workers are built from (plug-ins, worker classes, the model folder).
-    Returns those inputs, and whether this run started a local Ray.
+    """Start or join Ray on a thread of its own and, meanwhile, check what the workers are
+    built from (plug-ins, worker classes, the model folder). Returns those inputs, and
+    whether this run started a local Ray.
 
-    Ray's start comes first: the imports after it (torch, the loop, the worker classes) take
-    seconds of the driver's own, which Ray's processes would otherwise wait for."""
+    Ray's start comes first: the worker classes' imports (torch) take seconds of the
+    driver's own, which overlap it. The loop's own modules (:mod:`rlframe.run.assembly`) are
+    imported later still, beside the workers' start (:func:`start_pools`): the workers need
+    none of them."""
     run.ray = ray_start = RayStart(cfg.ray)
     startup.DRIVER.mark("ray")
-    import rlframe.run.assembly  # noqa: F401  (the heavy imports, while Ray starts)
     from rlframe.run.preflight import check_worker_inputs
 
     found = check_worker_inputs(cfg, resume_from)
@@ -153,8 +154,9 @@ def open_run_dir(
 def start_pools(
     cfg: Config, device: str, found: WorkerInputs, logs: DriverLogs, run: Started
 ) -> tuple[Workers, RunInputs]:
-    """Place the pools and start the worker groups; the driver's own checks (tokenizer,
-    prompts) run while the workers construct. Returns the groups and the checked inputs."""
+    """Place the pools and start the worker groups; the loop's imports and the driver's own
+    checks (tokenizer, prompts) run while the workers construct. Returns the groups and the
+    checked inputs."""
     from rlframe.run.pools import Launch, start_workers
     from rlframe.run.preflight import check_driver_inputs
 
@@ -172,6 +174,8 @@ def start_pools(
 
     def check_while_workers_start() -> None:
         began = time.time()
+        import rlframe.run.assembly  # noqa: F401  (the loop's modules, beside the workers' start)
+
         checked.append((check_driver_inputs(cfg, found), time.time() - began))
 
     workers = start_workers(launch, check_while_workers_start)
