@@ -94,10 +94,10 @@ def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]
     run = Started(logs)
     try:
         found, started_here = start_ray(cfg, resume_from, run)
-        from rlframe.run.assembly import build_loop, resume_and_push_weights
-
         out, device = open_run_dir(cfg, resume_from, found, started_here, logs)
         workers, inputs = start_pools(cfg, device, found, logs, run)
+        from rlframe.run.assembly import build_loop, resume_and_push_weights
+
         trainer, checkpointer = build_loop(cfg, out, device, found, workers, inputs, run)
         resume_and_push_weights(trainer, checkpointer, resume_from, workers)
         startup.report_first_step(trainer.step_count + 1)
