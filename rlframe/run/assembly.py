@@ -1,8 +1,9 @@
 """The training loop's parts, built once the workers are up: the experience producer (with the
 reward stage), the checkpointer, the validator, the distillation stage and the trainer.
 
-:mod:`rlframe.run.launch` imports this module only after it has begun Ray's start: what it
-imports (torch, the loop, the rollout and agent code) takes seconds, which then overlap Ray's.
+:mod:`rlframe.run.launch` imports this module beside the workers' start, long after Ray's
+start began: what it imports (the loop, the rollout and agent code) takes seconds of the
+driver's, which the workers do not need.
 """
 
 from __future__ import annotations
