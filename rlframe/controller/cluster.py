@@ -88,7 +88,8 @@ class RayStart:
     """
 
     def __init__(self, cfg: RayConfig) -> None:
-        import_ray(cfg)
+        prepare_ray_environment(cfg)
+        import_ray_modules()
         self.began = time.time()
         self.seconds = 0.0
         """How long the start took, once it ended."""
@@ -132,11 +133,8 @@ class RayStart:
         self.thread.join()
 
 
-def import_ray(cfg: RayConfig) -> None:
-    """Set Ray's environment, then import what ``ray.init`` imports (Ray, and the dashboard's
-    packages it checks for). Importing Ray sets up its loggers (a handler straight to stderr):
-    :func:`rlframe.observability.logs.route_driver_logs` takes them over, so it comes after."""
-    prepare_ray_environment(cfg)
+def import_ray_modules() -> None:
+    """What ``ray.init`` imports (Ray, and the dashboard's packages it checks for)."""
     import ctypes  # noqa: F401
     import gzip  # noqa: F401
 
