@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from grpo_step import run
 
@@ -327,22 +328,35 @@ def main() -> None:
             rounds.append(measure_round(here, common, args, folder / f"{name}-{r}", fresh))
         report(f"{name} ({model})", *median_round(rounds))
         if args.rounds > 1:
-            bound = [r[0]["gen"] + r[0]["update"] for r in rounds]
-            overlap = [max(r[0]["gen"], r[0]["update"]) for r in rounds]
-            print_ratios("lockstep / (gen + update)", [r[1] for r in rounds], bound)
-            print_ratios("async / max(gen, update)", [r[2] for r in rounds], overlap)
+            print_ratios("lockstep / (gen + update)", [r.lock_ratio() for r in rounds])
+            print_ratios("async / max(gen, update)", [r.async_ratio() for r in rounds])
 
 
-def print_ratios(label: str, runs: list[dict[str, float]], bounds: list[float]) -> None:
-    """A step's ratio to its bound within each round (bare and rlframe back to back)."""
-    ratios = [run["timing_s/step"] / b for run, b in zip(runs, bounds, strict=True)]
+class Round(NamedTuple):
+    """One round's runs, back to back: the bare components, then rlframe's (``forced``: the
+    async run with the old-log-prob pass forced; empty when not measured)."""
+
+    bare: dict[str, float]
+    lock: dict[str, float]
+    sync: dict[str, float]
+    forced: dict[str, float]
+
+    def lock_ratio(self) -> float:
+        return self.lock["timing_s/step"] / (self.bare["gen"] + self.bare["update"])
+
+    def async_ratio(self) -> float:
+        return self.sync["timing_s/step"] / max(self.bare["gen"], self.bare["update"])
+
+
+def print_ratios(label: str, ratios: list[float]) -> None:
+    """A step's ratio to its bound in each round, and their median."""
     shown = ", ".join(f"{x:.2f}" for x in ratios)
     print(f"  {label} per round: {shown}; median {statistics.median(ratios):.2f}x")
 
 
 def measure_round(  # type: ignore[no-untyped-def]
     here: str, common: list[str], args, out: Path, bare: dict[str, float]
-) -> tuple[dict[str, float], ...]:
+) -> Round:
     """One round, right after its bare run: rlframe lockstep, async (and the forced pass)."""
     lock = run(here, common, args.steps, out / "lockstep", KEYS)
     sync = run(here, [*common, "rollout.max_staleness=1"], args.steps, out / "async", KEYS)
@@ -350,16 +364,17 @@ def measure_round(  # type: ignore[no-untyped-def]
     if args.forced_pass:
         overrides = [*common, "rollout.max_staleness=1", "algorithm.recompute_old_logprobs=true"]
         forced = run(here, overrides, args.steps, out / "forced", KEYS)
-    return bare, lock, sync, forced
+    return Round(bare, lock, sync, forced)
 
 
-def median_round(rounds: list[tuple[dict[str, float], ...]]):  # type: ignore[no-untyped-def]
-    """Each figure's median over the rounds (the forced run: None when not measured)."""
-    merged = [
-        {key: statistics.median(run[i][key] for run in rounds) for key in rounds[0][i]}
-        for i in range(4)
-    ]
-    return merged[0], merged[1], merged[2], merged[3] or None
+def median_round(rounds: list[Round]) -> tuple[dict[str, float], ...]:
+    """Each figure's median over the rounds, as :func:`report` takes them (the forced run:
+    None when not measured)."""
+    bare, lock, sync, forced = (
+        {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        for runs in zip(*rounds, strict=True)
+    )
+    return bare, lock, sync, forced or None  # type: ignore[return-value]
 
 
 if __name__ == "__main__":
