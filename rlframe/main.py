@@ -219,12 +219,12 @@ def run(cfg: Config) -> None:
 
 def launch(cfg: Config, resume_from: Path | None) -> None:
     """:func:`rlframe.run.launch.run_training` (``resume_from``: what the checks before Ray
-    resolved), each way it can end turned into its console line and exit status."""
-    from rlframe.controller.placement import PlacementError
-    from rlframe.controller.worker_group import WorkerError
-    from rlframe.envs import EnvError
+    resolved), each way it can end turned into its console line and exit status.
+
+    Nothing here imports torch: the launcher starts Ray before its heavy imports, so that
+    they overlap Ray's start. The failures whose classes live beside torch (a worker's, an
+    env's) are recognised by :func:`is_reported_failure` once one is caught."""
     from rlframe.loop.sync_check import BROKEN_SYNC_EXIT, BrokenSyncError, describe_broken_sync
-    from rlframe.rewards import RewardError
     from rlframe.run.interrupts import Interrupted, describe_position, find_interruption
     from rlframe.run.launch import run_training
     from rlframe.state.save_failures import (
@@ -245,12 +245,12 @@ def launch(cfg: Config, resume_from: Path | None) -> None:
     except BrokenSyncError as e:
         say_error(describe_broken_sync(e, cfg.trainer.output_dir))
         sys.exit(BROKEN_SYNC_EXIT)
-    except (WorkerError, RewardError, EnvError, PlacementError) as e:
-        say_error(f"rlframe: {e}")
-        sys.exit(1)
     except Interrupted as e:
         exit_interrupted(cfg, e)
     except Exception as e:
+        if is_reported_failure(e):
+            say_error(f"rlframe: {e}")
+            sys.exit(1)
         interrupted = find_interruption(e)
         if interrupted is not None:
             exit_interrupted(cfg, interrupted)
@@ -262,6 +262,19 @@ def launch(cfg: Config, resume_from: Path | None) -> None:
         out = cfg.trainer.output_dir
         say_error(describe_full_disk(full, out, *describe_position(out)))
         sys.exit(DISK_FULL_EXIT)
+
+
+def is_reported_failure(error: Exception) -> bool:
+    """A failure that carries its own one-line message (role, rank and method; the env, sample
+    and turn; the placement the cluster cannot hold): a worker's, a reward's, an env's or the
+    placement's. Imported here, when one is caught: the worker group's and the envs' modules
+    import torch."""
+    from rlframe.controller.placement import PlacementError
+    from rlframe.controller.worker_group import WorkerError
+    from rlframe.envs import EnvError
+    from rlframe.rewards import RewardError
+
+    return isinstance(error, WorkerError | RewardError | EnvError | PlacementError)
 
 
 def exit_interrupted(cfg: Config, interrupted: Interrupted) -> NoReturn:

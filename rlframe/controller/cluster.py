@@ -88,8 +88,7 @@ class RayStart:
     """
 
     def __init__(self, cfg: RayConfig) -> None:
-        prepare_ray_environment(cfg)
-        import_ray_modules()
+        import_ray(cfg)
         self.began = time.time()
         self.seconds = 0.0
         """How long the start took, once it ended."""
@@ -133,8 +132,11 @@ class RayStart:
         self.thread.join()
 
 
-def import_ray_modules() -> None:
-    """What ``ray.init`` imports (Ray, and the dashboard's packages it checks for)."""
+def import_ray(cfg: RayConfig) -> None:
+    """Set Ray's environment, then import what ``ray.init`` imports (Ray, and the dashboard's
+    packages it checks for). Importing Ray sets up its loggers (a handler straight to stderr):
+    :func:`rlframe.observability.logs.route_driver_logs` takes them over, so it comes after."""
+    prepare_ray_environment(cfg)
     import ctypes  # noqa: F401
     import gzip  # noqa: F401
 

@@ -10,19 +10,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlframe.agent_server import pick_agent
-from rlframe.config import Config, Placement
-from rlframe.controller.cluster import describe_cluster, resolve_device
-from rlframe.data.loader import PromptLoader
-from rlframe.loop.distillation import Distillation
-from rlframe.loop.sync_check import SyncCheck
-from rlframe.loop.trainer import Trainer
-from rlframe.loop.validation import Validator
+from rlframe.config import Config
+from rlframe.controller.cluster import RayStart, describe_cluster, import_ray, resolve_device
 from rlframe.observability import startup
 from rlframe.observability.logs import (
     DriverLogs,
@@ -30,23 +23,13 @@ from rlframe.observability.logs import (
     format_startup_summary,
     route_driver_logs,
 )
-from rlframe.observability.tracking import Tracker
-from rlframe.rewards.stage import RewardStage
-from rlframe.rollout import ExperienceProducer, Producer
 from rlframe.run.interrupts import install_interrupt_handlers
-from rlframe.run.judge import build_judge_stage
-from rlframe.state.checkpoint import (
-    Checkpointer,
-    read_driver_state,
-    truncate_run_logs,
-    write_hf_config,
-)
+from rlframe.run.started import Started
+from rlframe.state.checkpoint import read_driver_state, truncate_run_logs
 from rlframe.state.run_dir import lock_run_dir
 
 if TYPE_CHECKING:
-    from rlframe.controller.cluster import RayStart
-    from rlframe.core.tokenizer import Tokenizer
-    from rlframe.run.pools import Launch, Workers
+    from rlframe.run.pools import Workers
     from rlframe.run.preflight import RunInputs, WorkerInputs
 
 
@@ -77,20 +60,6 @@ def worker_env(cfg: Config, device: str, cpus_per_proc: int | None = None) -> di
     return env
 
 
-def build_producer(
-    cfg: Config, workers: Workers, tokenizer: Tokenizer, loader: PromptLoader, rewards: RewardStage
-) -> tuple[Producer, Callable[[], int]]:
-    """The experience producer and the ``sync_weights`` the trainer calls (the producer learns
-    each new weights version from it). A separate rollout pool generates ahead while the
-    trainer trains, at ``rollout.max_staleness >= 1``."""
-    overlap = cfg.rollout.placement is Placement.separate and cfg.rollout.max_staleness > 0
-    agent = pick_agent(cfg.rollout.agent)
-    producer = ExperienceProducer(
-        cfg, workers.generate, tokenizer, loader, rewards, overlap, agent, workers.engine
-    )
-    return producer, producer.track_sync(workers.sync_weights)
-
-
 def describe_finished_run(history: list[dict[str, float]], out: Path) -> str:
     """The run's last console line: steps, wall time, the reward trend, where outputs are."""
     wall = startup.DRIVER.total_since_origin()
@@ -103,30 +72,6 @@ def describe_finished_run(history: list[dict[str, float]], out: Path) -> str:
             f"{sum(tail) / len(tail):.3f} (last {len(tail)})"
         )
     return text + f"; outputs in {out.resolve()}"
-
-
-@dataclass
-class Started:
-    """What the run has started so far, each part recorded as soon as it exists, so that a
-    failure half-way still stops it. :meth:`close` is the run's teardown, in its order: the
-    experience producer, the tracker, the worker groups and pools, Ray, the log files."""
-
-    logs: DriverLogs
-    ray: RayStart | None = None
-    launch: Launch | None = None
-    tracker: Tracker | None = None
-    experience: Producer | None = None
-
-    def close(self) -> None:
-        if self.experience is not None:
-            self.experience.close()
-        if self.tracker is not None:
-            self.tracker.close()
-        if self.launch is not None:
-            self.launch.shutdown()
-        if self.ray is not None:
-            self.ray.stop()
-        self.logs.close()
 
 
 def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]]:
@@ -142,6 +87,7 @@ def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]
     stops whatever had started, and the run ends with its one config-error line.
     """
     lock_run_dir(cfg.trainer.output_dir)  # held already when started from rlframe.main
+    import_ray(cfg.ray)
     # Before Ray starts: its start-up lines go to driver.log (logs/ is not a run file).
     logs = route_driver_logs(Path(cfg.trainer.output_dir), cfg.trainer.log_level)
     startup.DRIVER.mark("preflight")
@@ -150,6 +96,8 @@ def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]
         found, started_here = start_ray(cfg, resume_from, run)
         out, device = open_run_dir(cfg, resume_from, found, started_here, logs)
         workers, inputs = start_pools(cfg, device, found, logs, run)
+        from rlframe.run.assembly import build_loop, resume_and_push_weights
+
         trainer, checkpointer = build_loop(cfg, out, device, found, workers, inputs, run)
         resume_and_push_weights(trainer, checkpointer, resume_from, workers)
         startup.report_first_step(trainer.step_count + 1)
@@ -163,12 +111,16 @@ def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]
 def start_ray(cfg: Config, resume_from: Path | None, run: Started) -> tuple[WorkerInputs, bool]:
     """Start or join Ray on a thread of its own and, meanwhile, check what the workers are
     built from (plug-ins, worker classes, the model folder). Returns those inputs, and
-    whether this run started a local Ray."""
-    from rlframe.controller.cluster import RayStart
-    from rlframe.run.preflight import check_worker_inputs
+    whether this run started a local Ray.
 
+    Ray's start comes first: the worker classes' imports (torch) take seconds of the
+    driver's own, which overlap it. The loop's own modules (:mod:`rlframe.run.assembly`) are
+    imported later still, beside the workers' start (:func:`start_pools`): the workers need
+    none of them."""
     run.ray = ray_start = RayStart(cfg.ray)
     startup.DRIVER.mark("ray")
+    from rlframe.run.preflight import check_worker_inputs
+
     found = check_worker_inputs(cfg, resume_from)
     startup.DRIVER.mark("preflight")
     started_here = ray_start.wait()
@@ -202,8 +154,9 @@ def open_run_dir(
 def start_pools(
     cfg: Config, device: str, found: WorkerInputs, logs: DriverLogs, run: Started
 ) -> tuple[Workers, RunInputs]:
-    """Place the pools and start the worker groups; the driver's own checks (tokenizer,
-    prompts) run while the workers construct. Returns the groups and the checked inputs."""
+    """Place the pools and start the worker groups; the loop's imports and the driver's own
+    checks (tokenizer, prompts) run while the workers construct. Returns the groups and the
+    checked inputs."""
     from rlframe.run.pools import Launch, start_workers
     from rlframe.run.preflight import check_driver_inputs
 
@@ -221,6 +174,8 @@ def start_pools(
 
     def check_while_workers_start() -> None:
         began = time.time()
+        import rlframe.run.assembly  # noqa: F401  (the loop's modules, beside the workers' start)
+
         checked.append((check_driver_inputs(cfg, found), time.time() - began))
 
     workers = start_workers(launch, check_while_workers_start)
@@ -228,85 +183,3 @@ def start_pools(
     inputs, seconds = checked[0]
     startup.DRIVER.attach("workers", {"driver checks": seconds, "placement": launch.placement_s})
     return workers, inputs
-
-
-def build_loop(
-    cfg: Config,
-    out: Path,
-    device: str,
-    found: WorkerInputs,
-    workers: Workers,
-    inputs: RunInputs,
-    run: Started,
-) -> tuple[Trainer, Checkpointer]:
-    """The loop's parts: the tracker, the prompt loader, the checkpointer, the reward stage,
-    the experience producer, the validator, and the trainer that drives them."""
-    tokenizer, val_records = inputs.tokenizer, inputs.val_records
-    actor, critic = workers.actor, workers.critic
-    t = cfg.trainer
-    run.tracker = tracker = Tracker(out, t.loggers, t.total_steps, cfg, t.project, t.experiment)
-    loader = PromptLoader(inputs.records, cfg.data.batch_size, t.seed)
-    checkpointer = build_checkpointer(cfg, out, found.model_path, tokenizer, workers)
-    judge = build_judge_stage(cfg, workers.served, found.served_paths.get("judge", ""))
-    rewards = RewardStage(cfg, tokenizer, workers.reward_model, judge)
-    experience, sync_weights = build_producer(cfg, workers, tokenizer, loader, rewards)
-    run.experience = experience
-    validator = (
-        Validator(val_records, cfg, tokenizer, experience.generate, rewards)
-        if val_records
-        else None
-    )
-    trainer = Trainer(
-        cfg,
-        actor,
-        critic,
-        experience,
-        sync_weights,
-        tracker,
-        checkpointer,
-        validator,
-        SyncCheck.for_run(cfg, device),
-        workers.read_sync_check,
-        build_distillation(cfg, workers, found, device),
-    )
-    return trainer, checkpointer
-
-
-def build_distillation(
-    cfg: Config, workers: Workers, found: WorkerInputs, device: str
-) -> Distillation | None:
-    """The teachers' stage, check and objective when ``distill`` names a teacher."""
-    if not cfg.distill.enabled:
-        return None
-    teachers = {name: m for name, m in workers.served.items() if name.startswith("teacher")}
-    return Distillation(cfg, teachers, found.served_paths, device)
-
-
-def build_checkpointer(
-    cfg: Config, out: Path, model_path: str, tokenizer: Tokenizer, workers: Workers
-) -> Checkpointer:
-    """Saves the actor's (and the critic's) state into the run directory, with the model's
-    Hugging Face config beside it."""
-    critic = workers.critic
-    return Checkpointer(
-        out,
-        cfg.trainer.keep_last,
-        {"actor": workers.actor} | ({"critic": critic} if critic is not None else {}),
-        lambda dest: write_hf_config(
-            model_path, tokenizer, dest, cfg.model.trust_remote_code, cfg.model.lora
-        ),
-        cfg.trainer.export_hf,
-    )
-
-
-def resume_and_push_weights(
-    trainer: Trainer, checkpointer: Checkpointer, resume_from: Path | None, workers: Workers
-) -> None:
-    """Load a resumed run's checkpoint; then a separate rollout pool, which loaded the model
-    itself, gets exactly the trainer's weights (the resumed ones, under their version)."""
-    if resume_from is not None:
-        trainer.load_state_dict(checkpointer.load(resume_from))
-        print(f"rlframe: resumed from {resume_from} at step {trainer.step_count}", flush=True)
-    if workers.push_current is not None:
-        workers.push_current()
-        startup.DRIVER.mark("first_sync")

@@ -150,7 +150,7 @@ def test_staleness_zero_gives_the_lockstep_batches() -> None:
 def test_launcher_builds_one_producer(placement: str, agent: str) -> None:
     """One producer at any staleness and for any agent; only a separate pool at k >= 1 runs
     its calls ahead on a thread. The sync the trainer gets records each new version."""
-    from rlframe.run.launch import build_producer
+    from rlframe.run.assembly import build_producer
 
     engine = Engine()
     base = make_producer(engine, k=0, chunk=0)

@@ -219,3 +219,60 @@ def test_a_model_folder_without_loadable_weights_fails_in_preflight(tmp_path: Pa
     weights.unlink()
     with pytest.raises(ConfigError, match=r"model.path: .* has a config.json but no weights"):
         load_model_files(cfg)
+
+
+def reported_failures() -> list[Exception]:
+    from rlframe.controller.placement import PlacementError
+    from rlframe.controller.worker_group import WorkerError
+    from rlframe.envs import EnvError
+    from rlframe.rewards import RewardError
+
+    return [
+        WorkerError("actor", 1, "update", "the process died", died=True),
+        RewardError("reward fn char_match raised on sample 3: ValueError: bad"),
+        EnvError("env countdown: step raised on sample 2, turn 1: KeyError"),
+        PlacementError("the actor pool needs 4 CPUs per bundle; the largest node has 2"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(4), ids=["worker", "reward", "env", "placement"])
+def test_a_failure_with_its_own_message_ends_the_run_in_that_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, index: int
+) -> None:
+    """rlframe.main recognises the failures whose classes import torch only once one is caught
+    (the launcher starts Ray before torch is imported): each still ends the run with exit 1
+    and its own line, no traceback."""
+    import rlframe.run.launch
+    from tests.harness import call_main, release_all_run_dirs
+
+    error = reported_failures()[index]
+
+    def fail(cfg: object, resume_from: Path | None) -> list[dict[str, float]]:
+        raise error
+
+    monkeypatch.setattr(rlframe.run.launch, "run_training", fail)
+    try:
+        code, _, stderr = call_main(["+recipe=grpo_tiny", f"trainer.output_dir={tmp_path}/run"])
+    finally:
+        release_all_run_dirs()
+    assert code == 1
+    assert stderr.strip().splitlines() == [f"rlframe: {error}"]
+
+
+def test_an_unexpected_failure_keeps_its_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug is not dressed as a reported failure: its traceback reaches the console."""
+    import rlframe.run.launch
+    from tests.harness import call_main, release_all_run_dirs
+
+    def fail(cfg: object, resume_from: Path | None) -> list[dict[str, float]]:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(rlframe.run.launch, "run_training", fail)
+    try:
+        code, _, stderr = call_main(["+recipe=grpo_tiny", f"trainer.output_dir={tmp_path}/run"])
+    finally:
+        release_all_run_dirs()
+    assert code != 0
+    assert "Traceback" in stderr and "ZeroDivisionError: a bug" in stderr

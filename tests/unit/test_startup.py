@@ -3,6 +3,8 @@ the process's own start as the first run's origin, and the run's closing line.""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -53,3 +55,15 @@ def test_the_closing_line_gives_steps_wall_time_reward_trend_and_outputs(tmp_pat
         f"outputs in {tmp_path}"
     )
     assert describe_finished_run([], tmp_path).startswith("rlframe: done: 0 step(s) in 42 s;")
+
+
+def test_the_launcher_starts_ray_before_the_heavy_imports() -> None:
+    """rlframe.main and the launcher import no torch, transformers or vLLM: run_training
+    begins Ray's start before it imports the loop (rlframe.run.assembly), so those seconds
+    overlap Ray's. A heavy import moved back to the top of either module fails this."""
+    probe = (
+        "import sys, rlframe.main, rlframe.run.launch; "
+        "print([m for m in ('torch', 'transformers', 'vllm') if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
