@@ -121,15 +121,52 @@ class RayStart:
         return self.started
 
     def stop(self) -> None:
-        """Once the start has ended (a failed check may come while Ray is still starting),
-        shut down the Ray this run started and end the thread."""
-        self.ready.wait()
+        """Shut down the Ray this run started and end the thread. A stop that comes while Ray
+        is still starting (a check failed meanwhile, or a signal came) does not wait seconds
+        for the start to end before it shuts Ray down: it :meth:`abandon` s the start."""
+        if not self.ready.is_set():
+            self.abandon()
+            return
         if self.started:
             import ray
 
             ray.shutdown()
         self.release.set()
         self.thread.join()
+
+    def abandon(self) -> None:
+        """Kill the processes a local start has begun so far; without its GCS the start soon
+        fails. They are looked for once more after a short wait: one begun in between is
+        killed too, and one begun later still dies with this process, which ends next (Ray
+        ties the processes it starts to the starting thread's life)."""
+        kill_ray_processes()
+        if not self.ready.wait(ABANDON_WAIT_S):
+            kill_ray_processes()
+        self.release.set()
+
+
+ABANDON_WAIT_S = 0.5
+"""How long an abandoned start is given to fail before its processes are looked for again."""
+
+
+def kill_ray_processes() -> None:
+    """SIGKILL this process's descendants that are Ray's: its binaries and scripts (GCS,
+    raylet, dashboard, monitors) and the agents that name themselves ``ray::``."""
+    import psutil
+    import ray
+
+    package = os.path.dirname(ray.__file__)
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmdline = child.cmdline()
+            if (
+                cmdline[:1]
+                and cmdline[0].startswith("ray::")
+                or any(package in part for part in cmdline)
+            ):
+                child.kill()
+        except psutil.Error:  # gone meanwhile
+            continue
 
 
 def import_ray(cfg: RayConfig) -> None:

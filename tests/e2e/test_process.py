@@ -21,8 +21,10 @@ import re
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import pytest
@@ -114,27 +116,38 @@ def test_a_signal_during_worker_start_up_stops_with_one_line(
 
 def test_a_signal_before_ray_stops_with_one_line(tmp_path: Path) -> None:
     """Ctrl-C while Hydra composes the config, while the checks before Ray run, or while the
-    launcher imports torch and Ray (a traceback of KeyboardInterrupt or Interrupted, exit 1,
-    until issue 46): one line, exit 130, at once."""
+    launcher imports torch with Ray starting beside it (a traceback of KeyboardInterrupt or
+    Interrupted, exit 1, until issue 46): one line, exit 130, at once, and nothing of the Ray
+    that was starting left alive (the stop kills what its start had begun, issue 47)."""
     for delay in (2.5, 4.0):  # before 1 s, Python itself is still importing Hydra
         out = tmp_path / f"run_{delay}"
         command = cli_command("+recipe=grpo_tiny", f"trainer.output_dir={out}")
         proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
         )
-        time.sleep(delay)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=60)
-        stopped_in = time.monotonic() - sent
-        print(f"signal after {delay} s: exit {proc.returncode} {stopped_in:.1f} s later")
-        assert proc.returncode == 130, err[-3000:]
-        assert err.strip().splitlines() == [
+        sent: list[float] = []
+
+        def interrupt(proc: subprocess.Popen[str] = proc) -> None:
+            sent.append(time.monotonic())
+            proc.send_signal(signal.SIGINT)
+
+        timer = threading.Timer(delay, interrupt)
+        timer.start()
+        watched = watch_process_tree(proc)  # the processes Ray starts, until the driver exits
+        timer.cancel()
+        stopped_in = watched.exited_at - sent[0]
+        print(
+            f"signal after {delay} s: exit {proc.returncode} {stopped_in:.1f} s later; "
+            f"processes seen: {watched.names}; left: {watched.left}"
+        )
+        assert proc.returncode == 130, watched.err[-3000:]
+        assert watched.err.strip().splitlines() == [
             "rlframe: interrupted before step 1 finished; the same command starts again"
-        ], err[-3000:]
+        ], watched.err[-3000:]
         # 1-3 s quiet; 9.9 s once at load 8 (the local Ray that had started stopping with it).
         # The bound tells a stop from a hang, not a fast stop from a slow one.
-        assert stopped_in < 20.0 and "Traceback" not in rest + err
+        assert stopped_in < 20.0 and "Traceback" not in watched.out + watched.err
+        assert not watched.left
 
 
 @pytest.mark.parametrize(
@@ -157,26 +170,7 @@ def test_a_check_failing_during_start_up_stops_everything_in_one_line(
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()
     )
-    seen: dict[psutil.Process, str] = {}
-    try:
-        while proc.poll() is None:
-            try:
-                # Named again each time: a child is the driver's ``python3`` until its exec.
-                seen |= {p: p.name() for p in process_tree(proc.pid)[1:]}
-            except psutil.NoSuchProcess:
-                continue  # one ended between the listing and its name: list again
-            time.sleep(0.05)
-        out, err = proc.communicate(timeout=60)
-        deadline = time.monotonic() + 20
-        while any(not is_gone(p) for p in seen) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = sorted((p.pid, name) for p, name in seen.items() if not is_gone(p))
-    finally:
-        proc.kill()
-        for process in seen:
-            if not is_gone(process):
-                process.kill()
-    names = sorted(set(seen.values()))
+    out, err, names, left, _ = watch_process_tree(proc)
     print(f"{override}: exit {proc.returncode}; processes seen: {names}; left: {left}")
     assert proc.returncode == 2, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip()]
@@ -257,6 +251,43 @@ def listening_addresses(pids: set[int]) -> list[tuple[str, int, str]]:
         if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
             found.append((conn.laddr.ip, conn.laddr.port, psutil.Process(conn.pid).name()))
     return found
+
+
+class Watched(NamedTuple):
+    """A driver watched until it exited: its output, the names of every process seen below
+    it, those still alive some seconds after it exited, and when it exited (monotonic)."""
+
+    out: str
+    err: str
+    names: list[str]
+    left: list[tuple[int, str]]
+    exited_at: float
+
+
+def watch_process_tree(proc: subprocess.Popen[str], after_exit_s: float = 20.0) -> Watched:
+    """Watch the driver's process tree until it exits, then give what it left alive
+    ``after_exit_s`` to end."""
+    seen: dict[psutil.Process, str] = {}
+    try:
+        while proc.poll() is None:
+            try:
+                # Named again each time: a child is the driver's ``python3`` until its exec.
+                seen |= {p: p.name() for p in process_tree(proc.pid)[1:]}
+            except psutil.NoSuchProcess:
+                continue  # one ended between the listing and its name: list again
+            time.sleep(0.05)
+        exited_at = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        deadline = time.monotonic() + after_exit_s
+        while any(not is_gone(p) for p in seen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = sorted((p.pid, name) for p, name in seen.items() if not is_gone(p))
+    finally:
+        proc.kill()
+        for process in seen:
+            if not is_gone(process):
+                process.kill()
+    return Watched(out, err, sorted(set(seen.values())), left, exited_at)
 
 
 def process_tree(root: int) -> list[psutil.Process]:
