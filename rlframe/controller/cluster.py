@@ -81,7 +81,8 @@ class RayStart:
     processes start (most of that time the driver only waits for them).
 
     The thread lives until :meth:`stop`: Ray ties the processes it starts to the life of the
-    thread that started them (``PR_SET_PDEATHSIG``), so they would be killed with it. The
+    thread that started them (``PR_SET_PDEATHSIG``), so they would be killed with it (a stop
+    during the start kills them itself, :meth:`abandon`). The
     modules ``ray.init`` imports are imported first, on the calling thread: two threads
     importing one package at once can see it half initialised (or deadlock), and the checks
     import users' plug-in files, which may share a package with Ray.
