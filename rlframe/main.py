@@ -236,24 +236,25 @@ def launch(cfg: Config, resume_from: Path | None) -> None:
 
     try:
         run_training(cfg, resume_from)  # checks the rest while Ray and the workers start
-    except ConfigError as e:
-        say_error(f"rlframe: config error: {e}")
-        sys.exit(2)
-    except CheckpointError as e:
-        say_error(f"rlframe: {e}")
-        sys.exit(DISK_FULL_EXIT if e.disk_full else 1)
-    except BrokenSyncError as e:
-        say_error(describe_broken_sync(e, cfg.trainer.output_dir))
-        sys.exit(BROKEN_SYNC_EXIT)
     except Interrupted as e:
         exit_interrupted(cfg, e)
     except Exception as e:
-        if is_reported_failure(e):
-            say_error(f"rlframe: {e}")
-            sys.exit(1)
+        # First: after a signal, a failure is the signal's (an import it cut short).
         interrupted = find_interruption(e)
         if interrupted is not None:
             exit_interrupted(cfg, interrupted)
+        if isinstance(e, ConfigError):
+            say_error(f"rlframe: config error: {e}")
+            sys.exit(2)
+        if isinstance(e, CheckpointError):
+            say_error(f"rlframe: {e}")
+            sys.exit(DISK_FULL_EXIT if e.disk_full else 1)
+        if isinstance(e, BrokenSyncError):
+            say_error(describe_broken_sync(e, cfg.trainer.output_dir))
+            sys.exit(BROKEN_SYNC_EXIT)
+        if is_reported_failure(e):
+            say_error(f"rlframe: {e}")
+            sys.exit(1)
         # A full disk anywhere in the run directory (metrics.jsonl, rollouts.jsonl, a resume
         # config, TensorBoard events) is the user's to fix, not a bug: one line, no traceback.
         full = find_full_disk(e)

@@ -39,9 +39,12 @@ RECEIVED: list[int] = []
 
 
 def find_interruption(error: BaseException) -> Interrupted | None:
-    """The :class:`Interrupted` behind ``error``. A signal that arrives while the driver waits
-    inside Ray (``ray.wait``/``ray.get``, as during worker start-up) runs our handler from
-    Ray's compiled code, which hands the exception back as the cause of a ``SystemError``."""
+    """The :class:`Interrupted` behind ``error``, or the signal received before it. A signal
+    that arrives while the driver waits inside Ray (``ray.wait``/``ray.get``, as during worker
+    start-up) runs our handler from Ray's compiled code, which hands the exception back as the
+    cause of a ``SystemError``. One that arrives inside a library that swallows it (a bare
+    ``except`` around an import) can leave that import half done, and a later import fails
+    for it: every failure after a signal is the signal's."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -49,7 +52,15 @@ def find_interruption(error: BaseException) -> Interrupted | None:
         if isinstance(current, Interrupted):
             return current
         current = current.__cause__ or current.__context__
-    return None
+    return Interrupted(RECEIVED[0]) if RECEIVED else None
+
+
+def raise_if_interrupted() -> None:
+    """Raise the :class:`Interrupted` of a signal received meanwhile whose exception did not
+    arrive (a library swallowed it): called between the launcher's phases, so that such a run
+    still stops at the next one instead of going on."""
+    if RECEIVED:
+        raise Interrupted(RECEIVED[0])
 
 
 def handle_signal(signum: int, frame: FrameType | None) -> None:

@@ -23,7 +23,7 @@ from rlframe.observability.logs import (
     format_startup_summary,
     route_driver_logs,
 )
-from rlframe.run.interrupts import install_interrupt_handlers
+from rlframe.run.interrupts import install_interrupt_handlers, raise_if_interrupted
 from rlframe.run.started import Started
 from rlframe.state.checkpoint import read_driver_state, truncate_run_logs
 from rlframe.state.run_dir import lock_run_dir
@@ -100,6 +100,7 @@ def run_training(cfg: Config, resume_from: Path | None) -> list[dict[str, float]
 
         trainer, checkpointer = build_loop(cfg, out, device, found, workers, inputs, run)
         resume_and_push_weights(trainer, checkpointer, resume_from, workers)
+        raise_if_interrupted()
         startup.report_first_step(trainer.step_count + 1)
         history = trainer.fit()
         print(describe_finished_run(history, out), flush=True)
@@ -122,6 +123,7 @@ def start_ray(cfg: Config, resume_from: Path | None, run: Started) -> tuple[Work
     from rlframe.run.preflight import check_worker_inputs
 
     found = check_worker_inputs(cfg, resume_from)
+    raise_if_interrupted()  # a signal a library's import swallowed: stop here, not later
     startup.DRIVER.mark("preflight")
     started_here = ray_start.wait()
     startup.DRIVER.mark("ray")
@@ -179,6 +181,7 @@ def start_pools(
         checked.append((check_driver_inputs(cfg, found), time.time() - began))
 
     workers = start_workers(launch, check_while_workers_start)
+    raise_if_interrupted()
     startup.DRIVER.mark("workers")
     inputs, seconds = checked[0]
     startup.DRIVER.attach("workers", {"driver checks": seconds, "placement": launch.placement_s})

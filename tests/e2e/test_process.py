@@ -150,6 +150,42 @@ def test_a_signal_before_ray_stops_with_one_line(tmp_path: Path) -> None:
         assert not watched.left
 
 
+def test_a_signal_a_library_swallows_still_stops_the_run(tmp_path: Path) -> None:
+    """A signal that lands in an import that swallows it (a bare ``except`` around an optional
+    import; in the default tier once, an import of accelerate cut short, whose later import
+    then failed and ended the run with a traceback 16 s on): the run stops at the launcher's
+    next phase, with its one line and exit 130, instead of going on."""
+    marker = tmp_path / "importing"
+    plugin = REPO / "tests" / "plugins" / "swallowing_rewards.py"
+    command = cli_command(
+        "+recipe=grpo_tiny",
+        "trainer.total_steps=1",
+        f"trainer.output_dir={tmp_path / 'run'}",
+        f"reward.fn={plugin}:char_match",
+    )
+    env = clean_env() | {"RLFRAME_TEST_IMPORT_MARKER": str(marker)}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert marker.exists(), "the reward file was never imported"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    print(f"exit {proc.returncode}; stdout tail: {out[-300:]!r}")
+    assert proc.returncode == 130, err[-3000:]
+    assert err.strip().splitlines() == [
+        "rlframe: interrupted before step 1 finished; the same command starts again"
+    ], err[-3000:]
+    # Stopped right after the checks the import belonged to, before the start-up summary.
+    assert "rlframe: run dir" not in out and "step 1" not in out
+
+
 @pytest.mark.parametrize(
     "override,error",
     [

@@ -7,12 +7,19 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from rlframe.run.interrupts import describe_interruption
+from rlframe.run.interrupts import (
+    RECEIVED,
+    Interrupted,
+    describe_interruption,
+    find_interruption,
+    raise_if_interrupted,
+)
 from rlframe.state.checkpoint import Checkpointer
 from rlframe.state.checkpoint_layout import find_latest_checkpoint
 from rlframe.state.save_failures import CheckpointError
@@ -80,6 +87,24 @@ def test_interruption_line_names_the_step_and_where_it_resumes(tmp_path: Path) -
     assert describe_interruption(tmp_path) == (
         "rlframe: interrupted at step 5; the same command resumes from step 2"
     )
+
+
+def test_after_a_signal_every_failure_is_the_signals() -> None:
+    """A signal whose exception a library swallowed (a bare ``except`` around an import) can
+    leave that import half done: what fails next is reported as the interruption, and the
+    launcher's next phase raises it."""
+    import_failure = ImportError("cannot import name 'dispatch_model' (circular import)")
+    assert find_interruption(import_failure) is None
+    raise_if_interrupted()  # no signal: nothing to raise
+    RECEIVED.append(signal.SIGINT)
+    try:
+        found = find_interruption(import_failure)
+        assert found is not None and found.exit_code == 130
+        with pytest.raises(Interrupted) as raised:
+            raise_if_interrupted()
+        assert raised.value.signum == signal.SIGINT
+    finally:
+        RECEIVED.clear()
 
 
 def fill(disk: Path) -> None:
