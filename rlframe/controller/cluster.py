@@ -90,6 +90,8 @@ class RayStart:
 
     def __init__(self, cfg: RayConfig) -> None:
         import_ray(cfg)
+        self.local = will_start_local_ray(cfg)
+        """This start starts a local Ray (rather than joining a cluster)."""
         self.began = time.time()
         self.seconds = 0.0
         """How long the start took, once it ended."""
@@ -124,7 +126,8 @@ class RayStart:
     def stop(self) -> None:
         """Shut down the Ray this run started and end the thread. A stop that comes while Ray
         is still starting (a check failed meanwhile, or a signal came) does not wait seconds
-        for the start to end before it shuts Ray down: it :meth:`abandon` s the start."""
+        for the start to end before it shuts Ray down: it abandons the start
+        (:meth:`abandon`)."""
         if not self.ready.is_set():
             self.abandon()
             return
@@ -139,10 +142,12 @@ class RayStart:
         """Kill the processes a local start has begun so far; without its GCS the start soon
         fails. They are looked for once more after a short wait: one begun in between is
         killed too, and one begun later still dies with this process, which ends next (Ray
-        ties the processes it starts to the starting thread's life)."""
-        kill_ray_processes()
-        if not self.ready.wait(ABANDON_WAIT_S):
+        ties the processes it starts to the starting thread's life). Joining a cluster starts
+        no process here: that start is left to end with this process."""
+        if self.local:
             kill_ray_processes()
+            if not self.ready.wait(ABANDON_WAIT_S):
+                kill_ray_processes()
         self.release.set()
 
 
@@ -151,23 +156,24 @@ ABANDON_WAIT_S = 0.5
 
 
 def kill_ray_processes() -> None:
-    """SIGKILL this process's descendants that are Ray's: its binaries and scripts (GCS,
-    raylet, dashboard, monitors) and the agents that name themselves ``ray::``."""
+    """SIGKILL this process's descendants that are Ray's (:func:`is_ray_process`)."""
     import psutil
     import ray
 
     package = os.path.dirname(ray.__file__)
     for child in psutil.Process().children(recursive=True):
         try:
-            cmdline = child.cmdline()
-            if (
-                cmdline[:1]
-                and cmdline[0].startswith("ray::")
-                or any(package in part for part in cmdline)
-            ):
+            if is_ray_process(child.cmdline(), package):
                 child.kill()
         except psutil.Error:  # gone meanwhile
             continue
+
+
+def is_ray_process(cmdline: list[str], package: str) -> bool:
+    """A process of Ray's: one of its binaries or scripts (GCS, raylet, dashboard, monitors,
+    all under Ray's ``package`` folder) or an agent or worker that names itself ``ray::``."""
+    named = bool(cmdline) and cmdline[0].startswith("ray::")
+    return named or any(package in part for part in cmdline)
 
 
 def import_ray(cfg: RayConfig) -> None:
