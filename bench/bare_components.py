@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from grpo_step import run
 
@@ -58,18 +58,12 @@ def resolve_model(name: str, folder: Path) -> str:
     return str(target)
 
 
-def measure_bare(model: str, steps: int) -> dict[str, float]:
-    """Bare generate and update, ``steps`` times, in one process as rlframe's colocated
-    worker has them (vLLM in-process, ``OMP_NUM_THREADS`` as the worker's): the medians after
-    two warm-up steps, and the mean response length."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+def build_bare_engine(model: str, **extra: Any) -> Any:
+    """A plain in-process ``vllm.LLM`` on ``model`` as the benches time it: token ids in and
+    out, fp32, eager, log-probs after temperature, as rlframe's engine returns them."""
+    from vllm import LLM
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    llm = LLM(
+    return LLM(
         model=model,
         skip_tokenizer_init=True,
         dtype="float32",
@@ -77,7 +71,22 @@ def measure_bare(model: str, steps: int) -> dict[str, float]:
         enforce_eager=True,
         seed=0,
         logprobs_mode="processed_logprobs",
+        **extra,
     )
+
+
+def measure_bare(model: str, steps: int) -> dict[str, float]:
+    """Bare generate and update, ``steps`` times, in one process as rlframe's colocated
+    worker has them (vLLM in-process, ``OMP_NUM_THREADS`` as the worker's): the medians after
+    two warm-up steps, and the mean response length."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    llm = build_bare_engine(model)
     policy = AutoModelForCausalLM.from_pretrained(
         model, dtype=torch.float32, attn_implementation="sdpa"
     )

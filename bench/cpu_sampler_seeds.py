@@ -28,7 +28,8 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-    from vllm import LLM, SamplingParams
+    from bare_components import build_bare_engine
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.v1.sample.ops import topk_topp_sampler as ops
 
@@ -38,16 +39,7 @@ def main() -> None:
     prepare_cpu_engine(0, 1)
     ours = ops.TopKTopPSampler.forward_cpu
     forwards = {"vllm's draws": ours.replaces, "in-place draws": ours, "no seeds": ours}
-    llm = LLM(
-        model=resolve_model_path("tiny:0"),
-        skip_tokenizer_init=True,
-        dtype="float32",
-        max_model_len=64,
-        enforce_eager=True,
-        seed=0,
-        logprobs_mode="processed_logprobs",
-        max_num_seqs=256,
-    )
+    llm = build_bare_engine(resolve_model_path("tiny:0"), max_num_seqs=256)
     engine = llm.llm_engine.engine_core.engine_core  # type: ignore[attr-defined]
     runner = engine.model_executor.driver_worker.worker.model_runner
     (sampler,) = [m for m in runner.sampler.modules() if isinstance(m, ops.TopKTopPSampler)]

@@ -52,6 +52,11 @@ def find_interruption(error: BaseException) -> Interrupted | None:
         if isinstance(current, Interrupted):
             return current
         current = current.__cause__ or current.__context__
+    return find_received()
+
+
+def find_received() -> Interrupted | None:
+    """The :class:`Interrupted` of the first signal received, or None."""
     return Interrupted(RECEIVED[0]) if RECEIVED else None
 
 
@@ -59,8 +64,9 @@ def raise_if_interrupted() -> None:
     """Raise the :class:`Interrupted` of a signal received meanwhile whose exception did not
     arrive (a library swallowed it): called between the launcher's phases, so that such a run
     still stops at the next one instead of going on."""
-    if RECEIVED:
-        raise Interrupted(RECEIVED[0])
+    received = find_received()
+    if received is not None:
+        raise received
 
 
 def handle_signal(signum: int, frame: FrameType | None) -> None:
